@@ -1,0 +1,28 @@
+"""The one place tftrain imports Keras.
+
+tftrain is built on tf_keras (the Keras 2 API) because tensorflow-model-optimization
+only supports it. `tftrain/__init__.py` sets TF_USE_LEGACY_KERAS=1 before TensorFlow is
+imported so that `tf.keras` is tf_keras too.
+"""
+import os
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+import tf_keras as keras  # noqa: E402
+
+__all__ = ["keras", "ensure_tf_keras_model"]
+
+
+def ensure_tf_keras_model(model, what: str = "model"):
+    """Return `model` if it is a tf_keras model, else raise a TypeError saying why."""
+    if isinstance(model, keras.Model):
+        return model
+    module = type(model).__module__
+    if module.startswith("keras"):
+        raise TypeError(
+            f"{what} is a Keras 3 model ({type(model).__name__} from {module}); tftrain "
+            "needs a tf_keras (Keras 2) model because tensorflow-model-optimization only "
+            "supports tf_keras. Build it with `import tf_keras as keras` (or set "
+            "TF_USE_LEGACY_KERAS=1 before importing TensorFlow and use tf.keras)."
+        )
+    raise TypeError(f"{what} must be a tf_keras Model; received {type(model).__name__}.")

@@ -1,0 +1,114 @@
+"""Small training hooks: checkpoint/resume, preemption, throughput, learning rate.
+
+All counting is in optimizer updates: with gradient accumulation one Keras "batch" is
+one update, so `epoch * steps_per_epoch + batch + 1` is `optimizer.iterations` without
+reading it back from the device every step.
+"""
+from __future__ import annotations
+
+import signal
+import time
+
+import tensorflow as tf
+
+from tftrain._keras import keras
+from tftrain.optim import current_lr
+
+
+class ResumePoint:
+    """Tells `fit` which (epoch, step) to start at, so a resumed run continues mid-epoch.
+
+    tf_keras asks `model._training_state` for its initial counters (the hook that its
+    BackupAndRestore callback uses); the data pipeline is built to start at the same
+    update, so no batch is skipped or seen twice.
+    """
+
+    def __init__(self, start_update: int):
+        self.start_update = start_update
+
+    def maybe_load_initial_counters_from_ckpt(self, steps_per_epoch, initial_epoch, mode=None):
+        return divmod(self.start_update, steps_per_epoch)
+
+
+class Checkpointer(keras.callbacks.Callback):
+    """Saves every `every` updates, on SIGTERM (then stops training) and at the end."""
+
+    _supports_tf_logs = True   # reads no logs: batch hooks add no host sync
+
+    def __init__(self, manager: tf.train.CheckpointManager, every: int, steps_per_epoch: int,
+                 start_update: int = 0):
+        super().__init__()
+        self.manager, self.every, self.steps_per_epoch = manager, max(1, every), steps_per_epoch
+        self.update = self.last_saved = start_update
+        self.preempted = False
+        self._epoch = 0
+        self._previous_handler = None
+
+    def on_train_begin(self, logs=None):
+        self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum, frame):
+        self.preempted = True
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.update = self._epoch * self.steps_per_epoch + batch + 1
+        if self.preempted:
+            self.save()
+            self.model.stop_training = True
+        elif self.update // self.every > self.last_saved // self.every:
+            self.save()
+
+    def on_train_end(self, logs=None):
+        if self.update != self.last_saved:
+            self.save()
+        if self._previous_handler is not None:
+            signal.signal(signal.SIGTERM, self._previous_handler)
+
+    def save(self):
+        self.manager.save(checkpoint_number=self.update)
+        self.last_saved = self.update
+
+
+class Throughput(keras.callbacks.Callback):
+    """Adds `examples_per_sec` (training examples per second of the epoch) to the logs."""
+
+    _supports_tf_logs = True
+
+    def __init__(self, global_batch: int):
+        super().__init__()
+        self.global_batch = global_batch
+        self.per_epoch: list[float] = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start, self._first_batch, self._last_batch = time.perf_counter(), None, None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._first_batch is None:
+            self._first_batch = batch
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._last_batch, self._end = batch, time.perf_counter()   # before validation runs
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self._last_batch is None or logs is None:
+            return
+        steps = self._last_batch - self._first_batch + 1
+        rate = steps * self.global_batch / (self._end - self._start)
+        self.per_epoch.append(rate)
+        logs["examples_per_sec"] = rate
+
+    def steady_rate(self) -> float:
+        """Median over epochs, leaving out the first (it includes tracing)."""
+        rates = sorted(self.per_epoch[1:] or self.per_epoch)
+        return rates[len(rates) // 2] if rates else 0.0
+
+
+class LearningRateLogger(keras.callbacks.Callback):
+    """Adds `lr` (the rate of the next update) to the epoch logs."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs["lr"] = current_lr(self.model.optimizer)

@@ -1,0 +1,408 @@
+"""The config schema: typed, frozen, unknown keys forbidden; YAML in, one-line errors out.
+
+`load_config(path, overrides)` reads a YAML file with `yaml.safe_load`, applies
+`key.path=value` overrides (values parsed as YAML scalars or lists) and validates the
+result. Every problem becomes one line naming the file, the key path, the bad value and
+what is expected; they are raised together as a `ConfigError`.
+"""
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(ValueError):
+    """Bad configuration or arguments: the CLI prints each line and exits 2."""
+
+    def __init__(self, *problems: str):
+        self.problems = [p for p in problems if p]
+        super().__init__("\n".join(self.problems))
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- durations -----------------------------------------------------------------------
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(steps?|epochs?)\s*$")
+
+
+class Duration(Strict):
+    """A length of training: an integer is optimizer updates; "N epochs" is epochs."""
+
+    value: float
+    unit: Literal["steps", "epochs"]
+
+    def steps(self, steps_per_epoch: int) -> int:
+        """The one conversion of durations to optimizer updates."""
+        if self.unit == "steps":
+            return int(self.value)
+        return int(round(self.value * steps_per_epoch))
+
+
+def _parse_duration(v: Any) -> Any:
+    if isinstance(v, Duration) or isinstance(v, dict):
+        return v
+    if isinstance(v, bool):
+        raise ValueError("expected an integer number of steps or a string like '2 epochs'")
+    if isinstance(v, int):
+        if v < 0:
+            raise ValueError("must be >= 0")
+        return {"value": v, "unit": "steps"}
+    if isinstance(v, str):
+        m = _DURATION.match(v)
+        if m:
+            unit = "epochs" if m.group(2).startswith("epoch") else "steps"
+            return {"value": float(m.group(1)), "unit": unit}
+    raise ValueError("expected an integer number of steps or a string like '2 epochs' or '500 steps'")
+
+
+def _size_bytes(v: Any) -> Optional[int]:
+    """'16GB', '512MiB', 1e9 -> bytes."""
+    if v is None or (isinstance(v, int) and not isinstance(v, bool)):
+        return v
+    if isinstance(v, float):
+        return int(v)
+    m = re.match(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?)B?\s*$", str(v), re.IGNORECASE)
+    if not m:
+        raise ValueError("expected bytes as a number or a size like '16GB' or '512MiB'")
+    base = 1024 if m.group(3) else 1000
+    power = " KMGT".index(m.group(2).upper() or " ")
+    return int(float(m.group(1)) * base**power)
+
+
+# --- sections ------------------------------------------------------------------------
+class RunConfig(Strict):
+    name: str = Field("run", pattern=r"^[A-Za-z0-9_.-]+$")
+    dir: str = "runs"
+    seed: int = 42
+    deterministic: bool = False
+
+
+class DistributeConfig(Strict):
+    strategy: Literal["auto", "default", "one_device", "mirrored", "multi_worker"] = "auto"
+    devices: Optional[list[str]] = None
+    virtual_cpus: Optional[int] = Field(None, ge=1, le=64)
+    device_memory: Optional[int] = None
+    gpu_memory_growth: bool = True
+    gpu_memory_limit: Optional[int] = None
+    cross_device_ops: Literal["auto", "nccl", "hierarchical_copy", "reduce_to_one_device"] = "auto"
+    communication: Literal["auto", "ring", "nccl"] = "auto"
+    all_reduce_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+
+    @field_validator("device_memory", "gpu_memory_limit", mode="before")
+    @classmethod
+    def _sizes(cls, v):
+        return _size_bytes(v)
+
+
+class PrecisionConfig(Strict):
+    policy: Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"] = "auto"
+    loss_scale: Union[Literal["dynamic"], float] = "dynamic"
+    initial_scale: float = Field(2.0**15, gt=0)
+
+    @field_validator("loss_scale")
+    @classmethod
+    def _positive(cls, v):
+        if v != "dynamic" and v <= 0:
+            raise ValueError("a fixed loss scale must be > 0 (or use 'dynamic')")
+        return v
+
+
+class PlacementConfig(Strict):
+    devices: list[str]
+    stages: Union[Literal["auto"], list[list[str]]] = "auto"
+    balance: Literal["params", "flops", "memory"] = "params"
+    microbatches: int = Field(1, ge=1)
+
+
+class ModelConfig(Strict):
+    name: str = "cnn"
+    params: dict[str, Any] = {}
+    placement: Optional[PlacementConfig] = None
+
+
+class DataConfig(Strict):
+    name: str = "digits"
+    params: dict[str, Any] = {}
+    per_replica_batch_size: int = Field(32, ge=1)
+    shuffle: bool = True
+    shuffle_buffer: Optional[int] = Field(None, ge=1)
+    cache: bool = True
+    validation_fraction: float = Field(0.15, ge=0.0, lt=1.0)
+
+
+class OptimizerConfig(Strict):
+    name: str = "adam"
+    learning_rate: float = Field(0.001, gt=0)
+    weight_decay: Optional[float] = Field(None, ge=0)
+    clipnorm: Optional[float] = Field(None, gt=0)
+    global_clipnorm: Optional[float] = Field(None, gt=0)
+    params: dict[str, Any] = {}
+
+    @model_validator(mode="after")
+    def _one_clip(self):
+        if self.clipnorm is not None and self.global_clipnorm is not None:
+            raise ValueError("set clipnorm or global_clipnorm, not both")
+        return self
+
+
+SCHEDULE_FIELDS = {
+    "constant": set(),
+    "step": {"step_size", "gamma"},
+    "multistep": {"milestones", "gamma"},
+    "exponential": {"decay_steps", "decay_rate", "staircase"},
+    "polynomial": {"decay_steps", "end_learning_rate", "power"},
+    "cosine": {"decay_steps", "alpha"},
+    "plateau": {"factor", "patience", "min_lr", "monitor"},
+}
+
+
+class ScheduleConfig(Strict):
+    name: str = "constant"
+    warmup_steps: Duration = Duration(value=0, unit="steps")
+    decay_steps: Optional[Duration] = None      # default: the rest of training
+    step_size: Optional[Duration] = None
+    milestones: Optional[list[Duration]] = None
+    gamma: float = Field(0.1, gt=0)
+    decay_rate: float = Field(0.96, gt=0)
+    staircase: bool = False
+    end_learning_rate: float = Field(0.0, ge=0)
+    power: float = Field(1.0, gt=0)
+    alpha: float = Field(0.0, ge=0, le=1)
+    factor: float = Field(0.5, gt=0, lt=1)
+    patience: int = Field(3, ge=0)
+    min_lr: float = Field(0.0, ge=0)
+    monitor: str = "val_loss"
+
+    @field_validator("warmup_steps", "decay_steps", "step_size", mode="before")
+    @classmethod
+    def _duration(cls, v):
+        return None if v is None else _parse_duration(v)
+
+    @field_validator("milestones", mode="before")
+    @classmethod
+    def _durations(cls, v):
+        if v is None:
+            return v
+        if not isinstance(v, list):
+            raise ValueError("expected a list of durations, e.g. [10, 20] or ['3 epochs', '6 epochs']")
+        return [_parse_duration(x) for x in v]
+
+
+class CheckpointConfig(Strict):
+    every: Duration = Duration(value=1, unit="epochs")
+    keep: int = Field(3, ge=1)
+
+    @field_validator("every", mode="before")
+    @classmethod
+    def _duration(cls, v):
+        return _parse_duration(v)
+
+
+class EarlyStoppingConfig(Strict):
+    monitor: str = "val_loss"
+    patience: int = Field(5, ge=1)
+    min_delta: float = Field(0.0, ge=0)
+    restore_best_weights: bool = False
+
+
+class TrainConfig(Strict):
+    epochs: int = Field(10, ge=1)
+    accumulation_steps: int = Field(1, ge=1)
+    global_batch_size: Optional[int] = Field(None, ge=1)
+    steps_per_execution: int = Field(1, ge=1)
+    optimizer: OptimizerConfig = OptimizerConfig()
+    schedule: ScheduleConfig = ScheduleConfig()
+    loss: str = "sparse_categorical_crossentropy"
+    metrics: list[str] = ["accuracy"]
+    early_stopping: Optional[EarlyStoppingConfig] = None
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    smoke_steps: int = Field(3, ge=1)
+    verbose: Literal[0, 1, 2] = 2
+
+
+class PruningConfig(Strict):
+    enabled: bool = False
+    final_sparsity: float = Field(0.8, gt=0, lt=1)
+    structure: str = "unstructured"
+
+
+class QuantizationConfig(Strict):
+    enabled: bool = False
+    preserve_sparsity: bool = True
+
+
+class CompressionConfig(Strict):
+    pruning: PruningConfig = PruningConfig()
+    quantization: QuantizationConfig = QuantizationConfig()
+
+
+class ExportConfig(Strict):
+    saved_model: bool = True
+    tflite: Literal["none", "float", "dynamic", "float16", "int8"] = "float"
+    calibration_examples: int = Field(200, ge=1)
+
+
+class Config(Strict):
+    run: RunConfig = RunConfig()
+    distribute: DistributeConfig = DistributeConfig()
+    precision: PrecisionConfig = PrecisionConfig()
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    train: TrainConfig = TrainConfig()
+    compression: CompressionConfig = CompressionConfig()
+    export: ExportConfig = ExportConfig()
+
+    @model_validator(mode="after")
+    def _schedule_fields(self):
+        sched = self.train.schedule
+        allowed = SCHEDULE_FIELDS.get(sched.name)
+        if allowed is None:
+            return self  # unknown names are reported by the schedule registry
+        extra = sorted(sched.model_fields_set - allowed - {"name", "warmup_steps"})
+        if extra:
+            raise ValueError(
+                f"train.schedule.{extra[0]}: not used by schedule '{sched.name}' "
+                f"(it takes: {', '.join(sorted(allowed)) or 'no options'})")
+        if sched.name == "plateau" and sched.warmup_steps.value:
+            raise ValueError("train.schedule.warmup_steps: warmup is not available with "
+                             "'plateau'; use cosine/step/... with warmup, or drop warmup")
+        return self
+
+
+# --- loading -------------------------------------------------------------------------
+def _yaml_problem(source: str, err: yaml.YAMLError) -> str:
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    where = f"line {mark.line + 1}" if mark else "file"
+    if isinstance(err, yaml.constructor.ConstructorError):
+        return (f"{source}: {where}: tag not allowed ({err.problem}); "
+                "tftrain configs are plain YAML (maps, lists, numbers, strings)")
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    return f"{source}: {where}: malformed YAML: {problem}; fix the syntax at that line"
+
+
+def read_yaml(path: Union[str, Path]) -> dict:
+    """Read a YAML mapping with safe_load; raise ConfigError on any problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found; pass the path of a YAML file "
+                          "(e.g. configs/quickstart.yaml)")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(_yaml_problem(str(path), err)) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections "
+                          f"(run, distribute, model, ...); got {type(data).__name__}")
+    return data
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply `a.b.c=value` overrides; values are parsed as YAML scalars or lists."""
+    data = _deep_copy(data)
+    problems = []
+    for item in overrides or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            problems.append(f"--set {item!r}: expected KEY=VALUE, e.g. train.epochs=5")
+            continue
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError as err:
+            problems.append(f"--set {key}: value {raw!r} is not valid YAML ({err.__class__.__name__})")
+            continue
+        node = data
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[parts[-1]] = value
+    if problems:
+        raise ConfigError(*problems)
+    return data
+
+
+def _deep_copy(d):
+    if isinstance(d, dict):
+        return {k: _deep_copy(v) for k, v in d.items()}
+    if isinstance(d, list):
+        return [_deep_copy(v) for v in d]
+    return d
+
+
+def _fields_at(loc: tuple) -> list[str]:
+    """Names of the fields of the schema section at `loc` (for 'did you mean')."""
+    model: Any = Config
+    for part in loc:
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        ann = field.annotation
+        for candidate in (ann, *getattr(ann, "__args__", ())):
+            if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+                model = candidate
+                break
+        else:
+            return []
+    return list(getattr(model, "model_fields", {}))
+
+
+def _format_error(source: str, err: dict) -> str:
+    loc = tuple(err["loc"])
+    path = ".".join(str(p) for p in loc) or "(top level)"
+    value = err.get("input")
+    if err["type"] == "extra_forbidden":
+        hint = difflib.get_close_matches(str(loc[-1]), _fields_at(loc[:-1]), n=1, cutoff=0.6)
+        tail = f"did you mean {hint[0]}?" if hint else \
+            f"valid keys: {', '.join(_fields_at(loc[:-1]))}"
+        return f"{source}: {path}: unknown key; {tail}"
+    msg = err["msg"].removeprefix("Value error, ")
+    if msg.startswith(tuple(f"{s}." for s in Config.model_fields)):
+        return f"{source}: {msg}"     # a cross-field check that names its own key
+    shown = repr(value) if not isinstance(value, dict) else "a mapping"
+    return f"{source}: {path}: {msg} (got {shown})"
+
+
+def validate(data: dict, source: str = "config") -> Config:
+    """Validate a plain dict against the schema."""
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(*[_format_error(source, e) for e in exc.errors()]) from None
+
+
+def load_config(path: Union[str, Path, None] = None, overrides: Optional[list[str]] = None) -> Config:
+    """Load, override and validate a config. `path=None` starts from the defaults."""
+    data = read_yaml(path) if path is not None else {}
+    data = apply_overrides(data, overrides or [])
+    return validate(data, str(path) if path is not None else "config")
+
+
+def dump_config(cfg: Config) -> str:
+    """The resolved config as YAML (durations written back in their short form)."""
+    return yaml.safe_dump(_plain(cfg.model_dump()), sort_keys=False)
+
+
+def _plain(v):
+    if isinstance(v, dict):
+        if set(v) == {"value", "unit"}:
+            n = int(v["value"]) if float(v["value"]).is_integer() else v["value"]
+            return n if v["unit"] == "steps" else f"{n} epochs"
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    return v
+
+
+def json_schema() -> dict:
+    """JSON Schema of the config (for editor completion of YAML files)."""
+    return Config.model_json_schema()

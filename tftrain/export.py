@@ -1,0 +1,124 @@
+"""Export to SavedModel and TFLite, then load every artifact back and evaluate it.
+
+The SavedModel has a `serving_default` signature taking `inputs` and returning float32
+`logits` whatever the training precision. TFLite models are converted from that
+SavedModel (`float`, `dynamic`, `float16`, or full-integer `int8` calibrated on training
+examples) and run with LiteRT (`ai-edge-litert`).
+"""
+from __future__ import annotations
+
+import gzip
+import time
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from tftrain._keras import keras
+
+
+def inference_model(model):
+    """A plain float32 functional model with the same weights (no training wrappers)."""
+    clone = keras.models.clone_model(model, clone_function=_float32_layer)
+    clone.set_weights(model.get_weights())
+    return clone
+
+
+def _float32_layer(layer):
+    config = layer.get_config()
+    if "dtype" in config:
+        config["dtype"] = "float32"
+    return layer.__class__.from_config(config)
+
+
+def save_saved_model(model, path: Path) -> Path:
+    """SavedModel with a named serving signature returning float32 logits."""
+    plain = inference_model(model)
+    spec = tf.TensorSpec([None, *plain.input_shape[1:]], plain.inputs[0].dtype, name="inputs")
+
+    @tf.function(input_signature=[spec])
+    def serve(inputs):
+        return {"logits": tf.cast(plain(inputs, training=False), tf.float32)}
+
+    tf.saved_model.save(plain, str(path), signatures={"serving_default": serve})
+    return path
+
+
+def convert_tflite(saved_model: Path, mode: str, calibration: np.ndarray) -> bytes:
+    """TFLite flatbuffer from a SavedModel in the given mode."""
+    converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model))
+    if mode in ("dynamic", "float16", "int8"):
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    if mode == "float16":
+        converter.target_spec.supported_types = [tf.float16]
+    if mode == "int8" and calibration.dtype.kind == "f":
+        def representative():
+            for row in calibration:
+                yield [row[None].astype(np.float32)]
+        converter.representative_dataset = representative
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    return converter.convert()
+
+
+def tflite_logits(flatbuffer: bytes, x: np.ndarray, threads: int = 1) -> tuple[np.ndarray, float]:
+    """Run a TFLite model with LiteRT on each example; (logits, seconds per example)."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    interp = Interpreter(model_content=flatbuffer, num_threads=threads)
+    inp, out = interp.get_input_details()[0], interp.get_output_details()[0]
+    interp.resize_tensor_input(inp["index"], [1, *x.shape[1:]])
+    interp.allocate_tensors()
+    scale, zero = inp["quantization"]
+    oscale, ozero = out["quantization"]
+    results, start = [], time.perf_counter()
+    for row in x:
+        value = row[None]
+        if scale:
+            value = np.round(value / scale + zero)
+        interp.set_tensor(inp["index"], value.astype(inp["dtype"]))
+        interp.invoke()
+        y = interp.get_tensor(out["index"]).astype(np.float32)
+        results.append((y - ozero) * oscale if oscale else y)
+    seconds = (time.perf_counter() - start) / max(len(x), 1)
+    return np.concatenate(results), seconds
+
+
+def _sizes(blob: bytes) -> dict:
+    return {"size_bytes": len(blob), "gzip_bytes": len(gzip.compress(blob, 9))}
+
+
+def _dir_bytes(path: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file())
+
+
+def _accuracy(logits, y) -> float:
+    return float(np.mean(np.argmax(logits, axis=-1) == y))
+
+
+def export_all(model, cfg, out: Path, source, plan) -> dict:
+    """Write and verify every configured artifact; returns their report entries."""
+    x_val, y_val = (np.concatenate(parts) for parts in zip(*source.val.batch(1024).as_numpy_iterator()))
+    reference = inference_model(model).predict(x_val, verbose=0)
+    report = {}
+    if not cfg.saved_model and cfg.tflite == "none":
+        return report
+    saved = save_saved_model(model, out / "saved_model")
+    loaded = tf.saved_model.load(str(saved)).signatures["serving_default"]
+    logits = loaded(inputs=tf.constant(x_val))["logits"].numpy()
+    report["saved_model"] = {**_sizes(_dir_bytes(saved)), "accuracy": _accuracy(logits, y_val),
+                             "max_abs_logit_diff": float(np.max(np.abs(logits - reference)))}
+    if cfg.tflite != "none":
+        calibration = np.concatenate([x for x, _ in source.train.take(cfg.calibration_examples)
+                                      .batch(256).as_numpy_iterator()])
+        blob = convert_tflite(saved, cfg.tflite, calibration)
+        (out / "model.tflite").write_bytes(blob)
+        logits, latency = tflite_logits(blob, x_val)
+        report[f"tflite_{cfg.tflite}"] = {
+            **_sizes(blob), "accuracy": _accuracy(logits, y_val),
+            "max_abs_logit_diff": float(np.max(np.abs(logits - reference))),
+            "latency_ms": latency * 1e3}
+    if not cfg.saved_model:
+        import shutil
+        shutil.rmtree(saved)
+        del report["saved_model"]
+    return report

@@ -1,0 +1,44 @@
+"""Model registry. Builders take the input spec and keyword params and return a
+tf_keras functional model that outputs logits. Models know nothing of strategy,
+precision, placement or compression: those wrap them from outside.
+"""
+from __future__ import annotations
+
+import importlib
+
+from tftrain._keras import ensure_tf_keras_model
+from tftrain.config import ConfigError, ModelConfig
+from tftrain.registry import Registry, check_params
+
+MODELS = Registry("model", "model.name")
+
+from tftrain.models import cnn, mlp, resnet, transformer  # noqa: E402,F401  (registers)
+
+
+def resolve_builder(name: str):
+    """A registered builder, or `package.module:function`."""
+    if ":" not in name:
+        return MODELS.get(name)
+    module_name, _, attr = name.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ConfigError(f"model.name: cannot import module '{module_name}' ({err}); "
+                          "check the module is on PYTHONPATH") from None
+    if not hasattr(module, attr):
+        raise ConfigError(f"model.name: module '{module_name}' has no function '{attr}'")
+    return getattr(module, attr)
+
+
+def build_model(cfg: ModelConfig, spec):
+    """Build the configured model for `spec` (params checked against the builder)."""
+    builder = resolve_builder(cfg.name)
+    check_params(builder, cfg.params, "model.params", skip=1)
+    try:
+        model = builder(spec, **cfg.params)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"model.params: {cfg.name} rejected {cfg.params} ({err})") from None
+    return ensure_tf_keras_model(model, f"model '{cfg.name}'")
+
+
+__all__ = ["MODELS", "build_model", "resolve_builder"]

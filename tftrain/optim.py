@@ -1,0 +1,160 @@
+"""Optimizers and learning-rate schedules by name.
+
+Every schedule is a function of `optimizer.iterations`, which counts optimizer updates
+(not micro-batches), so warmup and decay are the same whatever the accumulation steps.
+Durations in the config ("3 epochs" or a number of updates) become updates through
+`Duration.steps(steps_per_epoch)`, the one conversion.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+from tftrain._keras import keras
+from tftrain.config import OptimizerConfig, ScheduleConfig
+from tftrain.registry import Registry, check_params
+
+OPTIMIZERS = Registry("optimizer", "train.optimizer.name")
+SCHEDULES = Registry("schedule", "train.schedule.name")
+
+OPTIMIZERS.register("sgd")(keras.optimizers.SGD)
+OPTIMIZERS.register("adam")(keras.optimizers.Adam)
+OPTIMIZERS.register("adamw")(keras.optimizers.AdamW)
+OPTIMIZERS.register("rmsprop")(keras.optimizers.RMSprop)
+
+
+def build_optimizer(cfg: OptimizerConfig, learning_rate):
+    """The configured optimizer; `params` (momentum, nesterov, beta_1, ...) are checked
+    against the optimizer's own arguments."""
+    cls = OPTIMIZERS.get(cfg.name)
+    reserved = {"learning_rate", "weight_decay", "clipnorm", "global_clipnorm"}
+    bad = reserved & set(cfg.params)
+    check_params(cls.__init__, {k: v for k, v in cfg.params.items() if k not in reserved},
+                 "train.optimizer.params", skip=1)
+    if bad:
+        from tftrain.config import ConfigError
+        raise ConfigError(f"train.optimizer.params.{sorted(bad)[0]}: set it as "
+                          f"train.optimizer.{sorted(bad)[0]}, not under params")
+    kwargs = dict(cfg.params)
+    for key in ("weight_decay", "clipnorm", "global_clipnorm"):
+        if getattr(cfg, key) is not None:
+            kwargs[key] = getattr(cfg, key)
+    return cls(learning_rate=learning_rate, **kwargs)
+
+
+@keras.utils.register_keras_serializable("tftrain")
+class Warmup(keras.optimizers.schedules.LearningRateSchedule):
+    """Linear warmup to `peak` over `steps` updates, then `after(step - steps)`."""
+
+    def __init__(self, after, steps: int, peak: float):
+        self.after, self.steps, self.peak = after, int(steps), float(peak)
+
+    def __call__(self, step):
+        step = tf.cast(step, tf.float32)
+        warm = self.peak * (step + 1.0) / float(max(self.steps, 1))
+        rest = self.after(tf.maximum(step - self.steps, 0.0))
+        return tf.where(step < self.steps, warm, rest)
+
+    def get_config(self):
+        return {"after": keras.optimizers.schedules.serialize(self.after),
+                "steps": self.steps, "peak": self.peak}
+
+
+@keras.utils.register_keras_serializable("tftrain")
+class Constant(keras.optimizers.schedules.LearningRateSchedule):
+    def __init__(self, value: float):
+        self.value = float(value)
+
+    def __call__(self, step):
+        return tf.constant(self.value, tf.float32)
+
+    def get_config(self):
+        return {"value": self.value}
+
+
+@dataclass(frozen=True)
+class Horizon:
+    """What schedules need to know about the length of training, in updates."""
+    steps_per_epoch: int
+    total_steps: int
+    warmup_steps: int
+
+    @property
+    def decay_steps(self) -> int:
+        return max(1, self.total_steps - self.warmup_steps)
+
+
+def _piecewise(lr, boundaries, gamma):
+    values = [lr * gamma**i for i in range(len(boundaries) + 1)]
+    return keras.optimizers.schedules.PiecewiseConstantDecay(boundaries, values)
+
+
+@SCHEDULES.register("constant")
+def _constant(cfg, lr, h):
+    return Constant(lr)
+
+
+@SCHEDULES.register("step")
+def _step(cfg, lr, h):
+    size = cfg.step_size.steps(h.steps_per_epoch) if cfg.step_size else h.steps_per_epoch
+    return _piecewise(lr, list(range(size, h.decay_steps, size)) or [h.decay_steps], cfg.gamma)
+
+
+@SCHEDULES.register("multistep")
+def _multistep(cfg, lr, h):
+    bounds = sorted(m.steps(h.steps_per_epoch) - h.warmup_steps for m in (cfg.milestones or []))
+    return _piecewise(lr, [max(b, 1) for b in bounds] or [h.decay_steps], cfg.gamma)
+
+
+def _decay_steps(cfg, h):
+    return cfg.decay_steps.steps(h.steps_per_epoch) if cfg.decay_steps else h.decay_steps
+
+
+@SCHEDULES.register("exponential")
+def _exponential(cfg, lr, h):
+    steps = cfg.decay_steps.steps(h.steps_per_epoch) if cfg.decay_steps else h.steps_per_epoch
+    return keras.optimizers.schedules.ExponentialDecay(lr, steps, cfg.decay_rate, cfg.staircase)
+
+
+@SCHEDULES.register("polynomial")
+def _polynomial(cfg, lr, h):
+    return keras.optimizers.schedules.PolynomialDecay(
+        lr, _decay_steps(cfg, h), cfg.end_learning_rate, cfg.power)
+
+
+@SCHEDULES.register("cosine")
+def _cosine(cfg, lr, h):
+    return keras.optimizers.schedules.CosineDecay(lr, _decay_steps(cfg, h), cfg.alpha)
+
+
+@SCHEDULES.register("plateau")
+def _plateau(cfg, lr, h):
+    return None  # a plain learning rate changed by the ReduceLROnPlateau callback
+
+
+def build_schedule(cfg: ScheduleConfig, lr: float, steps_per_epoch: int, total_steps: int):
+    """A LearningRateSchedule of optimizer updates, or a float for `plateau`."""
+    warmup = cfg.warmup_steps.steps(steps_per_epoch)
+    horizon = Horizon(steps_per_epoch, total_steps, warmup)
+    schedule = SCHEDULES.get(cfg.name)(cfg, lr, horizon)
+    if schedule is None:
+        return lr
+    return Warmup(schedule, warmup, lr) if warmup else schedule
+
+
+def plateau_callback(cfg: ScheduleConfig):
+    """ReduceLROnPlateau for the `plateau` schedule, else None."""
+    if cfg.name != "plateau":
+        return None
+    return keras.callbacks.ReduceLROnPlateau(monitor=cfg.monitor, factor=cfg.factor,
+                                             patience=cfg.patience, min_lr=cfg.min_lr, verbose=1)
+
+
+def current_lr(optimizer) -> float:
+    """The learning rate the next update will use."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    lr = inner._learning_rate     # the schedule itself (`learning_rate` gives its last value)
+    if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
+        return float(lr(inner.iterations))
+    return float(keras.backend.get_value(lr))

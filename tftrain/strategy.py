@@ -1,0 +1,199 @@
+"""Distribution strategies from config: devices, virtual CPUs, clusters, reductions.
+
+Importable on its own: `build_strategy(cfg)` takes a `Config` or its `distribute`
+section. Logical device configuration (virtual CPUs, GPU memory limits) can be applied
+only once per process and before any op runs, so `configure_devices` is the first thing
+a run does; asking for a different layout later is an error that says so.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+from tftrain.config import Config, ConfigError, DistributeConfig
+
+_configured: tuple | None = None
+
+
+def _section(cfg) -> DistributeConfig:
+    return cfg.distribute if isinstance(cfg, Config) else cfg
+
+
+def configure_devices(cfg) -> None:
+    """Split the CPU into logical devices and set GPU memory options (once per process)."""
+    global _configured
+    d = _section(cfg)
+    wanted = (d.virtual_cpus, d.gpu_memory_growth, d.gpu_memory_limit)
+    if _configured is not None:
+        if _configured != wanted and d.virtual_cpus is not None:
+            raise RuntimeError(
+                f"devices were already configured in this process as {_configured}; logical "
+                "devices can be set only once per process. Start a new process (e.g. run the "
+                "CLI) to use distribute.virtual_cpus="
+                f"{d.virtual_cpus}.")
+        return
+    gpus = tf.config.list_physical_devices("GPU")
+    try:
+        for gpu in gpus:
+            if d.gpu_memory_limit:
+                mb = max(1, d.gpu_memory_limit // 2**20)
+                tf.config.set_logical_device_configuration(
+                    gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=mb)])
+            elif d.gpu_memory_growth:
+                tf.config.experimental.set_memory_growth(gpu, True)
+        if d.virtual_cpus and d.virtual_cpus > 1:
+            cpu = tf.config.list_physical_devices("CPU")[0]
+            current = tf.config.get_logical_device_configuration(cpu)
+            if current is None or len(current) != d.virtual_cpus:
+                tf.config.set_logical_device_configuration(
+                    cpu, [tf.config.LogicalDeviceConfiguration()] * d.virtual_cpus)
+    except RuntimeError as err:
+        raise RuntimeError(
+            f"could not configure devices ({err}); TensorFlow was already initialized in this "
+            "process. Call tftrain.strategy.configure_devices(cfg) before any TensorFlow op, "
+            "or run through the CLI.") from None
+    _configured = wanted
+
+
+def cluster_spec() -> tuple[str, int, int]:
+    """(source, number of workers, this worker's index) from TF_CONFIG or SLURM."""
+    tf_config = os.environ.get("TF_CONFIG")
+    if tf_config:
+        try:
+            spec = json.loads(tf_config)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"TF_CONFIG: not valid JSON ({err}); expected "
+                              '{"cluster": {"worker": [...]}, "task": {...}}') from None
+        cluster = spec.get("cluster", {})
+        workers = len(cluster.get("worker", [])) + len(cluster.get("chief", []))
+        task = spec.get("task", {})
+        index = task.get("index", 0) + (1 if task.get("type") == "worker" and cluster.get("chief") else 0)
+        return "TF_CONFIG", workers, index
+    if int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_JOB_ID" in os.environ:
+        return "SLURM", int(os.environ["SLURM_NTASKS"]), int(os.environ.get("SLURM_PROCID", "0"))
+    return "local", 1, 0
+
+
+def is_chief() -> bool:
+    """True on the worker that writes reports, logs and exports."""
+    source, _, index = cluster_spec()
+    if source == "TF_CONFIG":
+        task = json.loads(os.environ["TF_CONFIG"]).get("task", {})
+        return task.get("type", "worker") == "chief" or (
+            task.get("type", "worker") == "worker" and task.get("index", 0) == 0
+            and "chief" not in json.loads(os.environ["TF_CONFIG"]).get("cluster", {}))
+    return index == 0
+
+
+def visible_devices() -> list[str]:
+    """Logical devices that replicas can run on: GPUs when present, else CPUs."""
+    gpus = tf.config.list_logical_devices("GPU")
+    devices = gpus or tf.config.list_logical_devices("CPU")
+    return [dev.name for dev in devices]
+
+
+def _canonical(name: str) -> str:
+    return tf.DeviceSpec.from_string(name).to_string()
+
+
+def resolve_devices(d: DistributeConfig) -> list[str]:
+    """The devices replicas run on; an explicit list is checked against what exists."""
+    visible = visible_devices()
+    if d.devices is None:
+        return visible
+    known = {_canonical(n) for n in tf.config.list_logical_devices() for n in [n.name]}
+    missing = [dev for dev in d.devices if _canonical(dev) not in known]
+    if missing:
+        raise ConfigError(
+            f"distribute.devices: {', '.join(missing)} does not exist; visible devices: "
+            f"{', '.join(sorted(n.name for n in tf.config.list_logical_devices()))} "
+            "(set distribute.virtual_cpus to split the CPU into more devices)")
+    if len(set(map(_canonical, d.devices))) != len(d.devices):
+        raise ConfigError(f"distribute.devices: {d.devices} lists a device twice")
+    return list(d.devices)
+
+
+def resolve_kind(d: DistributeConfig, devices: list[str]) -> str:
+    """`auto`: multi_worker when the cluster has >1 worker, mirrored over >1 device, else one."""
+    if d.strategy != "auto":
+        return d.strategy
+    if cluster_spec()[1] > 1:
+        return "multi_worker"
+    return "mirrored" if len(devices) > 1 else "one_device"
+
+
+def _cross_device_ops(d: DistributeConfig, devices: list[str]):
+    choice = d.cross_device_ops
+    if choice == "auto":
+        # NCCL needs GPUs; on CPUs TensorFlow's default is reduction to one device.
+        on_gpu = all("GPU" in dev.upper() for dev in devices)
+        choice = "nccl" if on_gpu and len(devices) > 1 else "reduce_to_one_device"
+    if choice == "nccl":
+        return tf.distribute.NcclAllReduce()
+    if choice == "hierarchical_copy":
+        return tf.distribute.HierarchicalCopyAllReduce()
+    return tf.distribute.ReductionToOneDevice()
+
+
+def communication_options(d: DistributeConfig):
+    """Collective implementation for multi-worker: RING, NCCL or AUTO."""
+    impl = {"auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
+            "ring": tf.distribute.experimental.CommunicationImplementation.RING,
+            "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL}[d.communication]
+    return tf.distribute.experimental.CommunicationOptions(implementation=impl)
+
+
+def cluster_resolver():
+    """TFConfigClusterResolver or SlurmClusterResolver, whichever describes this job."""
+    source, _, _ = cluster_spec()
+    if source == "SLURM":
+        return tf.distribute.cluster_resolver.SlurmClusterResolver()
+    return tf.distribute.cluster_resolver.TFConfigClusterResolver()
+
+
+@dataclass(frozen=True)
+class StrategyInfo:
+    kind: str
+    devices: tuple[str, ...]
+    replicas: int
+    workers: int
+
+
+def build_strategy(cfg, *, force_one_device: bool = False) -> tf.distribute.Strategy:
+    """The strategy the config asks for. `force_one_device` is used by `--smoke`."""
+    d = _section(cfg)
+    configure_devices(d)
+    devices = resolve_devices(d)
+    kind = "one_device" if force_one_device else resolve_kind(d, devices)
+    if kind == "default":
+        return tf.distribute.get_strategy()
+    if kind == "one_device":
+        return tf.distribute.OneDeviceStrategy(devices[0])
+    if kind == "mirrored":
+        return tf.distribute.MirroredStrategy(
+            devices=devices, cross_device_ops=_cross_device_ops(d, devices))
+    return tf.distribute.MultiWorkerMirroredStrategy(
+        cluster_resolver=cluster_resolver(), communication_options=communication_options(d))
+
+
+def describe(strategy: tf.distribute.Strategy) -> StrategyInfo:
+    """Kind, devices, replicas and workers of a strategy (for plans and summaries)."""
+    kinds = {"OneDeviceStrategy": "one_device", "MirroredStrategy": "mirrored",
+             "MultiWorkerMirroredStrategy": "multi_worker", "_DefaultDistributionStrategy": "default"}
+    kind = kinds.get(type(strategy).__name__, type(strategy).__name__)
+    devices = tuple(getattr(strategy.extended, "worker_devices", ()) or ("default",))
+    workers = cluster_spec()[1] if kind == "multi_worker" else 1
+    return StrategyInfo(kind, devices, strategy.num_replicas_in_sync, workers)
+
+
+def device_table(strategy: tf.distribute.Strategy) -> str:
+    """A printable table of the devices the strategy uses."""
+    info = describe(strategy)
+    rows = [f"strategy: {info.kind}   replicas: {info.replicas}   workers: {info.workers}"]
+    rows.append(f"  {'replica':<8}{'device':<44}")
+    for i, dev in enumerate(info.devices):
+        rows.append(f"  {i:<8}{dev:<44}")
+    return "\n".join(rows)
