@@ -36,6 +36,11 @@ def _micro_batch(x, y, sample_weight, index, size):
             None if sample_weight is None else take(sample_weight))
 
 
+def _size(x, n: int):
+    """Micro-batch size: the replica's batch split into n equal parts."""
+    return tf.shape(tf.nest.flatten(x)[0])[0] // n
+
+
 class TrainModel(keras.Model):
     """A functional model with tftrain's train step (gradient accumulation built in)."""
 
@@ -62,22 +67,27 @@ class TrainModel(keras.Model):
             if isinstance(self.optimizer, keras.mixed_precision.LossScaleOptimizer):
                 loss = self.optimizer.get_scaled_loss(loss)
         self.compiled_metrics.update_state(y, y_pred, sample_weight)
-        return [tf.cast(g, tf.float32) if g is not None else tf.zeros_like(v, tf.float32)
+        return [g if g is not None else tf.zeros_like(v, tf.float32)
                 for g, v in zip(tape.gradient(loss, variables), variables)]
 
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         variables = self.trainable_variables
         n = self.accumulation_steps
-        if n == 1:
-            grads = self._gradients(x, y, sample_weight, variables)
-        else:
-            size = tf.shape(tf.nest.flatten(x)[0])[0] // n
-            grads = [tf.zeros_like(v, tf.float32) for v in variables]
-            for i in tf.range(n):
-                micro = _micro_batch(x, y, sample_weight, i, size)
-                grads = [a + tf.convert_to_tensor(g)
-                         for a, g in zip(grads, self._gradients(*micro, variables))]
+        size = _size(x, n)
+        # The first micro-batch runs outside the loop: Keras creates its metric variables
+        # on first use, and variables cannot be created inside a while loop.
+        grads = self._gradients(*_micro_batch(x, y, sample_weight, 0, size), variables)
+        if n > 1:
+            grads = [tf.convert_to_tensor(g) for g in grads]
+
+            def accumulate(i, acc):
+                micro = self._gradients(*_micro_batch(x, y, sample_weight, i, size), variables)
+                return i + 1, [a + tf.convert_to_tensor(g) for a, g in zip(acc, micro)]
+
+            # parallel_iterations=1: one micro-batch's activations alive at a time.
+            _, grads = tf.while_loop(lambda i, _: i < n, accumulate, (tf.constant(1), grads),
+                                     parallel_iterations=1)
         if isinstance(self.optimizer, keras.mixed_precision.LossScaleOptimizer):
             # Unscaled once for the sum; a non-finite sum makes the optimizer skip the
             # update and lower the loss scale.

@@ -1,0 +1,42 @@
+"""Shared test set-up: one TensorFlow process with 2 logical CPU devices.
+
+Logical devices can be configured once per process, so every in-process test uses 2
+virtual CPUs; other layouts are tested through the CLI in a subprocess.
+"""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tftrain  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow is imported)
+from tftrain.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+VIRTUAL_CPUS = 2
+
+
+def pytest_configure(config):
+    from tftrain.strategy import configure_devices
+    configure_devices(load_config(None, [f"distribute.virtual_cpus={VIRTUAL_CPUS}"]))
+
+
+@pytest.fixture(autouse=True)
+def _reset_precision():
+    yield
+    from tftrain._keras import keras
+    keras.mixed_precision.set_global_policy("float32")
+
+
+def cli(*args, cwd=None, timeout=600, env=None):
+    """Run `python -m tftrain.run ...` in a fresh process."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "tftrain.run", *map(str, args)], cwd=cwd,
+                          env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def quick_config(tmp_path, *overrides):
+    """The quickstart config in a temporary run dir, with overrides."""
+    return load_config(ROOT / "configs" / "quickstart.yaml",
+                       [f"run.dir={tmp_path}", "train.verbose=0", *overrides])
