@@ -265,7 +265,9 @@ class Config(Strict):
         allowed = SCHEDULE_FIELDS.get(sched.name)
         if allowed is None:
             return self  # unknown names are reported by the schedule registry
-        extra = sorted(sched.model_fields_set - allowed - {"name", "warmup_steps"})
+        fields = ScheduleConfig.model_fields
+        extra = sorted(f for f in sched.model_fields_set - allowed - {"name", "warmup_steps"}
+                       if getattr(sched, f) != fields[f].default)   # defaults are harmless
         if extra:
             raise ValueError(
                 f"train.schedule.{extra[0]}: not used by schedule '{sched.name}' "
@@ -277,9 +279,13 @@ class Config(Strict):
 
 
 # --- loading -------------------------------------------------------------------------
-def _yaml_problem(source: str, err: yaml.YAMLError) -> str:
+def _yaml_problem(source: str, text: str, err: yaml.YAMLError) -> str:
     mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
-    where = f"line {mark.line + 1}" if mark else "file"
+    where = "file"
+    if mark:
+        line = text.splitlines()[mark.line].strip() if mark.line < len(text.splitlines()) else ""
+        key = line.split(":", 1)[0].strip("- ") if ":" in line else ""
+        where = f"line {mark.line + 1}" + (f" (key '{key}')" if key else "")
     if isinstance(err, yaml.constructor.ConstructorError):
         return (f"{source}: {where}: tag not allowed ({err.problem}); "
                 "tftrain configs are plain YAML (maps, lists, numbers, strings)")
@@ -293,10 +299,11 @@ def read_yaml(path: Union[str, Path]) -> dict:
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found; pass the path of a YAML file "
                           "(e.g. configs/quickstart.yaml)")
+    text = path.read_text()
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise ConfigError(_yaml_problem(str(path), err)) from None
+        raise ConfigError(_yaml_problem(str(path), text, err)) from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -1,0 +1,123 @@
+"""Config schema, overrides and error text (no TensorFlow needed)."""
+import json
+
+import pytest
+
+from tftrain.config import (Config, ConfigError, Duration, apply_overrides, dump_config,
+                            json_schema, load_config, validate)
+
+
+def write(tmp_path, text, name="c.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_defaults_and_design_names():
+    cfg = load_config()
+    assert cfg.distribute.strategy == "auto"
+    assert cfg.precision.policy == "auto"
+    assert cfg.data.per_replica_batch_size == 32
+    assert cfg.train.accumulation_steps == 1
+    assert cfg.export.saved_model is True
+
+
+def test_overrides_parse_yaml_values():
+    cfg = load_config(None, ["train.accumulation_steps=4", "model.params.filters=[8, 16]",
+                             "distribute.devices=['/cpu:0', '/cpu:1']", "run.deterministic=true"])
+    assert cfg.train.accumulation_steps == 4
+    assert cfg.model.params == {"filters": [8, 16]}
+    assert cfg.distribute.devices == ["/cpu:0", "/cpu:1"]
+    assert cfg.run.deterministic is True
+
+
+def test_config_is_frozen():
+    cfg = load_config()
+    with pytest.raises(Exception, match="frozen"):
+        cfg.train.epochs = 3
+
+
+@pytest.mark.parametrize("text,expected", [
+    (3, Duration(value=3, unit="steps")),
+    ("2 epochs", Duration(value=2, unit="epochs")),
+    ("500 steps", Duration(value=500, unit="steps")),
+    ("0.5 epoch", Duration(value=0.5, unit="epochs")),
+])
+def test_durations(text, expected):
+    cfg = load_config(None, [f"train.checkpoint.every={text}"])
+    assert cfg.train.checkpoint.every == expected
+
+
+def test_duration_to_steps_is_the_one_conversion():
+    assert Duration(value=2, unit="epochs").steps(23) == 46
+    assert Duration(value=0.5, unit="epochs").steps(23) == 12
+    assert Duration(value=7, unit="steps").steps(23) == 7
+
+
+def test_sizes_parse():
+    cfg = load_config(None, ["distribute.device_memory=16GB", "distribute.gpu_memory_limit=512MiB"])
+    assert cfg.distribute.device_memory == 16 * 10**9
+    assert cfg.distribute.gpu_memory_limit == 512 * 2**20
+
+
+@pytest.mark.parametrize("override,pattern", [
+    ("train.acumulation_steps=4", r"train\.acumulation_steps: unknown key; did you mean accumulation_steps\?"),
+    ("trian.epochs=3", r"trian: unknown key; did you mean train\?"),
+    ("train.epochs=many", r"train\.epochs: .*valid integer.*'many'"),
+    ("train.epochs=0", r"train\.epochs: .*greater than or equal to 1"),
+    ("data.validation_fraction=1.5", r"data\.validation_fraction: .*less than 1"),
+    ("precision.policy=fp16", r"precision\.policy: .*'mixed_float16'.*got 'fp16'"),
+    ("distribute.strategy=horovod", r"distribute\.strategy: "),
+    ("train.schedule.gamma=0.5", r"train\.schedule\.gamma: not used by schedule 'constant'"),
+    ("train.checkpoint.every=3 weeks", r"train\.checkpoint\.every: expected an integer"),
+    ("distribute.device_memory=lots", r"distribute\.device_memory: expected bytes"),
+])
+def test_errors_name_the_key(override, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        load_config(None, [override])
+
+
+def test_every_problem_is_reported_one_line_each():
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["train.epochs=0", "data.per_replica_batch_size=-1", "x.y=1"])
+    assert len(info.value.problems) == 3
+    assert all("\n" not in p for p in info.value.problems)
+
+
+def test_file_errors(tmp_path):
+    with pytest.raises(ConfigError, match=r"missing\.yaml: config file not found"):
+        load_config(tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match=r"line 3 \(key .run.\): malformed YAML: expected .,. or .\]."):
+        load_config(write(tmp_path, "train:\n  epochs: [1\nrun: {}\n"))
+    with pytest.raises(ConfigError, match=r"line 2 \(key 'name'\): tag not allowed"):
+        load_config(write(tmp_path, "model:\n  name: !!python/object/apply:os.system ['echo hi']\n"))
+    with pytest.raises(ConfigError, match=r"top level must be a mapping"):
+        load_config(write(tmp_path, "- 1\n- 2\n"))
+
+
+def test_file_name_in_messages(tmp_path):
+    path = write(tmp_path, "train:\n  epochz: 3\n")
+    with pytest.raises(ConfigError, match=rf"{path}: train\.epochz: unknown key; did you mean epochs\?"):
+        load_config(path)
+
+
+def test_bad_override_syntax():
+    with pytest.raises(ConfigError, match=r"--set 'train\.epochs': expected KEY=VALUE"):
+        apply_overrides({}, ["train.epochs"])
+
+
+def test_dump_round_trips(tmp_path):
+    cfg = load_config(None, ["train.schedule.name=cosine", "train.schedule.warmup_steps=2 epochs"])
+    again = load_config(write(tmp_path, dump_config(cfg)))
+    assert again == cfg
+
+
+def test_json_schema_lists_sections():
+    schema = json_schema()
+    assert set(schema["properties"]) == set(Config.model_fields)
+    json.dumps(schema)
+
+
+def test_plateau_rejects_warmup():
+    with pytest.raises(ConfigError, match=r"train\.schedule\.warmup_steps: warmup is not available"):
+        validate({"train": {"schedule": {"name": "plateau", "warmup_steps": 10}}})
