@@ -31,7 +31,7 @@ def build_optimizer(cfg: OptimizerConfig, learning_rate):
     reserved = {"learning_rate", "weight_decay", "clipnorm", "global_clipnorm"}
     bad = reserved & set(cfg.params)
     check_params(cls.__init__, {k: v for k, v in cfg.params.items() if k not in reserved},
-                 "train.optimizer.params", skip=1)
+                 "train.optimizer.params", skip=1, strict=True)
     if bad:
         from tftrain.config import ConfigError
         raise ConfigError(f"train.optimizer.params.{sorted(bad)[0]}: set it as "

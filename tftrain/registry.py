@@ -48,17 +48,19 @@ class Registry(Generic[T]):
         )
 
 
-def check_params(fn: Callable, params: dict, key: str, skip: int = 0) -> None:
+def check_params(fn: Callable, params: dict, key: str, skip: int = 0,
+                 strict: bool = False) -> None:
     """Raise a ConfigError naming `key.<param>` for params `fn` does not take.
 
-    `skip` leading positional parameters are supplied by tftrain, not by the config.
+    `skip` leading positional parameters are supplied by tftrain, not by the config;
+    `strict` checks against the named parameters even when `fn` takes **kwargs.
     """
     import inspect
 
     sig = inspect.signature(fn)
     accepted = [p.name for p in list(sig.parameters.values())[skip:]
                 if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    if any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
+    if not strict and any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
         return
     problems = []
     for name in params:

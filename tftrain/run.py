@@ -187,10 +187,12 @@ def _metrics(names):
 
     for name in names:
         try:
-            keras.metrics.get(name)
+            known = name in ("accuracy", "acc") or callable(keras.metrics.get(name))
         except ValueError:
+            known = False
+        if not known:
             raise ConfigError(f"train.metrics: unknown metric '{name}'; use Keras metric names "
-                              "such as accuracy, sparse_top_k_categorical_accuracy") from None
+                              "such as accuracy, sparse_top_k_categorical_accuracy")
     return list(names)
 
 

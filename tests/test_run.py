@@ -1,0 +1,218 @@
+"""The CLI end to end: exit codes, run directory contract, resume after a kill."""
+import csv
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, cli, quick_config
+from tftrain.run import main, run
+
+QUICKSTART = ROOT / "configs" / "quickstart.yaml"
+
+
+# --- bad input: exit 2, one line naming the key, no run directory -------------------------
+BAD_SETS = [
+    (["train.acumulation_steps=2"], r"train\.acumulation_steps: unknown key; did you mean accumulation_steps\?"),
+    (["train.epochs=abc"], r"train\.epochs: "),
+    (["data.validation_fraction=2"], r"data\.validation_fraction: "),
+    (["model.name=resnett"], r"model\.name: unknown model 'resnett'.*did you mean 'resnet'\?"),
+    (["data.name=digit"], r"data\.name: unknown dataset 'digit'.*did you mean 'digits'\?"),
+    (["train.optimizer.name=adamm"], r"train\.optimizer\.name: unknown optimizer 'adamm'"),
+    (["train.schedule.name=cosin"], r"train\.schedule\.name: unknown schedule 'cosin'"),
+    (["train.loss=hinge_x"], r"train\.loss: unknown loss"),
+    (["train.metrics=[acc_x]"], r"train\.metrics: unknown metric 'acc_x'"),
+    (["model.params.filterz=[8]"], r"model\.params\.filterz: unknown parameter; did you mean filters\?"),
+    (["data.name=npz", "data.params.path=/no/such/file.npz"], r"data\.params\.path: /no/such/file\.npz does not exist"),
+    (["distribute.devices=['/cpu:0', '/cpu:7']"], r"distribute\.devices: /cpu:7 does not exist"),
+    (["train.global_batch_size=100", "train.accumulation_steps=3"], r"train\.global_batch_size: 100 is not divisible"),
+    (["data.per_replica_batch_size=2000"], r"data\.per_replica_batch_size: global batch 4000"),
+    (["train.optimizer.params.momentun=0.9", "train.optimizer.name=sgd"], r"train\.optimizer\.params\.momentun: unknown parameter; did you mean momentum\?"),
+    (["model.params.pool=median"], r"model\.params: cnn rejected"),
+]
+
+
+@pytest.mark.parametrize("sets,pattern", BAD_SETS, ids=[s[0][0].split("=")[0] for s in BAD_SETS])
+def test_bad_input_exits_2_naming_the_key(tmp_path, capsys, sets, pattern):
+    args = [str(QUICKSTART), "--run-dir", str(tmp_path)] + [a for s in sets for a in ("--set", s)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert __import__("re").search(pattern, err), err
+    assert "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []          # no run directory left behind
+
+
+@pytest.mark.parametrize("text,pattern", [
+    ("train:\n  epochs: [1\n", r"malformed YAML"),
+    ("model:\n  name: !!python/object/apply:os.system ['echo hi']\n", r"key 'name'\): tag not allowed"),
+])
+def test_bad_yaml_files_exit_2(tmp_path, capsys, text, pattern):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    assert main([str(path), "--run-dir", str(tmp_path / "runs")]) == 2
+    assert __import__("re").search(pattern, capsys.readouterr().err)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_missing_config_file_exits_2(tmp_path, capsys):
+    assert main([str(tmp_path / "nope.yaml")]) == 2
+    assert "config file not found" in capsys.readouterr().err
+
+
+def test_real_cli_config_error_has_no_traceback(tmp_path):
+    proc = cli(QUICKSTART, "--run-dir", tmp_path, "--set", "train.acumulation_steps=2")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"tftrain: config error: {QUICKSTART}: train.acumulation_steps: unknown key; "
+        "did you mean accumulation_steps?")
+    assert "Traceback" not in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- the quickstart through the real CLI -------------------------------------------------
+@pytest.fixture(scope="module")
+def quickstart_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("quickstart")
+    proc = cli(QUICKSTART, "--run-dir", out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out / "quickstart", proc
+
+
+def test_quickstart_reaches_095(quickstart_run):
+    path, proc = quickstart_run
+    summary = json.loads((path / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert summary["metrics"]["val_accuracy"] >= 0.95
+    assert summary["strategy"] == "mirrored" and summary["replicas"] == 2
+    assert summary["global_batch_size"] == 32 * 2 * 1
+    assert summary["steps"] == summary["epochs"] * summary["steps_per_epoch"] == 15 * (1527 // 64)
+    assert summary["throughput"]["examples_per_sec"] > 0
+    assert "val_accuracy" in proc.stdout and "global batch 64" in proc.stdout
+
+
+def test_run_directory_contract(quickstart_run):
+    path, _ = quickstart_run
+    for name in ("config.yaml", "summary.json", "metrics.csv", "tensorboard",
+                 "checkpoints", "export/saved_model/saved_model.pb", "export/model.tflite"):
+        assert (path / name).exists(), name
+    rows = list(csv.DictReader(open(path / "metrics.csv")))
+    assert [int(r["epoch"]) for r in rows] == list(range(15))
+    assert {"loss", "accuracy", "val_loss", "val_accuracy", "lr", "examples_per_sec"} <= set(rows[0])
+    assert float(rows[-1]["lr"]) < float(rows[1]["lr"])          # cosine decayed
+    assert list((path / "tensorboard" / "train").glob("events.out.tfevents.*"))
+    summary = json.loads((path / "summary.json").read_text())
+    for name, art in summary["artifacts"].items():
+        assert art["size_bytes"] > art["gzip_bytes"] > 0, name
+        assert abs(art["accuracy"] - summary["metrics"]["val_accuracy"]) < 0.01, name
+
+
+def test_rerun_of_completed_run_reports_it(quickstart_run):
+    path, _ = quickstart_run
+    before = (path / "summary.json").read_text()
+    proc = cli(QUICKSTART, "--run-dir", path.parent)
+    assert proc.returncode == 0
+    assert "already completed" in proc.stdout
+    assert (path / "summary.json").read_text() == before
+
+
+def test_changed_config_on_existing_run_is_refused(quickstart_run, capsys):
+    path, _ = quickstart_run
+    (path / "summary.json").rename(path / "summary.bak")      # looks interrupted
+    try:
+        assert main([str(QUICKSTART), "--run-dir", str(path.parent), "--set", "train.epochs=3"]) == 2
+        assert "run.name: " in capsys.readouterr().err
+    finally:
+        (path / "summary.bak").rename(path / "summary.json")
+
+
+def test_dry_run_prints_plan_and_writes_nothing(tmp_path):
+    proc = cli(QUICKSTART, "--run-dir", tmp_path, "--dry-run", "--set", "distribute.virtual_cpus=4",
+               "--set", "train.accumulation_steps=2")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert "replicas: 4" in out and "CPU:3" in out
+    assert "32 per replica x 4 replicas x 2 accumulation steps = global batch 256" in out
+    assert "53,002 parameters" in out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_schema_flag_prints_json_schema():
+    proc = cli("--schema")
+    assert proc.returncode == 0
+    assert set(json.loads(proc.stdout)["properties"]) >= {"run", "distribute", "train"}
+
+
+# --- resume ------------------------------------------------------------------------------
+def _start(tmp_path, *sets):
+    args = [sys.executable, "-m", "tftrain.run", str(QUICKSTART), "--run-dir", str(tmp_path),
+            "--set", "train.epochs=40", "--set", "train.checkpoint.every=10",
+            "--set", "export.tflite=none", *[a for s in sets for a in ("--set", s)]]
+    return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_checkpoint(path, proc, at_least=20, timeout=240):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        numbers = [int(p.name.split("-")[1].split(".")[0]) for p in path.glob("ckpt-*.index")]
+        if numbers and max(numbers) >= at_least:
+            return max(numbers)
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        time.sleep(0.05)
+    raise AssertionError("no checkpoint written in time")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig,code", [(signal.SIGKILL, -signal.SIGKILL), (signal.SIGTERM, 42)])
+def test_killed_run_resumes_to_planned_steps(tmp_path, sig, code):
+    proc = _start(tmp_path)
+    saved = _wait_for_checkpoint(tmp_path / "quickstart" / "checkpoints", proc)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err[-2000:]
+    assert not (tmp_path / "quickstart" / "summary.json").exists()
+    planned = 40 * (1527 // 64)
+    assert saved < planned
+    again = cli(QUICKSTART, "--run-dir", tmp_path, "--set", "train.epochs=40",
+                "--set", "train.checkpoint.every=10", "--set", "export.tflite=none")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming from" in again.stdout
+    resumed_at = int(again.stdout.split("at update ")[1].split("/")[0])
+    assert saved <= resumed_at < planned
+    summary = json.loads((tmp_path / "quickstart" / "summary.json").read_text())
+    assert summary["steps"] == planned
+    assert summary["metrics"]["val_accuracy"] >= 0.95
+
+
+# --- every strategy and precision policy -------------------------------------------------
+@pytest.mark.parametrize("strategy,policy", [
+    ("default", "float32"), ("one_device", "float32"), ("mirrored", "float32"),
+    ("mirrored", "mixed_bfloat16"), ("mirrored", "mixed_float16"), ("auto", "auto"),
+])
+def test_every_strategy_and_policy_trains(tmp_path, strategy, policy):
+    cfg = quick_config(tmp_path, f"distribute.strategy={strategy}", f"precision.policy={policy}",
+                       "train.epochs=8", "export.tflite=none", "export.saved_model=false")
+    summary = run(cfg)
+    assert summary["metrics"]["val_accuracy"] > 0.9
+    assert summary["strategy"] == {"auto": "mirrored"}.get(strategy, strategy)
+    assert summary["steps"] == 8 * summary["steps_per_epoch"]
+
+
+def test_multi_worker_strategy_single_worker_trains(tmp_path):
+    proc = cli(QUICKSTART, "--run-dir", tmp_path, "--set", "distribute.strategy=multi_worker",
+               "--set", "train.epochs=8", "--set", "export.tflite=none")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "quickstart" / "summary.json").read_text())
+    assert summary["strategy"] == "multi_worker"
+    assert summary["metrics"]["val_accuracy"] > 0.9
+
+
+def test_smoke_runs_whole_pipeline_on_one_device(tmp_path):
+    summary = run(quick_config(tmp_path), smoke=True)
+    assert summary["smoke"] and summary["strategy"] == "one_device"
+    assert summary["steps"] == 3 and summary["replicas"] == 1
+    assert (tmp_path / "quickstart-smoke" / "export" / "model.tflite").exists()
+    assert not (tmp_path / "quickstart").exists()
