@@ -181,10 +181,14 @@ def build_strategy(cfg, *, force_one_device: bool = False) -> tf.distribute.Stra
 
 def describe(strategy: tf.distribute.Strategy) -> StrategyInfo:
     """Kind, devices, replicas and workers of a strategy (for plans and summaries)."""
-    kinds = {"OneDeviceStrategy": "one_device", "MirroredStrategy": "mirrored",
-             "MultiWorkerMirroredStrategy": "multi_worker", "_DefaultDistributionStrategy": "default"}
-    kind = kinds.get(type(strategy).__name__, type(strategy).__name__)
-    devices = tuple(getattr(strategy.extended, "worker_devices", ()) or ("default",))
+    kinds = [(tf.distribute.MultiWorkerMirroredStrategy, "multi_worker"),
+             (tf.distribute.MirroredStrategy, "mirrored"),
+             (tf.distribute.OneDeviceStrategy, "one_device")]
+    kind = next((name for cls, name in kinds if isinstance(strategy, cls)), "default")
+    try:
+        devices = tuple(strategy.extended.worker_devices)
+    except RuntimeError:  # the default strategy: TensorFlow's own placement
+        devices = ("default placement",)
     workers = cluster_spec()[1] if kind == "multi_worker" else 1
     return StrategyInfo(kind, devices, strategy.num_replicas_in_sync, workers)
 
