@@ -86,8 +86,10 @@ class Horizon:
 
 
 def _piecewise(lr, boundaries, gamma):
+    """lr * gamma**k after the k-th boundary has been reached (update >= boundary)."""
     values = [lr * gamma**i for i in range(len(boundaries) + 1)]
-    return keras.optimizers.schedules.PiecewiseConstantDecay(boundaries, values)
+    # PiecewiseConstantDecay switches after step > boundary; ours switch at step == boundary.
+    return keras.optimizers.schedules.PiecewiseConstantDecay([b - 1 for b in boundaries], values)
 
 
 @SCHEDULES.register("constant")
