@@ -1,0 +1,64 @@
+"""Export: SavedModel signature and float32 logits, TFLite in LiteRT, verification."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tftrain import precision
+from tftrain.config import load_config
+from tftrain.data import BatchPlan, load_source
+from tftrain.export import export_all, inference_model, save_saved_model
+from tftrain.models import MODELS
+from tftrain.train_step import TrainModel
+
+
+@pytest.fixture(scope="module")
+def trained():
+    source = load_source(load_config().data, 0)
+    model = TrainModel.wrap(MODELS.get("mlp")(source.spec, hidden=[32]))
+    model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(source.train.batch(64), epochs=3, verbose=0)
+    return model, source
+
+
+@pytest.mark.parametrize("mode", ["float", "dynamic", "float16", "int8"])
+def test_tflite_modes_match_the_model(tmp_path, trained, mode):
+    model, source = trained
+    cfg = load_config(None, [f"export.tflite={mode}"]).export
+    report = export_all(model, cfg, tmp_path, source, BatchPlan(32, 1, 1))
+    saved, lite = report["saved_model"], report[f"tflite_{mode}"]
+    assert saved["max_abs_logit_diff"] < 1e-4
+    if mode == "float":
+        assert lite["max_abs_logit_diff"] < 1e-4
+    assert abs(lite["accuracy"] - saved["accuracy"]) <= 0.01
+    assert (tmp_path / "model.tflite").stat().st_size == lite["size_bytes"]
+    if mode == "int8":
+        assert lite["size_bytes"] < report["saved_model"]["size_bytes"] / 3
+
+
+def test_bfloat16_model_exports_float32(tmp_path):
+    precision.apply_policy("mixed_bfloat16")
+    source = load_source(load_config().data, 0)
+    model = precision.float32_outputs(MODELS.get("cnn")(source.spec, filters=[4], dense=[8]))
+    plain = inference_model(model)
+    assert all(l.compute_dtype == "float32" for l in plain.layers)
+    path = save_saved_model(model, tmp_path / "sm")
+    out = tf.saved_model.load(str(path)).signatures["serving_default"](inputs=tf.zeros((2, 8, 8, 1)))
+    assert out["logits"].dtype == tf.float32 and out["logits"].shape == (2, 10)
+
+
+def test_saved_model_cli_show_and_run(tmp_path, trained):
+    model, _ = trained
+    path = save_saved_model(model, tmp_path / "sm")
+    cli = [sys.executable, "-m", "tensorflow.python.tools.saved_model_cli"]
+    show = subprocess.run(cli + ["show", "--all", "--dir", str(path)], capture_output=True, text=True)
+    assert show.returncode == 0 and "serving_default" in show.stdout and "logits" in show.stdout
+    np.save(tmp_path / "x.npy", np.zeros((2, 8, 8, 1), np.float32))
+    ran = subprocess.run(cli + ["run", "--dir", str(path), "--tag_set", "serve", "--signature_def",
+                                "serving_default", "--inputs", f"inputs={tmp_path / 'x.npy'}"],
+                         capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert "logits" in ran.stdout
