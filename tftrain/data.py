@@ -291,6 +291,10 @@ def train_dataset(source: Source, plan: BatchPlan, cfg: DataConfig, seed: int,
     buffer = cfg.shuffle_buffer or source.num_train
 
     def epoch(e):
+        # A fixed graph-level seed inside this traced function (it does not touch the
+        # process's seed): the order then depends on the op seed (seed, e) alone, and
+        # TensorFlow's seed check never has to compare a tensor (it fails for seed 0).
+        tf.random.set_seed(1)
         ds = base
         if cfg.shuffle:
             ds = ds.shuffle(buffer, seed=tf.cast(seed, tf.int64) * 1_000_003 + e,

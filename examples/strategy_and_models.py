@@ -1,0 +1,23 @@
+"""Use tftrain's pieces from Python: a strategy from config, a registry model, plain fit.
+
+    python examples/strategy_and_models.py
+"""
+import tftrain  # noqa: F401  (first: sets TF_USE_LEGACY_KERAS)
+from tftrain import build_model, build_strategy, load_config
+from tftrain.data import load_source, plan_batches, train_dataset, val_dataset
+from tftrain.strategy import device_table
+from tftrain.train_step import TrainModel, build_loss
+
+cfg = load_config("configs/quickstart.yaml", ["train.accumulation_steps=2"])
+strategy = build_strategy(cfg)                     # mirrored over 2 virtual CPUs
+print(device_table(strategy))
+
+source = load_source(cfg.data, seed=0)
+plan = plan_batches(cfg, strategy.num_replicas_in_sync)
+with strategy.scope():
+    model = TrainModel.wrap(build_model(cfg.model, source.spec), plan.accumulation)
+    model.compile("adam", build_loss("sparse_categorical_crossentropy"), metrics=["accuracy"])
+model.fit(train_dataset(source, plan, cfg.data, seed=0), epochs=5,
+          steps_per_epoch=plan.steps_per_epoch(source.num_train),
+          validation_data=val_dataset(source, plan), verbose=2)
+print("global batch per update:", plan.global_batch)
