@@ -74,19 +74,21 @@ class TrainModel(keras.Model):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         variables = self.trainable_variables
         n = self.accumulation_steps
-        size = _size(x, n)
-        # The first micro-batch runs outside the loop: Keras creates its metric variables
-        # on first use, and variables cannot be created inside a while loop.
-        grads = self._gradients(*_micro_batch(x, y, sample_weight, 0, size), variables)
-        if n > 1:
-            grads = [tf.convert_to_tensor(g) for g in grads]
+        if n == 1:
+            grads = self._gradients(x, y, sample_weight, variables)
+        else:
+            size = _size(x, n)
+            # The first micro-batch runs outside the loop: Keras creates its metric
+            # variables on first use, and variables cannot be created inside a while loop.
+            first = self._gradients(*_micro_batch(x, y, sample_weight, 0, size), variables)
 
             def accumulate(i, acc):
                 micro = self._gradients(*_micro_batch(x, y, sample_weight, i, size), variables)
                 return i + 1, [a + tf.convert_to_tensor(g) for a, g in zip(acc, micro)]
 
             # parallel_iterations=1: one micro-batch's activations alive at a time.
-            _, grads = tf.while_loop(lambda i, _: i < n, accumulate, (tf.constant(1), grads),
+            _, grads = tf.while_loop(lambda i, _: i < n, accumulate,
+                                     (tf.constant(1), [tf.convert_to_tensor(g) for g in first]),
                                      parallel_iterations=1)
         if isinstance(self.optimizer, keras.mixed_precision.LossScaleOptimizer):
             # Unscaled once for the sum; a non-finite sum makes the optimizer skip the
