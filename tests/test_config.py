@@ -121,3 +121,11 @@ def test_json_schema_lists_sections():
 def test_plateau_rejects_warmup():
     with pytest.raises(ConfigError, match=r"train\.schedule\.warmup_steps: warmup is not available"):
         validate({"train": {"schedule": {"name": "plateau", "warmup_steps": 10}}})
+
+
+def test_every_shipped_config_validates():
+    from pathlib import Path
+    configs = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+    assert len(configs) >= 8
+    for path in configs:
+        load_config(path)
