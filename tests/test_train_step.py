@@ -66,3 +66,37 @@ def test_metrics_cover_every_micro_batch():
     _, _, got = train_weights(one_device(), 64, accumulation=4)
     np.testing.assert_allclose(got.history["loss"], ref.history["loss"], rtol=1e-5)
     np.testing.assert_allclose(got.history["accuracy"], ref.history["accuracy"], rtol=1e-6)
+
+
+def test_non_finite_micro_batch_skips_update_under_float16():
+    from tftrain import precision
+    from tftrain.config import load_config
+    precision.apply_policy("mixed_float16")
+    keras.utils.set_random_seed(0)
+    with one_device().scope():
+        net = TrainModel.wrap(precision.float32_outputs(MODELS.get("mlp")(SPEC)), accumulation_steps=4)
+        opt = precision.wrap_optimizer(keras.optimizers.SGD(0.1), "mixed_float16",
+                                       load_config().precision)
+        net.compile(opt, build_loss("sparse_categorical_crossentropy"))
+    x, y = _data(64)
+    net.fit(x, y, batch_size=64, epochs=1, verbose=0)         # one good update
+    before = [w.copy() for w in net.get_weights()]
+    scale = float(opt.loss_scale)
+    x[40] = np.inf                                            # micro-batch 2 of 4 goes non-finite
+    net.fit(x, y, batch_size=64, epochs=1, verbose=0)
+    assert_weights_close(net.get_weights(), before, rtol=0, atol=0)
+    assert float(opt.loss_scale) == scale / 2
+
+
+def test_schedule_position_counts_updates_not_micro_batches():
+    from tftrain.optim import Warmup, Constant, current_lr
+    rates = []
+    for accumulation in (1, 4):
+        keras.utils.set_random_seed(1)
+        net = TrainModel.wrap(MODELS.get("mlp")(SPEC), accumulation)
+        net.compile(keras.optimizers.SGD(Warmup(Constant(0.1), 20, 0.1)),
+                    build_loss("sparse_categorical_crossentropy"))
+        x, y = _data(64 * 7)
+        net.fit(x, y, batch_size=64, epochs=1, verbose=0)
+        rates.append((int(net.optimizer.iterations.numpy()), current_lr(net.optimizer)))
+    assert rates[0] == rates[1] == (7, pytest.approx(0.1 * 8 / 20))
