@@ -177,6 +177,9 @@ def _reject_unavailable(cfg: Config) -> None:
         key = "pruning" if cfg.compression.pruning.enabled else "quantization"
         raise ConfigError(f"compression.{key}.enabled: compression stages are not available "
                           "in this version of tftrain; set it to false")
+    if cfg.distribute.all_reduce_dtype != "float32":
+        raise ConfigError("distribute.all_reduce_dtype: reduced-precision all-reduce is not "
+                          "available in this version of tftrain; use float32")
     if cfg.model.placement is not None:
         raise ConfigError("model.placement: model parallelism is not available in this "
                           "version of tftrain; remove model.placement")
