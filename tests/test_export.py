@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from tftrain import precision
 from tftrain.config import load_config
-from tftrain.data import BatchPlan, load_source
+from tftrain.data import load_source
 from tftrain.export import export_all, inference_model, save_saved_model
 from tftrain.models import MODELS
 from tftrain.train_step import TrainModel
@@ -28,7 +28,7 @@ def trained():
 def test_tflite_modes_match_the_model(tmp_path, trained, mode):
     model, source = trained
     cfg = load_config(None, [f"export.tflite={mode}"]).export
-    report = export_all(model, cfg, tmp_path, source, BatchPlan(32, 1, 1))
+    report = export_all(model, cfg, tmp_path, source)
     saved, lite = report["saved_model"], report[f"tflite_{mode}"]
     assert saved["max_abs_logit_diff"] < 1e-4
     if mode == "float":

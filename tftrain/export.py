@@ -95,7 +95,7 @@ def _accuracy(logits, y) -> float:
     return float(np.mean(np.argmax(logits, axis=-1) == y))
 
 
-def export_all(model, cfg, out: Path, source, plan) -> dict:
+def export_all(model, cfg, out: Path, source) -> dict:
     """Write and verify every configured artifact; returns their report entries."""
     x_val, y_val = (np.concatenate(parts) for parts in zip(*source.val.batch(1024).as_numpy_iterator()))
     reference = inference_model(model).predict(x_val, verbose=0)

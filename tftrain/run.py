@@ -154,7 +154,7 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
     # -- evaluate, export, verify, report --------------------------------------------------------
     metrics = model.evaluate(val, steps=cfg.train.smoke_steps if smoke else None,
                              return_dict=True, verbose=0)
-    artifacts = export.export_all(model, cfg.export, run.export, source, plan) if chief else {}
+    artifacts = export.export_all(model, cfg.export, run.export, source) if chief else {}
     summary = {
         "status": "completed", "steps": int(optimizer.iterations.numpy()),
         "epochs": epochs, "steps_per_epoch": steps_per_epoch,

@@ -104,7 +104,7 @@ def resolve_devices(d: DistributeConfig) -> list[str]:
     visible = visible_devices()
     if d.devices is None:
         return visible
-    known = {_canonical(n) for n in tf.config.list_logical_devices() for n in [n.name]}
+    known = {_canonical(dev.name) for dev in tf.config.list_logical_devices()}
     missing = [dev for dev in d.devices if _canonical(dev) not in known]
     if missing:
         raise ConfigError(
