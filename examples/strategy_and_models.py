@@ -3,6 +3,7 @@
     python examples/strategy_and_models.py
 """
 import tftrain  # noqa: F401  (first: sets TF_USE_LEGACY_KERAS)
+import tf_keras as keras
 from tftrain import build_model, build_strategy, load_config
 from tftrain.data import load_source, plan_batches, train_dataset, val_dataset
 from tftrain.strategy import device_table
@@ -16,8 +17,9 @@ source = load_source(cfg.data, seed=0)
 plan = plan_batches(cfg, strategy.num_replicas_in_sync)
 with strategy.scope():
     model = TrainModel.wrap(build_model(cfg.model, source.spec), plan.accumulation)
-    model.compile("adam", build_loss("sparse_categorical_crossentropy"), metrics=["accuracy"])
-model.fit(train_dataset(source, plan, cfg.data, seed=0), epochs=5,
+    model.compile(keras.optimizers.Adam(0.003), build_loss("sparse_categorical_crossentropy"),
+                  metrics=["accuracy"])
+model.fit(train_dataset(source, plan, cfg.data, seed=0), epochs=15,
           steps_per_epoch=plan.steps_per_epoch(source.num_train),
           validation_data=val_dataset(source, plan), verbose=2)
 print("global batch per update:", plan.global_batch)
