@@ -95,3 +95,11 @@ def test_build_strategy(no_cluster, kind, replicas):
 
 def test_smoke_forces_one_device(no_cluster):
     assert describe(build_strategy(dist("distribute.strategy=mirrored"), force_one_device=True)).kind == "one_device"
+
+
+def test_chief_task_when_the_cluster_names_one(monkeypatch, no_cluster):
+    cluster = {"chief": ["localhost:1"], "worker": ["localhost:2"]}
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}}))
+    assert is_chief() and cluster_spec() == ("TF_CONFIG", 2, 0)
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 0}}))
+    assert not is_chief() and cluster_spec() == ("TF_CONFIG", 2, 1)

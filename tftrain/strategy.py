@@ -81,10 +81,11 @@ def is_chief() -> bool:
     """True on the worker that writes reports, logs and exports."""
     source, _, index = cluster_spec()
     if source == "TF_CONFIG":
-        task = json.loads(os.environ["TF_CONFIG"]).get("task", {})
-        return task.get("type", "worker") == "chief" or (
-            task.get("type", "worker") == "worker" and task.get("index", 0) == 0
-            and "chief" not in json.loads(os.environ["TF_CONFIG"]).get("cluster", {}))
+        spec = json.loads(os.environ["TF_CONFIG"])
+        task = spec.get("task", {})
+        if "chief" in spec.get("cluster", {}):
+            return task.get("type") == "chief"
+        return task.get("index", 0) == 0
     return index == 0
 
 
