@@ -283,7 +283,8 @@ def _yaml_problem(source: str, text: str, err: yaml.YAMLError) -> str:
     mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
     where = "file"
     if mark:
-        line = text.splitlines()[mark.line].strip() if mark.line < len(text.splitlines()) else ""
+        lines = text.splitlines()
+        line = lines[mark.line].strip() if mark.line < len(lines) else ""
         key = line.split(":", 1)[0].strip("- ") if ":" in line else ""
         where = f"line {mark.line + 1}" + (f" (key '{key}')" if key else "")
     if isinstance(err, yaml.constructor.ConstructorError):

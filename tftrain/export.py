@@ -8,6 +8,7 @@ examples) and run with LiteRT (`ai-edge-litert`).
 from __future__ import annotations
 
 import gzip
+import shutil
 import time
 from pathlib import Path
 
@@ -33,7 +34,10 @@ def _float32_layer(layer):
 
 def save_saved_model(model, path: Path) -> Path:
     """SavedModel with a named serving signature returning float32 logits."""
-    plain = inference_model(model)
+    return _write_saved_model(inference_model(model), path)
+
+
+def _write_saved_model(plain, path: Path) -> Path:
     spec = tf.TensorSpec([None, *plain.input_shape[1:]], plain.inputs[0].dtype, name="inputs")
 
     @tf.function(input_signature=[spec])
@@ -97,12 +101,13 @@ def _accuracy(logits, y) -> float:
 
 def export_all(model, cfg, out: Path, source) -> dict:
     """Write and verify every configured artifact; returns their report entries."""
-    x_val, y_val = (np.concatenate(parts) for parts in zip(*source.val.batch(1024).as_numpy_iterator()))
-    reference = inference_model(model).predict(x_val, verbose=0)
     report = {}
     if not cfg.saved_model and cfg.tflite == "none":
         return report
-    saved = save_saved_model(model, out / "saved_model")
+    x_val, y_val = (np.concatenate(parts) for parts in zip(*source.val.batch(1024).as_numpy_iterator()))
+    plain = inference_model(model)
+    reference = plain.predict(x_val, verbose=0)
+    saved = _write_saved_model(plain, out / "saved_model")
     loaded = tf.saved_model.load(str(saved)).signatures["serving_default"]
     logits = loaded(inputs=tf.constant(x_val))["logits"].numpy()
     report["saved_model"] = {**_sizes(_dir_bytes(saved)), "accuracy": _accuracy(logits, y_val),
@@ -117,8 +122,7 @@ def export_all(model, cfg, out: Path, source) -> dict:
             **_sizes(blob), "accuracy": _accuracy(logits, y_val),
             "max_abs_logit_diff": float(np.max(np.abs(logits - reference))),
             "latency_ms": latency * 1e3}
-    if not cfg.saved_model:
-        import shutil
+    if not cfg.saved_model:   # it was only the conversion's source
         shutil.rmtree(saved)
         del report["saved_model"]
     return report

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import tensorflow as tf
 
 from tftrain._keras import keras
-from tftrain.config import OptimizerConfig, ScheduleConfig
+from tftrain.config import ConfigError, OptimizerConfig, ScheduleConfig
 from tftrain.registry import Registry, check_params
 
 OPTIMIZERS = Registry("optimizer", "train.optimizer.name")
@@ -33,7 +33,6 @@ def build_optimizer(cfg: OptimizerConfig, learning_rate):
     check_params(cls.__init__, {k: v for k, v in cfg.params.items() if k not in reserved},
                  "train.optimizer.params", skip=1, strict=True)
     if bad:
-        from tftrain.config import ConfigError
         raise ConfigError(f"train.optimizer.params.{sorted(bad)[0]}: set it as "
                           f"train.optimizer.{sorted(bad)[0]}, not under params")
     kwargs = dict(cfg.params)

@@ -116,9 +116,10 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
 
     # -- run directory, resume point -------------------------------------------------------
     chief = strategy.is_chief()
-    done = rundir.read_summary(rundir.run_path(cfg, smoke))
+    path = rundir.run_path(cfg, smoke)
+    done = rundir.read_summary(path)
     if done is not None:
-        print(f"{rundir.run_path(cfg, smoke)} already completed; use another run.name to train again")
+        print(f"{path} already completed; use another run.name to train again")
         print(rundir.report_table(done))
         return done
     run = rundir.open_run_dir(cfg, smoke, write=chief)
