@@ -34,7 +34,6 @@ BAD_SETS = [
     (["train.optimizer.params.momentun=0.9", "train.optimizer.name=sgd"], r"train\.optimizer\.params\.momentun: unknown parameter; did you mean momentum\?"),
     (["model.params.pool=median"], r"model\.params: cnn rejected"),
     (["compression.pruning.enabled=true"], r"compression\.pruning\.enabled: compression stages are not available"),
-    (["distribute.all_reduce_dtype=float16"], r"distribute\.all_reduce_dtype: reduced-precision all-reduce is not available"),
 ]
 
 

@@ -16,15 +16,29 @@ def _data(n=640, seed=0):
     return rng.normal(size=(n, 8, 8, 1)).astype(np.float32), rng.integers(0, 10, n).astype(np.int32)
 
 
-def train_weights(strategy, global_batch, accumulation=1, steps=10, optimizer="sgd", model="mlp"):
+OPTIMIZERS = {
+    "sgd": lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+    "adam": lambda: keras.optimizers.Adam(0.01),
+    # weight decay and clipping act on the accumulated, reduced gradient
+    "sgd_wd_clip": lambda: keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True,
+                                                weight_decay=0.01, global_clipnorm=0.5),
+    "adamw_clip": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.05, clipnorm=0.1),
+    "rmsprop_wd": lambda: keras.optimizers.RMSprop(0.01, weight_decay=0.01),
+}
+
+
+def train_weights(strategy, global_batch, accumulation=1, steps=10, optimizer="sgd",
+                  model="mlp", all_reduce_dtype="float32", policy="float32"):
     """Weights after `steps` updates of `global_batch` examples from the same init."""
+    from tftrain import precision
+    precision.apply_policy(policy)
     x, y = _data(global_batch * steps)
     keras.utils.set_random_seed(1)
     with strategy.scope():
-        net = TrainModel.wrap(MODELS.get(model)(SPEC), accumulation)
-        opt = (keras.optimizers.SGD(0.1, momentum=0.9) if optimizer == "sgd"
-               else keras.optimizers.Adam(0.01))
-        net.compile(opt, build_loss("sparse_categorical_crossentropy"), metrics=["accuracy"])
+        net = TrainModel.wrap(precision.float32_outputs(MODELS.get(model)(SPEC)), accumulation,
+                              all_reduce_dtype)
+        net.compile(OPTIMIZERS[optimizer](), build_loss("sparse_categorical_crossentropy"),
+                    metrics=["accuracy"])
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch, drop_remainder=True)
     history = net.fit(ds, epochs=1, steps_per_epoch=steps, verbose=0)
     return [w.copy() for w in net.get_weights()], int(net.optimizer.iterations.numpy()), history
@@ -44,6 +58,16 @@ def assert_weights_close(a, b, rtol=1e-5, atol=1e-6):
         np.testing.assert_allclose(wa, wb, rtol=rtol, atol=atol)
 
 
+def assert_relative_close(a, b, rtol=1e-5):
+    """Each weight tensor within `rtol` of the reference relative to its norm, and no
+    element off by more than `rtol` (Adam's first step divides tiny gradients by
+    their own magnitude, so a lone near-zero element can differ by a few ulps more)."""
+    assert len(a) == len(b)
+    for wa, wb in zip(a, b):
+        assert np.linalg.norm(wa - wb) <= rtol * np.linalg.norm(wb)
+        assert np.max(np.abs(wa - wb)) <= rtol
+
+
 def test_mirrored_two_replicas_equals_one_device_double_batch():
     ref, ref_steps, _ = train_weights(one_device(), 64)
     got, steps, _ = train_weights(mirrored(), 64)      # 32 per replica x 2 replicas
@@ -53,12 +77,60 @@ def test_mirrored_two_replicas_equals_one_device_double_batch():
     assert max(np.max(np.abs(a - b)) for a, b in zip(init, ref)) > 1e-3  # training moved them
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_accumulation_equals_large_batch(optimizer):
-    ref, ref_steps, _ = train_weights(one_device(), 64, optimizer=optimizer)
-    got, steps, _ = train_weights(mirrored(), 64, accumulation=4, optimizer=optimizer)
-    assert ref_steps == steps == 10          # iterations count updates, not micro-batches
-    assert_weights_close(got, ref)
+@pytest.mark.parametrize("steps", [1, 10])
+@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
+def test_accumulation_equals_large_batch(optimizer, steps):
+    """(8 per replica x 4 micro-batches x 2 replicas) == (64 on one device)."""
+    ref, ref_steps, _ = train_weights(one_device(), 64, optimizer=optimizer, steps=steps)
+    got, got_steps, _ = train_weights(mirrored(), 64, accumulation=4, optimizer=optimizer, steps=steps)
+    assert ref_steps == got_steps == steps     # iterations count updates, not micro-batches
+    assert_relative_close(got, ref)
+
+
+@pytest.mark.parametrize("n", [1, 4, 16])
+def test_one_all_reduce_per_update(n):
+    from tftrain.strategy import CountingReduction
+    counter = CountingReduction()
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"], cross_device_ops=counter)
+    weights, steps, _ = train_weights(strategy, 2 * 4 * n, accumulation=n, steps=5)
+    assert steps == 5
+    assert int(counter.calls.numpy()) == 5                     # one reduction per update
+    assert int(counter.bytes.numpy()) == 5 * 4 * sum(w.size for w in weights)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_reduced_precision_all_reduce(dtype):
+    full = CountingReductionRun("float32")
+    half = CountingReductionRun(dtype)
+    assert half.bytes * 2 == full.bytes                        # half the bytes on the wire
+    tolerance = 1e-2 if dtype == "bfloat16" else 1e-3
+    assert_weights_close(half.weights, full.weights, rtol=tolerance, atol=tolerance)
+    assert max(np.max(np.abs(a - b)) for a, b in zip(half.weights, full.weights)) > 0
+
+
+class CountingReductionRun:
+    def __init__(self, dtype):
+        from tftrain.strategy import CountingReduction
+        counter = CountingReduction()
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"], cross_device_ops=counter)
+        self.weights, _, _ = train_weights(strategy, 64, accumulation=4, all_reduce_dtype=dtype)
+        self.bytes = int(counter.bytes.numpy())
+
+
+def test_bfloat16_accumulation_within_bfloat16_noise():
+    """Accumulating under mixed_bfloat16 strays from the float32 run no more than
+    bfloat16 itself does between two equivalent large-batch runs."""
+    exact, _, _ = train_weights(one_device(), 64)
+    large, _, _ = train_weights(one_device(), 64, policy="mixed_bfloat16")
+    split, _, _ = train_weights(mirrored(), 64, policy="mixed_bfloat16")         # 32 x 2
+    accumulated, _, _ = train_weights(mirrored(), 64, accumulation=4, policy="mixed_bfloat16")
+
+    def distance(a, b):
+        return max(np.max(np.abs(u - v)) for u, v in zip(a, b))
+    noise = max(distance(large, split), distance(large, exact), distance(split, exact))
+    assert noise > 0
+    assert distance(accumulated, exact) <= 1.5 * noise
+    assert distance(accumulated, large) <= 1.5 * noise
 
 
 def test_metrics_cover_every_micro_batch():
@@ -81,11 +153,12 @@ def test_non_finite_micro_batch_skips_update_under_float16():
     x, y = _data(64)
     net.fit(x, y, batch_size=64, epochs=1, verbose=0)         # one good update
     before = [w.copy() for w in net.get_weights()]
-    scale = float(opt.loss_scale)
+    scale, iterations = float(opt.loss_scale), int(opt.iterations.numpy())
     x[40] = np.inf                                            # micro-batch 2 of 4 goes non-finite
     net.fit(x, y, batch_size=64, epochs=1, verbose=0)
     assert_weights_close(net.get_weights(), before, rtol=0, atol=0)
     assert float(opt.loss_scale) == scale / 2
+    assert int(opt.iterations.numpy()) == iterations == 1      # a skipped update is not counted
 
 
 def test_schedule_position_counts_updates_not_micro_batches():

@@ -101,7 +101,8 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
     # -- model, optimizer and schedule, built inside the strategy scope ------------------
     with strat.scope():
         model = precision.float32_outputs(build_model(cfg.model, source.spec))
-        model = train_step.TrainModel.wrap(model, plan.accumulation)
+        model = train_step.TrainModel.wrap(model, plan.accumulation,
+                                           cfg.distribute.all_reduce_dtype)
         lr = optim.build_schedule(cfg.train.schedule, cfg.train.optimizer.learning_rate,
                                   steps_per_epoch, total_updates)
         optimizer = precision.wrap_optimizer(
@@ -178,9 +179,6 @@ def _reject_unavailable(cfg: Config) -> None:
         key = "pruning" if cfg.compression.pruning.enabled else "quantization"
         raise ConfigError(f"compression.{key}.enabled: compression stages are not available "
                           "in this version of tftrain; set it to false")
-    if cfg.distribute.all_reduce_dtype != "float32":
-        raise ConfigError("distribute.all_reduce_dtype: reduced-precision all-reduce is not "
-                          "available in this version of tftrain; use float32")
     if cfg.model.placement is not None:
         raise ConfigError("model.placement: model parallelism is not available in this "
                           "version of tftrain; remove model.placement")

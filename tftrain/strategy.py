@@ -202,3 +202,31 @@ def device_table(strategy: tf.distribute.Strategy) -> str:
     for i, dev in enumerate(info.devices):
         rows.append(f"  {i:<8}{dev:<44}")
     return "\n".join(rows)
+
+
+class CountingReduction(tf.distribute.ReductionToOneDevice):
+    """ReductionToOneDevice that counts, as it runs, the reductions it executes and the
+    bytes each replica sends. A diagnostic for tests and benchmarks: pass it as
+    `MirroredStrategy(devices, cross_device_ops=CountingReduction())`."""
+
+    def __init__(self):
+        super().__init__()
+        with tf.init_scope():
+            self.calls = tf.Variable(0, dtype=tf.int64, trainable=False, name="reductions")
+            self.bytes = tf.Variable(0, dtype=tf.int64, trainable=False, name="reduced_bytes")
+
+    def _count(self, values):
+        per_replica = sum(v.dtype.size * v.shape.num_elements()
+                          for v in (tf.nest.flatten(value.values)[0] for value in values))
+        # Stateful ops run each time this part of the graph runs (in a loop, every time).
+        self.calls.assign_add(1)
+        self.bytes.assign_add(per_replica)
+
+    def reduce_implementation(self, reduce_op, per_replica_value, destinations, options):
+        self._count([per_replica_value])
+        return super().reduce_implementation(reduce_op, per_replica_value, destinations, options)
+
+    def batch_reduce_implementation(self, reduce_op, value_destination_pairs, options):
+        self._count([value for value, _ in value_destination_pairs])
+        return [super(CountingReduction, self).reduce_implementation(reduce_op, v, d, options)
+                for v, d in value_destination_pairs]

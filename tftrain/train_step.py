@@ -5,8 +5,10 @@ step is defined. Each replica receives `accumulation_steps` micro-batches per up
 (see `BatchPlan`), runs them one after another in a loop inside the replica step, sums
 their gradients locally in float32, and calls `apply_gradients` once, outside any
 conditional. Calling `apply_gradients` inside `tf.cond` under MirroredStrategy fails
-with a `merge_call` error; looping inside the step avoids it, and gives exactly one
-cross-replica all-reduce per update however many micro-batches there are.
+with a `merge_call` error; looping inside the step avoids it. The summed gradients are
+then all-reduced once, here (optionally cast to float16/bfloat16 for the reduction
+only), and the optimizer is told not to aggregate again: one all-reduce per update
+however many micro-batches there are.
 """
 from __future__ import annotations
 
@@ -44,15 +46,29 @@ def _size(x, n: int):
 class TrainModel(keras.Model):
     """A functional model with tftrain's train step (gradient accumulation built in)."""
 
-    def __init__(self, *args, accumulation_steps: int = 1, **kwargs):
+    def __init__(self, *args, accumulation_steps: int = 1, all_reduce_dtype: str = "float32",
+                 **kwargs):
         super().__init__(*args, **kwargs)
         self.accumulation_steps = int(accumulation_steps)
+        self.all_reduce_dtype = tf.as_dtype(all_reduce_dtype)
 
     @classmethod
-    def wrap(cls, model, accumulation_steps: int = 1) -> "TrainModel":
+    def wrap(cls, model, accumulation_steps: int = 1,
+             all_reduce_dtype: str = "float32") -> "TrainModel":
         """The same layers and weights as `model`, trained by this step."""
         return cls(inputs=model.inputs, outputs=model.outputs, name=model.name,
-                   accumulation_steps=accumulation_steps)
+                   accumulation_steps=accumulation_steps, all_reduce_dtype=all_reduce_dtype)
+
+    def _all_reduce(self, grads):
+        """The update's one cross-replica sum, in `all_reduce_dtype` on the wire only."""
+        context = tf.distribute.get_replica_context()
+        if context.num_replicas_in_sync == 1:
+            return grads
+        if self.all_reduce_dtype == tf.float32:
+            return context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
+        sent = [tf.cast(g, self.all_reduce_dtype) for g in grads]
+        return [tf.cast(g, tf.float32)
+                for g in context.all_reduce(tf.distribute.ReduceOp.SUM, sent)]
 
     def _gradients(self, x, y, sample_weight, variables):
         """Gradients of one micro-batch's share of the update's loss."""
@@ -90,9 +106,19 @@ class TrainModel(keras.Model):
             _, grads = tf.while_loop(lambda i, _: i < n, accumulate,
                                      (tf.constant(1), [tf.convert_to_tensor(g) for g in first]),
                                      parallel_iterations=1)
-        if isinstance(self.optimizer, keras.mixed_precision.LossScaleOptimizer):
-            # Unscaled once for the sum; a non-finite sum makes the optimizer skip the
-            # update and lower the loss scale.
-            grads = self.optimizer.get_unscaled_gradients(grads)
-        self.optimizer.apply_gradients(zip(grads, variables))
+        # Reduced while still loss-scaled, so a float16 reduction keeps small gradients;
+        # an overflow there is non-finite and handled like any other below.
+        grads = self._all_reduce(grads)
+        optimizer = self.optimizer
+        scaled = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
+        if scaled:
+            grads = optimizer.get_unscaled_gradients(grads)
+            finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+        # A non-finite sum makes a dynamic LossScaleOptimizer skip the update and halve
+        # the scale; the gradients are identical on every replica, so all skip together.
+        optimizer.apply_gradients(zip(grads, variables), skip_gradients_aggregation=True)
+        if scaled and optimizer.dynamic:
+            # tf_keras counts a skipped update as an iteration; tftrain counts updates
+            # made, so schedules, checkpoints and `steps` never count a skipped one.
+            optimizer.iterations.assign_sub(tf.cast(tf.logical_not(finite), tf.int64))
         return self.get_metrics_result()
