@@ -207,10 +207,12 @@ def test_every_strategy_and_policy_trains(tmp_path, strategy, policy):
 
 def test_multi_worker_strategy_single_worker_trains(tmp_path):
     proc = cli(QUICKSTART, "--run-dir", tmp_path, "--set", "distribute.strategy=multi_worker",
-               "--set", "train.epochs=8", "--set", "export.tflite=none")
+               "--set", "train.epochs=8", "--set", "export.tflite=none",
+               "--set", "train.accumulation_steps=2", "--set", "data.per_replica_batch_size=16")
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "quickstart" / "summary.json").read_text())
     assert summary["strategy"] == "multi_worker"
+    assert summary["global_batch_size"] == 32 and summary["steps"] == 8 * (1527 // 32)
     assert summary["metrics"]["val_accuracy"] > 0.9
 
 
@@ -229,3 +231,31 @@ def test_python_api_example_runs(tmp_path):
     assert "replicas: 2" in proc.stdout and "global batch per update: 128" in proc.stdout
     accuracy = float(proc.stdout.split("val_accuracy: ")[-1].split()[0])
     assert accuracy > 0.9
+
+
+def _model_weights(run_path):
+    import tensorflow as tf
+    reader = tf.train.load_checkpoint(str(run_path / "checkpoints"))
+    names = [n for n in reader.get_variable_to_shape_map()
+             if n.startswith("model/") and n.endswith("VARIABLE_VALUE") and "OPTIMIZER" not in n]
+    return {n: reader.get_tensor(n) for n in names}
+
+
+def test_accumulation_through_the_cli_equals_large_batch(tmp_path, capsys):
+    common = ["--set", "model={name: mlp}", "--set", "data.shuffle=false", "--set", "train.epochs=1",
+              "--set", "train.optimizer={name: sgd, learning_rate: 0.1, params: {momentum: 0.9}}",
+              "--set", "train.schedule={name: constant}", "--set", "export.tflite=none",
+              "--set", "export.saved_model=false", "--run-dir", str(tmp_path)]
+    assert main([str(QUICKSTART), *common, "--set", "run.name=accumulated",
+                 "--set", "distribute.strategy=mirrored", "--set", "data.per_replica_batch_size=8",
+                 "--set", "train.accumulation_steps=4"]) == 0
+    assert "8 per replica x 2 replicas x 4 accumulation steps = global batch 64" in capsys.readouterr().out
+    assert main([str(QUICKSTART), *common, "--set", "run.name=large",
+                 "--set", "distribute.strategy=one_device", "--set", "data.per_replica_batch_size=64"]) == 0
+    accumulated, large = _model_weights(tmp_path / "accumulated"), _model_weights(tmp_path / "large")
+    assert len(accumulated) == 6 and accumulated.keys() == large.keys()
+    for name in large:
+        diff = np.linalg.norm(accumulated[name] - large[name])
+        assert diff <= 1e-5 * np.linalg.norm(large[name]), name
+    steps = [json.loads((tmp_path / r / "summary.json").read_text())["steps"] for r in ("accumulated", "large")]
+    assert steps == [1527 // 64] * 2
