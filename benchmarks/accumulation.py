@@ -1,0 +1,106 @@
+"""Gradient accumulation: throughput, peak memory and bytes reduced, measured in one run.
+
+1. Throughput per example of (N=4, micro-batch 32) over (N=1, batch 128) per replica,
+   CNNs on synthetic images, mirrored over 2 virtual CPUs, interleaved rounds; with the
+   ratio (N=1, batch 32) / (N=1, batch 128) that the smaller micro-batch costs by itself.
+2. Peak memory of a ResNet at 64x64 on one device with (micro-batch 16, N=8) over
+   (batch 128, N=1), read from TensorFlow's allocator (`get_memory_info`).
+3. Bytes all-reduced per update with `all_reduce_dtype: float16` over float32, counted
+   by a reduction that counts what it executes.
+
+    python benchmarks/accumulation.py [--rounds 7]
+"""
+import argparse
+import statistics
+
+import numpy as np
+
+import tftrain  # noqa: F401
+from tftrain import data, precision, strategy, train_step
+from tftrain._keras import keras
+from tftrain.config import load_config
+from tftrain.models import build_model
+from interleave import build_side, interleaved, median_ratio
+
+import tensorflow as tf
+
+BASE = ["distribute.virtual_cpus=2", "distribute.strategy=mirrored", "precision.policy=float32",
+        "data.name=synthetic", "data.params={shape: [16, 16, 1], num_examples: 8192}",
+        "model.params={filters: [32, 64], dense: [128]}", "train.optimizer.name=sgd"]
+
+
+MODELS = {
+    "CNN 32-64 on 16x16x1": [],
+    "CNN 64-128 on 32x32x3": ["data.params={shape: [32, 32, 3], num_examples: 8192}",
+                              "model.params={filters: [64, 128], dense: [256]}"],
+}
+
+
+def throughput(rounds: int, steps: int = 20):
+    """(N=4, micro 32) and (N=1, batch 32) against (N=1, batch 128) per replica: the
+    second ratio is what the smaller micro-batch alone costs, without accumulation."""
+    for name, extra in MODELS.items():
+        cfgs = [load_config(None, BASE + extra + sets) for sets in (
+            ["data.per_replica_batch_size=32", "train.accumulation_steps=4"],
+            ["data.per_replica_batch_size=128"], ["data.per_replica_batch_size=32"])]
+        strat = strategy.build_strategy(cfgs[0])
+        source = data.load_source(cfgs[0].data, 0)
+        plans = [data.plan_batches(c, strat.num_replicas_in_sync) for c in cfgs]
+        sides = [build_side(c, source, p, strat, True) for c, p in zip(cfgs, plans)]
+        accumulated, large, small = interleaved(sides, rounds, steps,
+                                                [p.global_batch for p in plans])
+        print(f"{name}: throughput per example, (N=4, micro 32) / (N=1, batch 128): "
+              f"{median_ratio(accumulated, large):.3f} ({statistics.median(accumulated):.0f} vs "
+              f"{statistics.median(large):.0f} ex/s); micro-batch size alone, (N=1, batch 32) / "
+              f"(N=1, batch 128): {median_ratio(small, large):.3f} [median of {rounds} rounds]")
+
+
+def peak_memory(micro: int, n: int, steps: int = 2) -> int:
+    """Peak allocator bytes while training a ResNet at 64x64, one device, `steps` updates."""
+    precision.apply_policy("float32")
+    spec = data.InputSpec((64, 64, 3), "float32", 10)
+    with tf.device("/cpu:0"):
+        model = train_step.TrainModel.wrap(build_model(
+            load_config(None, ["model.name=resnet", "model.params={depth: 8, width: 16}"]).model,
+            spec), n)
+        model.compile(keras.optimizers.SGD(0.1, momentum=0.9),
+                      train_step.build_loss("sparse_categorical_crossentropy"))
+        x = np.random.rand(micro * n * steps, 64, 64, 3).astype(np.float32)
+        y = np.random.randint(0, 10, len(x))
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(micro * n)
+        model.fit(ds.take(1), verbose=0)                  # trace and build outside the window
+        tf.config.experimental.reset_memory_stats("CPU:0")
+        before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+        model.fit(ds, verbose=0)
+        return tf.config.experimental.get_memory_info("CPU:0")["peak"] - before
+
+
+def reduced_bytes(dtype: str) -> float:
+    """Bytes each replica sends per update, counted as the reductions run."""
+    counter = strategy.CountingReduction()
+    strat = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"], cross_device_ops=counter)
+    cfg = load_config(None, BASE + [f"distribute.all_reduce_dtype={dtype}",
+                                    "train.accumulation_steps=4", "data.per_replica_batch_size=16"])
+    source = data.load_source(cfg.data, 0)
+    plan = data.plan_batches(cfg, 2)
+    model, ds, _ = build_side(cfg, source, plan, strat, True)
+    model.fit(ds, steps_per_epoch=5, verbose=0)
+    return int(counter.bytes.numpy()) / int(counter.calls.numpy())
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--rounds", type=int, default=7)
+    args = p.parse_args()
+    strategy.configure_devices(load_config(None, BASE).distribute)
+    throughput(args.rounds)
+    accumulated, large = peak_memory(16, 8), peak_memory(128, 1)
+    print(f"peak memory, ResNet-8 at 64x64, (micro 16, N=8) / (batch 128, N=1): "
+          f"{accumulated / large:.3f} ({accumulated / 2**20:.0f} MiB vs {large / 2**20:.0f} MiB)")
+    f16, f32 = reduced_bytes("float16"), reduced_bytes("float32")
+    print(f"bytes all-reduced per update, float16 / float32: {f16 / f32:.3f} "
+          f"({f16:.0f} vs {f32:.0f} bytes per replica, one reduction per update)")
+
+
+if __name__ == "__main__":
+    main()

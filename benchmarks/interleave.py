@@ -1,0 +1,82 @@
+"""Interleaved throughput measurement shared by the benchmarks.
+
+Each round times one epoch of training steps of every side, in ABBA order; figures are
+medians over rounds of per-round ratios, so noise that hits both sides cancels.
+"""
+import statistics
+import tempfile
+import time
+
+import tftrain  # noqa: F401
+from tftrain import callbacks as cb
+from tftrain import data, optim, precision, train_step
+from tftrain._keras import keras
+from tftrain.models import build_model
+
+import tensorflow as tf
+
+
+def build_side(cfg, source, plan, strat, tftrain_side: bool, policy="float32"):
+    """A compiled model and its (dataset, callbacks) as tftrain or plain Keras would run it."""
+    precision.apply_policy(policy)
+    keras.utils.set_random_seed(0)
+    with strat.scope():
+        base = precision.float32_outputs(build_model(cfg.model, source.spec))
+        model = (train_step.TrainModel.wrap(base, plan.accumulation,
+                                            cfg.distribute.all_reduce_dtype)
+                 if tftrain_side else base)
+        opt = optim.build_optimizer(cfg.train.optimizer, cfg.train.optimizer.learning_rate)
+        model.compile(precision.wrap_optimizer(opt, policy, cfg.precision),
+                      train_step.build_loss(cfg.train.loss), metrics=["accuracy"])
+    if tftrain_side:
+        ds = data.train_dataset(source, plan, cfg.data, cfg.run.seed)
+        manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model),
+                                             tempfile.mkdtemp(), 1)
+        callbacks = [cb.Checkpointer(manager, 10**9, 10**9), cb.Throughput(plan.global_batch),
+                     cb.LearningRateLogger()]
+    else:
+        ds = (source.train.cache().shuffle(source.num_train, seed=0).repeat()
+              .batch(plan.global_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
+        callbacks = []
+    return model, ds, callbacks
+
+
+class StepTimer(keras.callbacks.Callback):
+    """Times training steps only (from the end of the first step to the end of the last),
+    so fit's set-up and tear-down (iterator creation, end-of-fit checkpoint) are left out
+    on both sides alike."""
+
+    _supports_tf_logs = True
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.ends = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.ends.append(time.perf_counter())
+
+
+def epoch_rate(side, steps, global_batch, epoch):
+    model, ds, callbacks = side
+    timer = StepTimer()
+    model.fit(ds, epochs=epoch + 1, initial_epoch=epoch, steps_per_epoch=steps,
+              callbacks=[*callbacks, timer], verbose=0)
+    return (len(timer.ends) - 1) * global_batch / (timer.ends[-1] - timer.ends[0])
+
+
+def interleaved(sides, rounds, steps, global_batch):
+    """Examples/s of each side per round; `global_batch` is one number or one per side."""
+    batches = global_batch if isinstance(global_batch, (list, tuple)) else [global_batch] * len(sides)
+    for side, batch in zip(sides, batches):      # warm up: trace and compile
+        epoch_rate(side, steps, batch, 0)
+    rates = [[] for _ in sides]
+    for r in range(rounds):
+        order = list(range(len(sides)))
+        for i in order if r % 2 == 0 else order[::-1]:   # ABBA: position effects cancel
+            rates[i].append(epoch_rate(sides[i], steps, batches[i], r + 1))
+    return rates
+
+
+def median_ratio(a, b) -> float:
+    """Median over rounds of a[r] / b[r]."""
+    return statistics.median(x / y for x, y in zip(a, b))
+
