@@ -6,9 +6,9 @@ step is defined. Each replica receives `accumulation_steps` micro-batches per up
 their gradients locally in float32, and calls `apply_gradients` once, outside any
 conditional. Calling `apply_gradients` inside `tf.cond` under MirroredStrategy fails
 with a `merge_call` error; looping inside the step avoids it. The summed gradients are
-then all-reduced once, here (optionally cast to float16/bfloat16 for the reduction
-only), and the optimizer is told not to aggregate again: one all-reduce per update
-however many micro-batches there are.
+all-reduced once per update however many micro-batches there are: by the optimizer's
+own aggregation in float32, or here when `all_reduce_dtype` casts them to
+float16/bfloat16 for the reduction only.
 """
 from __future__ import annotations
 
@@ -59,14 +59,10 @@ class TrainModel(keras.Model):
         return cls(inputs=model.inputs, outputs=model.outputs, name=model.name,
                    accumulation_steps=accumulation_steps, all_reduce_dtype=all_reduce_dtype)
 
-    def _all_reduce(self, grads):
-        """The update's one cross-replica sum, in `all_reduce_dtype` on the wire only."""
-        context = tf.distribute.get_replica_context()
-        if context.num_replicas_in_sync == 1:
-            return grads
-        if self.all_reduce_dtype == tf.float32:
-            return context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
+    def _reduce_in_low_precision(self, grads):
+        """The update's one cross-replica sum, cast to `all_reduce_dtype` on the wire only."""
         sent = [tf.cast(g, self.all_reduce_dtype) for g in grads]
+        context = tf.distribute.get_replica_context()
         return [tf.cast(g, tf.float32)
                 for g in context.all_reduce(tf.distribute.ReduceOp.SUM, sent)]
 
@@ -106,19 +102,24 @@ class TrainModel(keras.Model):
             _, grads = tf.while_loop(lambda i, _: i < n, accumulate,
                                      (tf.constant(1), [tf.convert_to_tensor(g) for g in first]),
                                      parallel_iterations=1)
-        # Reduced while still loss-scaled, so a float16 reduction keeps small gradients;
-        # an overflow there is non-finite and handled like any other below.
-        grads = self._all_reduce(grads)
         optimizer = self.optimizer
+        # The one all-reduce: in float32 the optimizer's own aggregation (as in Keras);
+        # for float16/bfloat16 here, while still loss-scaled so small gradients survive.
+        reduce_here = (self.all_reduce_dtype != tf.float32
+                       and self.distribute_strategy.num_replicas_in_sync > 1)
+        if reduce_here:
+            grads = self._reduce_in_low_precision(grads)
         scaled = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
         if scaled:
             grads = optimizer.get_unscaled_gradients(grads)
-            finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
-        # A non-finite sum makes a dynamic LossScaleOptimizer skip the update and halve
-        # the scale; the gradients are identical on every replica, so all skip together.
-        optimizer.apply_gradients(zip(grads, variables), skip_gradients_aggregation=True)
+            scale_before = tf.identity(optimizer.loss_scale)
+        # A non-finite (reduced) sum makes a dynamic LossScaleOptimizer skip the update
+        # on every replica and halve the scale.
+        optimizer.apply_gradients(zip(grads, variables), skip_gradients_aggregation=reduce_here)
         if scaled and optimizer.dynamic:
             # tf_keras counts a skipped update as an iteration; tftrain counts updates
-            # made, so schedules, checkpoints and `steps` never count a skipped one.
-            optimizer.iterations.assign_sub(tf.cast(tf.logical_not(finite), tf.int64))
+            # made, so schedules, checkpoints and `steps` never count a skipped one. The
+            # dynamic scale only ever drops on a skipped update.
+            skipped = optimizer.loss_scale < scale_before
+            optimizer.iterations.assign_sub(tf.cast(skipped, tf.int64))
         return self.get_metrics_result()

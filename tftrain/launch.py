@@ -1,0 +1,119 @@
+"""`python -m tftrain.launch --workers N CONFIG [--set ...]`: N local workers.
+
+Starts N `python -m tftrain.run` processes with TF_CONFIG describing a cluster on free
+localhost ports (TensorFlow's collective runtime over gRPC, as on a real cluster),
+prefixes their output with the worker index, forwards SIGINT/SIGTERM, and when one
+worker fails stops the others and exits with its code (42 when preempted).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+EXIT_CONFIG = 2
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free TCP ports on localhost."""
+    sockets = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("localhost", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def worker_env(index: int, ports: list[int]) -> dict:
+    cluster = {"worker": [f"localhost:{p}" for p in ports]}
+    tf_config = {"cluster": cluster, "task": {"type": "worker", "index": index}}
+    return {**os.environ, "TF_CONFIG": json.dumps(tf_config)}
+
+
+def cpu_sets(workers: int, per_worker: int | None) -> list[set[int] | None]:
+    """CPUs to pin each worker to (round-robin over the machine's CPUs)."""
+    if not per_worker:
+        return [None] * workers
+    cpus = sorted(os.sched_getaffinity(0))
+    return [{cpus[(w * per_worker + k) % len(cpus)] for k in range(per_worker)}
+            for w in range(workers)]
+
+
+def _pump(stream, prefix: str, out) -> None:
+    for line in iter(stream.readline, ""):
+        out.write(f"{prefix}{line}")
+        out.flush()
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m tftrain.launch", description=__doc__.splitlines()[0])
+    p.add_argument("--workers", type=int, required=True, help="number of local workers")
+    p.add_argument("--cpus-per-worker", type=int, default=None,
+                   help="pin each worker to this many CPUs")
+    p.add_argument("config")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--run-dir")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.workers < 1:
+        print("tftrain.launch: --workers must be >= 1", file=sys.stderr)
+        return EXIT_CONFIG
+    command = [sys.executable, "-m", "tftrain.run", args.config,
+               *[a for s in args.set for a in ("--set", s)],
+               *(["--run-dir", args.run_dir] if args.run_dir else [])]
+    ports = free_ports(args.workers)
+    procs = []
+    for index, cpus in enumerate(cpu_sets(args.workers, args.cpus_per_worker)):
+        pin = (lambda c=cpus: os.sched_setaffinity(0, c)) if cpus else None
+        proc = subprocess.Popen(command, env=worker_env(index, ports), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, preexec_fn=pin)
+        threading.Thread(target=_pump, args=(proc.stdout, f"[worker {index}] ", sys.stdout),
+                         daemon=True).start()
+        procs.append(proc)
+
+    def forward(signum, frame):
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signum)
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGTERM, forward)
+    return _wait(procs)
+
+
+def _wait(procs, grace: float = 30.0) -> int:
+    """Wait for all workers; when one fails, stop the rest and return its code."""
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [c for c in codes if c not in (None, 0)]
+        if failed:
+            for p in procs:
+                if p.poll() is None:
+                    p.terminate()
+            deadline = time.time() + grace
+            for p in procs:
+                try:
+                    p.wait(max(0.1, deadline - time.time()))
+                except subprocess.TimeoutExpired:
+                    p.kill()
+            code = failed[0]
+            return code if code > 0 else 1
+        if all(c == 0 for c in codes):
+            return 0
+        time.sleep(0.1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
