@@ -1,5 +1,6 @@
 """Training hooks: resume point, checkpoint cadence, throughput, learning rate."""
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tftrain._keras import keras
@@ -47,3 +48,40 @@ def test_throughput_and_lr_logged():
     assert len(throughput.per_epoch) == 3 and all(r > 0 for r in throughput.per_epoch)
     assert history.history["lr"] == [0.10000000149011612] * 3
     assert throughput.steady_rate() in throughput.per_epoch[1:]
+
+
+def _saved_twice(tmp_path):
+    model = tiny()
+    ckpt = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+    manager = tf.train.CheckpointManager(ckpt, str(tmp_path), max_to_keep=3)
+    fit(model, [], epochs=1, steps=2)
+    first = manager.save(checkpoint_number=2)
+    weights = [w.copy() for w in model.get_weights()]
+    fit(model, [], epochs=1, steps=3)
+    latest = manager.save(checkpoint_number=5)
+    return first, latest, weights
+
+
+def test_truncated_latest_checkpoint_falls_back_to_previous(tmp_path):
+    from tftrain.callbacks import restore_latest
+    first, latest, weights = _saved_twice(tmp_path)
+    data = tmp_path / f"{latest.split('/')[-1]}.data-00000-of-00001"
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])      # crash mid-save
+    fresh = tiny()
+    checkpoint = tf.train.Checkpoint(model=fresh, optimizer=fresh.optimizer)
+    with pytest.warns(UserWarning, match="unreadable"):
+        assert restore_latest(checkpoint, tmp_path) == first
+    for a, b in zip(fresh.get_weights(), weights):
+        np.testing.assert_array_equal(a, b)
+    assert int(fresh.optimizer.iterations.numpy()) == 2
+
+
+def test_no_readable_checkpoint_is_an_error(tmp_path):
+    from tftrain.callbacks import restore_latest
+    _saved_twice(tmp_path)
+    for index in tmp_path.glob("*.index"):
+        index.write_bytes(b"garbage")
+    fresh = tiny()
+    with pytest.warns(UserWarning), pytest.raises(RuntimeError, match="no readable checkpoint"):
+        restore_latest(tf.train.Checkpoint(model=fresh, optimizer=fresh.optimizer), tmp_path)
+    assert restore_latest(tf.train.Checkpoint(model=fresh), tmp_path / "empty") is None

@@ -8,11 +8,40 @@ from __future__ import annotations
 
 import signal
 import time
+import warnings
 
 import tensorflow as tf
 
 from tftrain._keras import keras
 from tftrain.optim import current_lr
+
+
+def restore_latest(checkpoint: tf.train.Checkpoint, directory) -> str | None:
+    """Restore the newest readable checkpoint in `directory`; returns its path or None.
+
+    A checkpoint that cannot be read (truncated or corrupt files, e.g. from a crash
+    mid-save) is skipped with a warning and the previous one is used.
+    """
+    state = tf.train.get_checkpoint_state(str(directory))
+    paths = list(state.all_model_checkpoint_paths) if state else []
+    for path in reversed(paths):
+        try:
+            _read_every_tensor(path)      # checks sizes and checksums before anything is set
+            checkpoint.restore(path).assert_existing_objects_matched()
+            return path
+        except (tf.errors.OpError, ValueError, AssertionError, IndexError, OSError) as err:
+            warnings.warn(f"checkpoint {path} is unreadable ({type(err).__name__}); "
+                          "trying the previous one", stacklevel=2)
+    if paths:
+        raise RuntimeError(f"no readable checkpoint in {directory}; delete the run directory "
+                           "to start over")
+    return None
+
+
+def _read_every_tensor(path: str) -> None:
+    reader = tf.train.load_checkpoint(path)
+    for name in reader.get_variable_to_shape_map():
+        reader.get_tensor(name)
 
 
 class ResumePoint:

@@ -9,9 +9,13 @@ SIGTERM after saving a checkpoint (rerun the same command to resume).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import shutil
 import sys
+import tempfile
 import traceback
+from pathlib import Path
 
 import tftrain  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)
 from tftrain.config import Config, ConfigError, json_schema, load_config
@@ -125,12 +129,14 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
         return done
     run = rundir.open_run_dir(cfg, smoke, write=chief)
     ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer)
-    manager = tf.train.CheckpointManager(ckpt, str(run.checkpoints), cfg.train.checkpoint.keep)
-    start = 0
-    if manager.latest_checkpoint:
-        ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
-        start = int(optimizer.iterations.numpy())
-        print(f"resuming from {manager.latest_checkpoint} at update {start}/{total_updates}")
+    # Every worker saves (the collective runtime needs all of them); only the chief's
+    # checkpoints are kept, the others write to a scratch directory removed at the end.
+    save_dir = run.checkpoints if chief else Path(tempfile.mkdtemp(prefix="tftrain-worker-"))
+    manager = tf.train.CheckpointManager(ckpt, str(save_dir), cfg.train.checkpoint.keep)
+    restored = cb.restore_latest(ckpt, run.checkpoints)
+    start = int(optimizer.iterations.numpy())
+    if restored:
+        print(f"resuming from {restored} at update {start}/{total_updates}")
 
     # -- fit ---------------------------------------------------------------------------------
     checkpointer = cb.Checkpointer(manager, cfg.train.checkpoint.every.steps(steps_per_epoch),
@@ -168,10 +174,21 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
         "throughput": {"examples_per_sec": throughput.steady_rate()},
         "artifacts": artifacts, "smoke": smoke,
     }
+    print(f"final weights sha256: {_weights_digest(model)}")
     if chief:
         rundir.write_summary(run, summary)
+    else:
+        shutil.rmtree(save_dir, ignore_errors=True)
     print(rundir.report_table(summary))
     return summary
+
+
+def _weights_digest(model) -> str:
+    """A fingerprint of the weights: equal on every worker of a data-parallel run."""
+    digest = hashlib.sha256()
+    for w in model.get_weights():
+        digest.update(w.tobytes())
+    return digest.hexdigest()[:16]
 
 
 def _reject_unavailable(cfg: Config) -> None:
