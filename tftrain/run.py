@@ -86,10 +86,10 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
 
     # -- plan: devices, strategy, precision, data, batches (nothing written yet) ---------
     strategy.configure_devices(cfg)                  # logical devices first, before any op
+    strat = strategy.build_strategy(cfg, force_one_device=smoke)   # then the collectives
     keras.utils.set_random_seed(cfg.run.seed)
     if cfg.run.deterministic:
         tf.config.experimental.enable_op_determinism()
-    strat = strategy.build_strategy(cfg, force_one_device=smoke)
     info = strategy.describe(strat)
     policy = precision.choose_policy(cfg.precision)
     precision.apply_policy(policy)

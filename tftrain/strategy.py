@@ -119,9 +119,14 @@ def resolve_devices(d: DistributeConfig) -> list[str]:
 
 def resolve_kind(d: DistributeConfig, devices: list[str]) -> str:
     """`auto`: multi_worker when the cluster has >1 worker, mirrored over >1 device, else one."""
+    source, workers, _ = cluster_spec()
+    if workers > 1 and d.strategy not in ("auto", "multi_worker"):
+        raise ConfigError(
+            f"distribute.strategy: '{d.strategy}' trains on one machine, but {source} describes "
+            f"{workers} workers; use multi_worker or auto (e.g. --set distribute.strategy=auto)")
     if d.strategy != "auto":
         return d.strategy
-    if cluster_spec()[1] > 1:
+    if workers > 1:
         return "multi_worker"
     return "mirrored" if len(devices) > 1 else "one_device"
 
@@ -167,17 +172,19 @@ def build_strategy(cfg, *, force_one_device: bool = False) -> tf.distribute.Stra
     """The strategy the config asks for. `force_one_device` is used by `--smoke`."""
     d = _section(cfg)
     configure_devices(d)
+    if not force_one_device and resolve_kind(d, devices=[]) == "multi_worker":
+        # Decided from the environment alone and created before anything initializes
+        # TensorFlow's runtime: collectives can only be configured at start-up.
+        return tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=cluster_resolver(), communication_options=communication_options(d))
     devices = resolve_devices(d)
     kind = "one_device" if force_one_device else resolve_kind(d, devices)
     if kind == "default":
         return tf.distribute.get_strategy()
     if kind == "one_device":
         return tf.distribute.OneDeviceStrategy(devices[0])
-    if kind == "mirrored":
-        return tf.distribute.MirroredStrategy(
-            devices=devices, cross_device_ops=_cross_device_ops(d, devices))
-    return tf.distribute.MultiWorkerMirroredStrategy(
-        cluster_resolver=cluster_resolver(), communication_options=communication_options(d))
+    return tf.distribute.MirroredStrategy(
+        devices=devices, cross_device_ops=_cross_device_ops(d, devices))
 
 
 def describe(strategy: tf.distribute.Strategy) -> StrategyInfo:
