@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import ROOT, cli, quick_config
+from conftest import ROOT, cli, model_weights, quick_config
 from tftrain.run import main, run
 
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
@@ -233,14 +233,6 @@ def test_python_api_example_runs(tmp_path):
     assert accuracy > 0.9
 
 
-def _model_weights(run_path):
-    import tensorflow as tf
-    reader = tf.train.load_checkpoint(str(run_path / "checkpoints"))
-    names = [n for n in reader.get_variable_to_shape_map()
-             if n.startswith("model/") and n.endswith("VARIABLE_VALUE") and "OPTIMIZER" not in n]
-    return {n: reader.get_tensor(n) for n in names}
-
-
 def test_accumulation_through_the_cli_equals_large_batch(tmp_path, capsys):
     common = ["--set", "model={name: mlp}", "--set", "data.shuffle=false", "--set", "train.epochs=1",
               "--set", "train.optimizer={name: sgd, learning_rate: 0.1, params: {momentum: 0.9}}",
@@ -252,7 +244,7 @@ def test_accumulation_through_the_cli_equals_large_batch(tmp_path, capsys):
     assert "8 per replica x 2 replicas x 4 accumulation steps = global batch 64" in capsys.readouterr().out
     assert main([str(QUICKSTART), *common, "--set", "run.name=large",
                  "--set", "distribute.strategy=one_device", "--set", "data.per_replica_batch_size=64"]) == 0
-    accumulated, large = _model_weights(tmp_path / "accumulated"), _model_weights(tmp_path / "large")
+    accumulated, large = model_weights(tmp_path / "accumulated"), model_weights(tmp_path / "large")
     assert len(accumulated) == 6 and accumulated.keys() == large.keys()
     for name in large:
         diff = np.linalg.norm(accumulated[name] - large[name])

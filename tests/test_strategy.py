@@ -103,3 +103,16 @@ def test_chief_task_when_the_cluster_names_one(monkeypatch, no_cluster):
     assert is_chief() and cluster_spec() == ("TF_CONFIG", 2, 0)
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 0}}))
     assert not is_chief() and cluster_spec() == ("TF_CONFIG", 2, 1)
+
+
+def test_single_machine_strategy_inside_a_cluster_is_refused(monkeypatch, no_cluster):
+    monkeypatch.setenv("TF_CONFIG", json.dumps(
+        {"cluster": {"worker": ["localhost:1", "localhost:2"]}, "task": {"type": "worker", "index": 0}}))
+    with pytest.raises(ConfigError, match=r"distribute\.strategy: 'mirrored' trains on one machine, but TF_CONFIG describes 2 workers"):
+        resolve_kind(dist("distribute.strategy=mirrored"), ["/cpu:0", "/cpu:1"])
+
+
+def test_any_worker_agreement_in_process():
+    from tftrain.strategy import any_worker
+    agree = any_worker(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))
+    assert agree(False) is False and agree(True) is True

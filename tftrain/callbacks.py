@@ -65,11 +65,14 @@ class Checkpointer(keras.callbacks.Callback):
     _supports_tf_logs = True   # reads no logs: batch hooks add no host sync
 
     def __init__(self, manager: tf.train.CheckpointManager, every: int, steps_per_epoch: int,
-                 start_update: int = 0):
+                 start_update: int = 0, agree=None):
+        """`agree(flag) -> bool`, given for multi-worker runs, tells every worker at the same
+        update whether any worker was asked to stop, so all save and stop together."""
         super().__init__()
+        self.agree = agree
         self.manager, self.every, self.steps_per_epoch = manager, max(1, every), steps_per_epoch
         self.update = self.last_saved = start_update
-        self.preempted = False
+        self.preempted = self._signaled = False
         self._epoch = 0
         self._previous_handler = None
 
@@ -77,13 +80,14 @@ class Checkpointer(keras.callbacks.Callback):
         self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
 
     def _on_sigterm(self, signum, frame):
-        self.preempted = True
+        self._signaled = True    # only the handler writes it, so no signal is lost
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
 
     def on_train_batch_end(self, batch, logs=None):
         self.update = self._epoch * self.steps_per_epoch + batch + 1
+        self.preempted = self.agree(self._signaled) if self.agree else self._signaled
         if self.preempted:
             self.save()
             self.model.stop_training = True

@@ -75,14 +75,16 @@ def main(argv=None) -> int:
                *[a for s in args.set for a in ("--set", s)],
                *(["--run-dir", args.run_dir] if args.run_dir else [])]
     ports = free_ports(args.workers)
-    procs = []
+    procs, pumps = [], []
     for index, cpus in enumerate(cpu_sets(args.workers, args.cpus_per_worker)):
         pin = (lambda c=cpus: os.sched_setaffinity(0, c)) if cpus else None
         proc = subprocess.Popen(command, env=worker_env(index, ports), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, preexec_fn=pin)
-        threading.Thread(target=_pump, args=(proc.stdout, f"[worker {index}] ", sys.stdout),
-                         daemon=True).start()
+        pump = threading.Thread(target=_pump, args=(proc.stdout, f"[worker {index}] ", sys.stdout),
+                                daemon=True)
+        pump.start()
         procs.append(proc)
+        pumps.append(pump)
 
     def forward(signum, frame):
         for proc in procs:
@@ -90,10 +92,13 @@ def main(argv=None) -> int:
                 proc.send_signal(signum)
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGTERM, forward)
-    return _wait(procs)
+    code = _wait(procs)
+    for pump in pumps:          # every worker's last lines are printed before we exit
+        pump.join(timeout=10)
+    return code
 
 
-def _wait(procs, grace: float = 30.0) -> int:
+def _wait(procs, grace: float = 10.0) -> int:
     """Wait for all workers; when one fails, stop the rest and return its code."""
     while True:
         codes = [p.poll() for p in procs]

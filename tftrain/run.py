@@ -131,7 +131,7 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
     ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer)
     # Every worker saves (the collective runtime needs all of them); only the chief's
     # checkpoints are kept, the others write to a scratch directory removed at the end.
-    save_dir = run.checkpoints if chief else Path(tempfile.mkdtemp(prefix="tftrain-worker-"))
+    save_dir = run.checkpoints if chief else _scratch_dir(run.path)
     manager = tf.train.CheckpointManager(ckpt, str(save_dir), cfg.train.checkpoint.keep)
     restored = cb.restore_latest(ckpt, run.checkpoints)
     start = int(optimizer.iterations.numpy())
@@ -140,7 +140,8 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
 
     # -- fit ---------------------------------------------------------------------------------
     checkpointer = cb.Checkpointer(manager, cfg.train.checkpoint.every.steps(steps_per_epoch),
-                                   steps_per_epoch, start)
+                                   steps_per_epoch, start,
+                                   strategy.any_worker(strat) if info.workers > 1 else None)
     throughput = cb.Throughput(plan.global_batch)
     callbacks = [checkpointer, throughput, cb.LearningRateLogger()]
     callbacks += [c for c in [optim.plateau_callback(cfg.train.schedule), _early_stopping(cfg)] if c]
@@ -156,6 +157,8 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
                   callbacks=callbacks, verbose=cfg.train.verbose)
     model._training_state = None
     if checkpointer.preempted:
+        if not chief:
+            shutil.rmtree(save_dir, ignore_errors=True)
         raise Preempted(f"stopped by SIGTERM at update {checkpointer.update}/{total_updates}; "
                         "checkpoint saved, rerun the same command to resume")
 
@@ -181,6 +184,17 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
         shutil.rmtree(save_dir, ignore_errors=True)
     print(rundir.report_table(summary))
     return summary
+
+
+def _scratch_dir(run_path: Path) -> Path:
+    """A non-chief worker's checkpoint directory: named after the run and the worker, so
+    a relaunch after a crash clears what the crashed worker left."""
+    from tftrain.strategy import cluster_spec
+
+    key = hashlib.sha256(str(run_path.resolve()).encode()).hexdigest()[:12]
+    path = Path(tempfile.gettempdir()) / f"tftrain-worker-{key}-{cluster_spec()[2]}"
+    shutil.rmtree(path, ignore_errors=True)
+    return path
 
 
 def _weights_digest(model) -> str:

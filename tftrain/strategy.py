@@ -237,3 +237,15 @@ class CountingReduction(tf.distribute.ReductionToOneDevice):
         self._count([value for value, _ in value_destination_pairs])
         return [super(CountingReduction, self).reduce_implementation(reduce_op, v, d, options)
                 for v, d in value_destination_pairs]
+
+
+def any_worker(strategy: tf.distribute.Strategy):
+    """A function of a local flag that returns, on every worker alike, whether any worker's
+    flag is set (one small all-reduce). Workers call it at the same step to agree on
+    stopping, since a worker that stops alone leaves the others waiting in a collective."""
+    @tf.function
+    def reduce_flag(flag):
+        per_replica = strategy.run(lambda f: tf.cast(f, tf.int32), args=(flag,))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None) > 0
+
+    return lambda flag: bool(reduce_flag(tf.constant(flag)).numpy())

@@ -1,0 +1,144 @@
+"""Multi-worker training with real localhost worker processes, and fault tolerance."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, model_weights, quick_config
+from tftrain.launch import cpu_sets, free_ports, worker_env
+from tftrain.run import run
+
+QUICKSTART = ROOT / "configs" / "quickstart.yaml"
+EPOCHS = 6
+SETS = ["distribute.strategy=auto", f"train.epochs={EPOCHS}", "export.tflite=none",
+        "train.checkpoint.every=10", "run.deterministic=true", "train.verbose=0"]
+PLANNED = EPOCHS * (1527 // 64)
+
+
+def launch(run_dir, *sets, workers=2):
+    args = [sys.executable, "-m", "tftrain.launch", "--workers", str(workers), str(QUICKSTART),
+            "--run-dir", str(run_dir), *[a for s in (*SETS, *sets) for a in ("--set", s)]]
+    return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            start_new_session=True)
+
+
+def finish(proc, timeout=300):
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError("workers did not finish in time (hang)")
+    return proc.returncode, out
+
+
+def digests(out):
+    return {line.split("]")[0] + "]": line.split("sha256: ")[1].strip()
+            for line in out.splitlines() if "final weights sha256" in line}
+
+
+def test_helpers():
+    ports = free_ports(3)
+    assert len(set(ports)) == 3
+    env = json.loads(worker_env(1, ports)["TF_CONFIG"])
+    assert env["task"] == {"type": "worker", "index": 1} and len(env["cluster"]["worker"]) == 3
+    cpus = sorted(os.sched_getaffinity(0))
+    assert cpu_sets(2, 1) == [{cpus[0]}, {cpus[1 % len(cpus)]}]
+    assert cpu_sets(2, None) == [None, None]
+
+
+@pytest.fixture(scope="module")
+def two_workers(tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("two-workers")
+    before = scratch_dirs()
+    code, out = finish(launch(out_dir))
+    assert code == 0, out[-3000:]
+    assert scratch_dirs() == before           # non-chief scratch checkpoints cleaned up
+    return out_dir / "quickstart", out
+
+
+def scratch_dirs():
+    import tempfile
+    return {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("tftrain-worker-")}
+
+
+def test_two_workers_agree_and_equal_one_worker_with_two_replicas(two_workers, tmp_path):
+    path, out = two_workers
+    summary = json.loads((path / "summary.json").read_text())
+    assert summary["strategy"] == "multi_worker" and summary["workers"] == 2
+    assert summary["replicas"] == 2 and summary["steps"] == PLANNED
+    found = digests(out)
+    assert len(found) == 2 and len(set(found.values())) == 1      # identical final weights
+    mirrored = run(quick_config(tmp_path, *[s for s in SETS if "strategy" not in s],
+                                "distribute.strategy=mirrored"))
+    assert abs(mirrored["metrics"]["val_accuracy"] - summary["metrics"]["val_accuracy"]) <= 0.01
+    ours, reference = model_weights(path), model_weights(tmp_path / "quickstart")
+    assert ours.keys() == reference.keys() and ours
+    for name in ours:
+        np.testing.assert_allclose(ours[name], reference[name], rtol=1e-5, atol=1e-6)
+
+
+def test_only_the_chief_writes(two_workers):
+    path, out = two_workers
+    assert "export saved_model" in out and out.count("export saved_model") == 1
+    assert sorted(p.name for p in path.parent.iterdir()) == ["quickstart"]
+
+
+def _children(pid):
+    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return [int(p) for p in found]
+
+
+def _wait_for_checkpoint(path, proc, at_least=20, timeout=240):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        numbers = [int(p.name.split("-")[1].split(".")[0]) for p in path.glob("ckpt-*.index")]
+        if numbers and max(numbers) >= at_least:
+            return max(numbers)
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        time.sleep(0.05)
+    raise AssertionError("no checkpoint written in time")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["sigkill-worker", "sigterm-launcher"])
+def test_interrupted_run_relaunches_to_the_same_weights(two_workers, tmp_path, how):
+    proc = launch(tmp_path)
+    saved = _wait_for_checkpoint(tmp_path / "quickstart" / "checkpoints", proc)
+    if how == "sigkill-worker":
+        os.kill(_children(proc.pid)[1], signal.SIGKILL)          # worker 1, mid-epoch
+        code, out = finish(proc)
+        assert code != 0
+    else:
+        proc.send_signal(signal.SIGTERM)                          # forwarded to both workers
+        code, out = finish(proc)
+        assert code == 42, out[-3000:]
+        assert out.count("stopped by SIGTERM") == 2
+    assert saved < PLANNED and not (tmp_path / "quickstart" / "summary.json").exists()
+    code, out = finish(launch(tmp_path))
+    assert code == 0, out[-3000:]
+    assert "resuming from" in out
+    summary = json.loads((tmp_path / "quickstart" / "summary.json").read_text())
+    assert summary["steps"] == PLANNED
+    ours, reference = model_weights(tmp_path / "quickstart"), model_weights(two_workers[0])
+    for name in ours:
+        np.testing.assert_allclose(ours[name], reference[name], rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_uneven_shards_finish(tmp_path):
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(1001, 6)).astype(np.float32), rng.integers(0, 3, 1001)
+    np.savez(tmp_path / "odd.npz", x=x, y=y)
+    proc = launch(tmp_path, "data.name=npz", f"data.params={{path: {tmp_path / 'odd.npz'}}}",
+                  "model={name: mlp, params: {hidden: [16]}}", "data.validation_fraction=0.101",
+                  "data.per_replica_batch_size=50", "train.epochs=2")
+    code, out = finish(proc, timeout=240)
+    assert code == 0, out[-3000:]
+    summary = json.loads((tmp_path / "quickstart" / "summary.json").read_text())
+    assert summary["steps"] == 2 * (900 // 100)
