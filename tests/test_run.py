@@ -151,10 +151,13 @@ def test_schema_flag_prints_json_schema():
 
 
 # --- resume ------------------------------------------------------------------------------
+RESUME_SETS = ["train.epochs=40", "train.checkpoint.every=10", "export.tflite=none",
+               "run.deterministic=true", "model.params={filters: [32, 64], dense: [128], dropout: 0.3}"]
+
+
 def _start(tmp_path, *sets):
     args = [sys.executable, "-m", "tftrain.run", str(QUICKSTART), "--run-dir", str(tmp_path),
-            "--set", "train.epochs=40", "--set", "train.checkpoint.every=10",
-            "--set", "export.tflite=none", *[a for s in sets for a in ("--set", s)]]
+            *[a for s in (*RESUME_SETS, *sets) for a in ("--set", s)]]
     return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -171,7 +174,7 @@ def _wait_for_checkpoint(path, proc, at_least=20, timeout=240):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig,code", [(signal.SIGKILL, -signal.SIGKILL), (signal.SIGTERM, 42)])
-def test_killed_run_resumes_to_planned_steps(tmp_path, sig, code):
+def test_killed_run_resumes_to_planned_steps(tmp_path, uninterrupted, sig, code):
     proc = _start(tmp_path)
     saved = _wait_for_checkpoint(tmp_path / "quickstart" / "checkpoints", proc)
     proc.send_signal(sig)
@@ -180,8 +183,7 @@ def test_killed_run_resumes_to_planned_steps(tmp_path, sig, code):
     assert not (tmp_path / "quickstart" / "summary.json").exists()
     planned = 40 * (1527 // 64)
     assert saved < planned
-    again = cli(QUICKSTART, "--run-dir", tmp_path, "--set", "train.epochs=40",
-                "--set", "train.checkpoint.every=10", "--set", "export.tflite=none")
+    again = cli(QUICKSTART, "--run-dir", tmp_path, *[a for s in RESUME_SETS for a in ("--set", s)])
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resuming from" in again.stdout
     resumed_at = int(again.stdout.split("at update ")[1].split("/")[0])
@@ -189,6 +191,18 @@ def test_killed_run_resumes_to_planned_steps(tmp_path, sig, code):
     summary = json.loads((tmp_path / "quickstart" / "summary.json").read_text())
     assert summary["steps"] == planned
     assert summary["metrics"]["val_accuracy"] >= 0.95
+    # Weights, optimizer, schedule, data position and dropout RNG all resumed exactly.
+    ours, reference = model_weights(tmp_path / "quickstart"), model_weights(uninterrupted)
+    for name in reference:
+        np.testing.assert_allclose(ours[name], reference[name], rtol=0, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("uninterrupted")
+    proc = cli(QUICKSTART, "--run-dir", out, *[a for s in RESUME_SETS for a in ("--set", s)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out / "quickstart"
 
 
 # --- every strategy and precision policy -------------------------------------------------

@@ -16,6 +16,20 @@ from tftrain._keras import keras
 from tftrain.optim import current_lr
 
 
+def random_generators(model) -> list:
+    """The random generators of the model's layers (dropout and the like), created now so
+    that a checkpoint can hold their state and a resumed run draws the same masks.
+    Needs `keras.backend.experimental.enable_tf_random_generator()` before the build."""
+    generators = []
+    for layer in model._flatten_layers(include_self=False):
+        random = getattr(layer, "_random_generator", None)
+        if random is not None and hasattr(random, "_maybe_init"):
+            random._maybe_init()
+            if getattr(random, "_generator", None) is not None:
+                generators.append(random._generator)
+    return generators
+
+
 def restore_latest(checkpoint: tf.train.Checkpoint, directory) -> str | None:
     """Restore the newest readable checkpoint in `directory`; returns its path or None.
 

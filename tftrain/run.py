@@ -88,6 +88,7 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
     strategy.configure_devices(cfg)                  # logical devices first, before any op
     strat = strategy.build_strategy(cfg, force_one_device=smoke)   # then the collectives
     keras.utils.set_random_seed(cfg.run.seed)
+    keras.backend.experimental.enable_tf_random_generator()   # RNG state checkpointable
     if cfg.run.deterministic:
         tf.config.experimental.enable_op_determinism()
     info = strategy.describe(strat)
@@ -128,7 +129,9 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
         print(rundir.report_table(done))
         return done
     run = rundir.open_run_dir(cfg, smoke, write=chief)
-    ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    with strat.scope():
+        generators = cb.random_generators(model)
+    ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, rng=generators)
     # Every worker saves (the collective runtime needs all of them); only the chief's
     # checkpoints are kept, the others write to a scratch directory removed at the end.
     save_dir = run.checkpoints if chief else _scratch_dir(run.path)
