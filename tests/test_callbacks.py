@@ -85,3 +85,12 @@ def test_no_readable_checkpoint_is_an_error(tmp_path):
     with pytest.warns(UserWarning), pytest.raises(RuntimeError, match="no readable checkpoint"):
         restore_latest(tf.train.Checkpoint(model=fresh, optimizer=fresh.optimizer), tmp_path)
     assert restore_latest(tf.train.Checkpoint(model=fresh), tmp_path / "empty") is None
+
+
+def test_nan_guard_raises_with_the_update():
+    from tftrain.callbacks import NaNGuard, NonFiniteLoss
+    model = tiny()
+    model.optimizer.learning_rate = 1e30                  # diverges to inf/nan within steps
+    with pytest.raises(NonFiniteLoss) as info:
+        fit(model, [NaNGuard(steps_per_epoch=5)], epochs=3, steps=5)
+    assert 1 <= info.value.update <= 15

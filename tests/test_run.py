@@ -265,3 +265,25 @@ def test_accumulation_through_the_cli_equals_large_batch(tmp_path, capsys):
         assert diff <= 1e-5 * np.linalg.norm(large[name]), name
     steps = [json.loads((tmp_path / r / "summary.json").read_text())["steps"] for r in ("accumulated", "large")]
     assert steps == [1527 // 64] * 2
+
+
+DIVERGING = ["train.optimizer={name: sgd, learning_rate: 1.0e+6}", "train.schedule={name: constant}",
+             "train.epochs=2", "export.tflite=none", "export.saved_model=false"]
+
+
+def test_non_finite_loss_stops_with_a_clear_error(tmp_path, capsys):
+    args = [str(QUICKSTART), "--run-dir", str(tmp_path)] + [a for s in DIVERGING for a in ("--set", s)]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "loss became non-finite at update" in err and "train.on_nan: rollback" in err
+    assert not (tmp_path / "quickstart" / "summary.json").exists()
+    assert not list((tmp_path / "quickstart" / "checkpoints").glob("*.index"))   # nothing NaN saved
+
+
+def test_non_finite_loss_rolls_back_with_a_lower_rate(tmp_path, capsys):
+    summary = run(quick_config(tmp_path, *DIVERGING, "train.on_nan=rollback",
+                               "train.nan_lr_factor=1.0e-7"))
+    out = capsys.readouterr().out
+    assert "rolled back to update 0, learning rate x 1e-07 (retry 1/3)" in out
+    assert summary["steps"] == 2 * 23
+    assert np.isfinite(summary["metrics"]["val_loss"]) and summary["metrics"]["val_accuracy"] > 0.3

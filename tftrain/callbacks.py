@@ -91,7 +91,13 @@ class Checkpointer(keras.callbacks.Callback):
         self._previous_handler = None
 
     def on_train_begin(self, logs=None):
-        self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+        previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        if self._previous_handler is None:     # a retried fit keeps the original one
+            self._previous_handler = previous
+
+    def resume_at(self, update: int) -> None:
+        """Continue counting from `update` (after a rollback)."""
+        self.update = self.last_saved = update
 
     def _on_sigterm(self, signum, frame):
         self._signaled = True    # only the handler writes it, so no signal is lost
@@ -159,3 +165,30 @@ class LearningRateLogger(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:
             logs["lr"] = current_lr(self.model.optimizer)
+
+
+class NonFiniteLoss(Exception):
+    """The training loss became NaN or infinite at `update`."""
+
+    def __init__(self, update: int):
+        super().__init__(f"loss became non-finite at update {update}")
+        self.update = update
+
+
+class NaNGuard(keras.callbacks.Callback):
+    """Raises NonFiniteLoss as soon as the loss is not finite, before anything is saved
+    (it must come first among the callbacks). `agree` makes every worker raise together."""
+
+    _supports_tf_logs = True
+
+    def __init__(self, steps_per_epoch: int, agree=None):
+        super().__init__()
+        self.steps_per_epoch, self.agree = steps_per_epoch, agree
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        bad = not bool(tf.math.is_finite(tf.cast(logs["loss"], tf.float32)))
+        if self.agree(bad) if self.agree else bad:
+            raise NonFiniteLoss(self._epoch * self.steps_per_epoch + batch + 1)

@@ -223,6 +223,9 @@ class TrainConfig(Strict):
     metrics: list[str] = ["accuracy"]
     early_stopping: Optional[EarlyStoppingConfig] = None
     checkpoint: CheckpointConfig = CheckpointConfig()
+    on_nan: Literal["stop", "rollback"] = "stop"
+    nan_retries: int = Field(3, ge=0)
+    nan_lr_factor: float = Field(0.5, gt=0, le=1)
     smoke_steps: int = Field(3, ge=1)
     verbose: Literal[0, 1, 2] = 2
 

@@ -159,3 +159,29 @@ def current_lr(optimizer) -> float:
     if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
         return float(lr(inner.iterations))
     return float(keras.backend.get_value(lr))
+
+
+@keras.utils.register_keras_serializable("tftrain")
+class Scaled(keras.optimizers.schedules.LearningRateSchedule):
+    """`schedule` times a constant factor (a lowered learning rate after a rollback)."""
+
+    def __init__(self, schedule, factor: float):
+        self.schedule, self.factor = schedule, float(factor)
+
+    def __call__(self, step):
+        return self.schedule(step) * self.factor
+
+    def get_config(self):
+        return {"schedule": keras.optimizers.schedules.serialize(self.schedule),
+                "factor": self.factor}
+
+
+def scale_learning_rate(model, factor: float) -> None:
+    """Multiply the learning rate from now on by `factor` (schedules keep their shape)."""
+    optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
+    lr = optimizer._learning_rate
+    if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
+        optimizer._learning_rate = Scaled(lr, factor)
+        model.train_function = None           # retrace with the new schedule
+    else:
+        lr.assign(lr * factor)

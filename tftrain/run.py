@@ -142,23 +142,36 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
         print(f"resuming from {restored} at update {start}/{total_updates}")
 
     # -- fit ---------------------------------------------------------------------------------
+    agree = strategy.any_worker(strat) if info.workers > 1 else None
     checkpointer = cb.Checkpointer(manager, cfg.train.checkpoint.every.steps(steps_per_epoch),
-                                   steps_per_epoch, start,
-                                   strategy.any_worker(strat) if info.workers > 1 else None)
+                                   steps_per_epoch, start, agree)
     throughput = cb.Throughput(plan.global_batch)
-    callbacks = [checkpointer, throughput, cb.LearningRateLogger()]
+    callbacks = [cb.NaNGuard(steps_per_epoch, agree), checkpointer, throughput,
+                 cb.LearningRateLogger()]
     callbacks += [c for c in [optim.plateau_callback(cfg.train.schedule), _early_stopping(cfg)] if c]
     if chief:
         callbacks += [keras.callbacks.CSVLogger(str(run.path / "metrics.csv"), append=start > 0),
                       keras.callbacks.TensorBoard(str(run.path / "tensorboard"), update_freq="epoch")]
     val = data.val_dataset(source, plan)
-    model._training_state = cb.ResumePoint(start)      # fit starts at (epoch, step) of `start`
-    if start < total_updates:
-        model.fit(data.train_dataset(source, plan, cfg.data, cfg.run.seed, start),
-                  epochs=epochs, steps_per_epoch=steps_per_epoch, validation_data=val,
-                  validation_steps=cfg.train.smoke_steps if smoke else None,
-                  callbacks=callbacks, verbose=cfg.train.verbose)
-    model._training_state = None
+    if cfg.train.on_nan == "rollback" and start == 0:
+        manager.save(checkpoint_number=0)            # something to roll back to
+    for attempt in range(cfg.train.nan_retries + 1):
+        try:
+            _fit(model, data.train_dataset(source, plan, cfg.data, cfg.run.seed, start), val,
+                 start, epochs, steps_per_epoch, callbacks, cfg, smoke)
+            break
+        except cb.NonFiniteLoss as err:
+            if cfg.train.on_nan == "stop" or attempt == cfg.train.nan_retries:
+                raise RuntimeError(f"{err}; lower train.optimizer.learning_rate, add clipping "
+                                   "(train.optimizer.global_clipnorm) or set train.on_nan: "
+                                   "rollback") from None
+            cb.restore_latest(ckpt, run.checkpoints)
+            start = int(optimizer.iterations.numpy())
+            checkpointer.resume_at(start)
+            optim.scale_learning_rate(model, cfg.train.nan_lr_factor)
+            print(f"tftrain: {err}; rolled back to update {start}, learning rate x "
+                  f"{cfg.train.nan_lr_factor} (retry {attempt + 1}/{cfg.train.nan_retries})",
+                  flush=True)
     if checkpointer.preempted:
         if not chief:
             shutil.rmtree(save_dir, ignore_errors=True)
@@ -187,6 +200,21 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
         shutil.rmtree(save_dir, ignore_errors=True)
     print(rundir.report_table(summary))
     return summary
+
+
+def _fit(model, train, val, start, epochs, steps_per_epoch, callbacks, cfg, smoke) -> None:
+    """fit from optimizer update `start` (mid-epoch if need be) to the end of training."""
+    from tftrain.callbacks import ResumePoint
+
+    if start >= epochs * steps_per_epoch:
+        return
+    model._training_state = ResumePoint(start)   # fit starts at (epoch, step) of `start`
+    try:
+        model.fit(train, epochs=epochs, steps_per_epoch=steps_per_epoch, validation_data=val,
+                  validation_steps=cfg.train.smoke_steps if smoke else None,
+                  callbacks=callbacks, verbose=cfg.train.verbose)
+    finally:
+        model._training_state = None
 
 
 def _scratch_dir(run_path: Path) -> Path:
