@@ -49,3 +49,16 @@ def model_weights(run_path):
     names = [n for n in reader.get_variable_to_shape_map()
              if n.startswith("model/") and n.endswith("VARIABLE_VALUE") and "OPTIMIZER" not in n]
     return {n: reader.get_tensor(n) for n in names}
+
+
+def wait_for_checkpoint(path, proc, at_least=20, timeout=240):
+    """Poll until a checkpoint numbered >= `at_least` exists in `path`; its number."""
+    import time
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        numbers = [int(p.name.split("-")[1].split(".")[0]) for p in path.glob("ckpt-*.index")]
+        if numbers and max(numbers) >= at_least:
+            return max(numbers)
+        assert proc.poll() is None, "".join(o or "" for o in proc.communicate())[-3000:]
+        time.sleep(0.05)
+    raise AssertionError("no checkpoint written in time")

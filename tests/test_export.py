@@ -1,5 +1,4 @@
 """Export: SavedModel signature and float32 logits, TFLite in LiteRT, verification."""
-import json
 import subprocess
 import sys
 

@@ -4,12 +4,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
-from conftest import ROOT, model_weights, quick_config
+from conftest import ROOT, model_weights, quick_config, wait_for_checkpoint
 from tftrain.launch import cpu_sets, free_ports, worker_env
 from tftrain.run import run
 
@@ -94,22 +93,11 @@ def _children(pid):
     return [int(p) for p in found]
 
 
-def _wait_for_checkpoint(path, proc, at_least=20, timeout=240):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        numbers = [int(p.name.split("-")[1].split(".")[0]) for p in path.glob("ckpt-*.index")]
-        if numbers and max(numbers) >= at_least:
-            return max(numbers)
-        assert proc.poll() is None, proc.communicate()[0][-3000:]
-        time.sleep(0.05)
-    raise AssertionError("no checkpoint written in time")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["sigkill-worker", "sigterm-launcher"])
 def test_interrupted_run_relaunches_to_the_same_weights(two_workers, tmp_path, how):
     proc = launch(tmp_path)
-    saved = _wait_for_checkpoint(tmp_path / "quickstart" / "checkpoints", proc)
+    saved = wait_for_checkpoint(tmp_path / "quickstart" / "checkpoints", proc)
     if how == "sigkill-worker":
         os.kill(_children(proc.pid)[1], signal.SIGKILL)          # worker 1, mid-epoch
         code, out = finish(proc)

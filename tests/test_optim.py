@@ -1,5 +1,4 @@
 """Optimizers and schedules: values at given updates, warmup, params checks."""
-import math
 
 import numpy as np
 import pytest

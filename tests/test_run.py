@@ -4,12 +4,11 @@ import json
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
-from conftest import ROOT, cli, model_weights, quick_config
+from conftest import ROOT, cli, model_weights, quick_config, wait_for_checkpoint
 from tftrain.run import main, run
 
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
@@ -161,22 +160,11 @@ def _start(tmp_path, *sets):
     return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _wait_for_checkpoint(path, proc, at_least=20, timeout=240):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        numbers = [int(p.name.split("-")[1].split(".")[0]) for p in path.glob("ckpt-*.index")]
-        if numbers and max(numbers) >= at_least:
-            return max(numbers)
-        assert proc.poll() is None, proc.communicate()[1][-2000:]
-        time.sleep(0.05)
-    raise AssertionError("no checkpoint written in time")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("sig,code", [(signal.SIGKILL, -signal.SIGKILL), (signal.SIGTERM, 42)])
 def test_killed_run_resumes_to_planned_steps(tmp_path, uninterrupted, sig, code):
     proc = _start(tmp_path)
-    saved = _wait_for_checkpoint(tmp_path / "quickstart" / "checkpoints", proc)
+    saved = wait_for_checkpoint(tmp_path / "quickstart" / "checkpoints", proc)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == code, err[-2000:]

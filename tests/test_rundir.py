@@ -4,7 +4,7 @@ import json
 import pytest
 
 from tftrain.config import ConfigError, load_config
-from tftrain.rundir import atomic_write, open_run_dir, read_summary, report_table, write_summary
+from tftrain.rundir import atomic_write, open_run_dir, read_summary, report_table
 
 
 def test_new_then_resumed_then_changed(tmp_path):
