@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, model_weights, quick_config, wait_for_checkpoint
-from tftrain.launch import cpu_sets, free_ports, worker_env
+from tftrain.launch import _wait, cpu_sets, free_ports, worker_env
 from tftrain.run import run
 
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
@@ -49,6 +49,19 @@ def test_helpers():
     cpus = sorted(os.sched_getaffinity(0))
     assert cpu_sets(2, 1) == [{cpus[0]}, {cpus[1 % len(cpus)]}]
     assert cpu_sets(2, None) == [None, None]
+
+
+def _worker(code, after=0.0):
+    source = ("import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(7)); "
+              f"time.sleep({after}); sys.exit({code})")
+    return subprocess.Popen([sys.executable, "-c", source])
+
+
+def test_wait_lets_preempted_workers_finish_and_stops_failed_ones():
+    procs = [_worker(42), _worker(42, after=1.5)]      # both preempted, one slower to save
+    assert _wait(procs) == 42 and [p.returncode for p in procs] == [42, 42]
+    procs = [_worker(1), _worker(0, after=30)]         # a crash stops the others at once
+    assert _wait(procs) == 1 and procs[1].returncode == 7
 
 
 @pytest.fixture(scope="module")

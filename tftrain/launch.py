@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 
-EXIT_CONFIG = 2
+EXIT_CONFIG, EXIT_PREEMPTED = 2, 42
 
 
 def free_ports(n: int) -> list[int]:
@@ -99,25 +99,36 @@ def main(argv=None) -> int:
 
 
 def _wait(procs, grace: float = 10.0) -> int:
-    """Wait for all workers; when one fails, stop the rest and return its code."""
+    """Wait for all workers; when one fails, stop the rest and return its code.
+
+    A worker that exits 42 was preempted: the others agreed to stop at the same update and
+    are saving too, so they get `grace` seconds to finish on their own before being
+    signalled (a second SIGTERM during their shutdown would kill them mid-way)."""
     while True:
         codes = [p.poll() for p in procs]
         failed = [c for c in codes if c not in (None, 0)]
         if failed:
+            if all(c == EXIT_PREEMPTED for c in failed):
+                _join(procs, grace)
             for p in procs:
                 if p.poll() is None:
                     p.terminate()
-            deadline = time.time() + grace
-            for p in procs:
-                try:
-                    p.wait(max(0.1, deadline - time.time()))
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            _join(procs, grace, kill=True)
             code = failed[0]
             return code if code > 0 else 1
         if all(c == 0 for c in codes):
             return 0
         time.sleep(0.1)
+
+
+def _join(procs, timeout: float, kill: bool = False) -> None:
+    deadline = time.time() + timeout
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            if kill:
+                p.kill()
 
 
 if __name__ == "__main__":
