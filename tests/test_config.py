@@ -42,6 +42,8 @@ def test_config_is_frozen():
     ("2 epochs", Duration(value=2, unit="epochs")),
     ("500 steps", Duration(value=500, unit="steps")),
     ("0.5 epoch", Duration(value=0.5, unit="epochs")),
+    (0.25, Duration(value=0.25, unit="fraction")),
+    ("40%", Duration(value=0.4, unit="fraction")),
 ])
 def test_durations(text, expected):
     cfg = load_config(None, [f"train.checkpoint.every={text}"])
@@ -49,9 +51,16 @@ def test_durations(text, expected):
 
 
 def test_duration_to_steps_is_the_one_conversion():
-    assert Duration(value=2, unit="epochs").steps(23) == 46
-    assert Duration(value=0.5, unit="epochs").steps(23) == 12
-    assert Duration(value=7, unit="steps").steps(23) == 7
+    assert Duration(value=2, unit="epochs").steps(23, 1000) == 46
+    assert Duration(value=0.5, unit="epochs").steps(23, 1000) == 12
+    assert Duration(value=7, unit="steps").steps(23, 1000) == 7
+    assert Duration(value=0.25, unit="fraction").steps(23, 1000) == 250
+
+
+def test_pruning_structure_is_normalised():
+    cfg = load_config(None, ["compression.pruning.structure=' 2 : 4'"])
+    assert cfg.compression.pruning.structure == "2:4" and cfg.compression.pruning.m_by_n == (2, 4)
+    assert load_config(None, []).compression.pruning.m_by_n is None
 
 
 def test_sizes_parse():
@@ -71,6 +80,13 @@ def test_sizes_parse():
     ("train.schedule.gamma=0.5", r"train\.schedule\.gamma: not used by schedule 'constant'"),
     ("train.checkpoint.every=3 weeks", r"train\.checkpoint\.every: expected an integer"),
     ("distribute.device_memory=lots", r"distribute\.device_memory: expected bytes"),
+    ("compression.pruning.structure=2:4", r"compression\.pruning\.structure: write M:N in quotes"),
+    ("compression.pruning.structure='4:2'", r"compression\.pruning\.structure: expected 'unstructured' or 'M:N'"),
+    ("compression.pruning.end=1.5", r"compression\.pruning\.end: a float is a fraction"),
+    ("compression.pruning.layers=['conv(']", r"compression\.pruning\.layers: .*not a valid regular"),
+    ("compression.pruning={structure: '2:4', block: [1, 4]}", r"compression\.pruning\.block: M:N structure and block"),
+    ("compression.pruning.final_sparsity=1.0", r"compression\.pruning\.final_sparsity: .*less than 1"),
+    ("compression.quantization.skip_unsuported=true", r"did you mean skip_unsupported\?"),
 ])
 def test_errors_name_the_key(override, pattern):
     with pytest.raises(ConfigError, match=pattern):
@@ -107,7 +123,8 @@ def test_bad_override_syntax():
 
 
 def test_dump_round_trips(tmp_path):
-    cfg = load_config(None, ["train.schedule.name=cosine", "train.schedule.warmup_steps=2 epochs"])
+    cfg = load_config(None, ["train.schedule.name=cosine", "train.schedule.warmup_steps=2 epochs",
+                             "compression.pruning={block: [1, 4], end: 1.0, begin: '10%'}"])
     again = load_config(write(tmp_path, dump_config(cfg)))
     assert again == cfg
 

@@ -33,15 +33,18 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(steps?|epochs?)\s*$")
 
 
 class Duration(Strict):
-    """A length of training: an integer is optimizer updates; "N epochs" is epochs."""
+    """A length of training: an integer is optimizer updates; "N epochs" is epochs; a
+    float in [0, 1] or "N%" is that fraction of the stage's updates."""
 
     value: float
-    unit: Literal["steps", "epochs"]
+    unit: Literal["steps", "epochs", "fraction"]
 
-    def steps(self, steps_per_epoch: int) -> int:
-        """The one conversion of durations to optimizer updates."""
+    def steps(self, steps_per_epoch: int, total: int) -> int:
+        """The one conversion of durations to optimizer updates (`total`: the stage's)."""
         if self.unit == "steps":
             return int(self.value)
+        if self.unit == "fraction":
+            return int(round(self.value * total))
         return int(round(self.value * steps_per_epoch))
 
 
@@ -54,12 +57,26 @@ def _parse_duration(v: Any) -> Any:
         if v < 0:
             raise ValueError("must be >= 0")
         return {"value": v, "unit": "steps"}
+    if isinstance(v, float):
+        if not 0 <= v <= 1:
+            raise ValueError("a float is a fraction of the stage and must be in [0, 1]")
+        return {"value": v, "unit": "fraction"}
     if isinstance(v, str):
+        if v.strip().endswith("%") and _number(v.strip()[:-1]) is not None:
+            return _parse_duration(_number(v.strip()[:-1]) / 100.0)
         m = _DURATION.match(v)
         if m:
             unit = "epochs" if m.group(2).startswith("epoch") else "steps"
             return {"value": float(m.group(1)), "unit": unit}
-    raise ValueError("expected an integer number of steps or a string like '2 epochs' or '500 steps'")
+    raise ValueError("expected an integer number of steps, a string like '2 epochs' or "
+                     "'500 steps', or a fraction of the stage like 0.5 or '50%'")
+
+
+def _number(text: str) -> Optional[float]:
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 def _size_bytes(v: Any) -> Optional[int]:
@@ -230,15 +247,89 @@ class TrainConfig(Strict):
     verbose: Literal[0, 1, 2] = 2
 
 
+_M_BY_N = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*$")
+
+
 class PruningConfig(Strict):
+    """Magnitude pruning (tfmot) as its own fine-tuning stage after training."""
+
     enabled: bool = False
     final_sparsity: float = Field(0.8, gt=0, lt=1)
-    structure: str = "unstructured"
+    initial_sparsity: float = Field(0.0, ge=0, lt=1)
+    schedule: Literal["polynomial", "constant"] = "polynomial"
+    begin: Duration = Duration(value=0, unit="steps")       # of the pruning stage
+    end: Duration = Duration(value=0.7, unit="fraction")    # final sparsity reached here
+    frequency: int = Field(10, ge=1)                        # updates between mask updates
+    power: float = Field(3.0, gt=0)                         # polynomial schedule
+    structure: str = "unstructured"                         # or "M:N", e.g. "2:4"
+    block: Optional[tuple[int, int]] = None                 # block sparsity, e.g. [1, 4]
+    block_pooling: Literal["avg", "max"] = "avg"
+    layers: list[str] = []            # layer name / regex rules; empty: every prunable layer
+    epochs: int = Field(4, ge=1)      # length of the pruning stage
+    learning_rate: Optional[float] = Field(None, gt=0)   # default: train's / 10
+
+    @field_validator("begin", "end", mode="before")
+    @classmethod
+    def _duration(cls, v):
+        return _parse_duration(v)
+
+    @field_validator("structure", mode="before")
+    @classmethod
+    def _structure(cls, v):
+        if isinstance(v, int) and not isinstance(v, bool):
+            raise ValueError("write M:N in quotes, e.g. structure: \"2:4\" (unquoted, YAML "
+                             "reads 2:4 as the number 124)")
+        if v == "unstructured":
+            return v
+        m = _M_BY_N.match(str(v))
+        if not m or not 0 < int(m.group(1)) < int(m.group(2)):
+            raise ValueError("expected 'unstructured' or 'M:N' with 0 < M < N "
+                             "(M zeros in every N weights along the input axis), e.g. \"2:4\"")
+        return f"{int(m.group(1))}:{int(m.group(2))}"
+
+    @field_validator("block")
+    @classmethod
+    def _block(cls, v):
+        if v is not None and min(v) < 1:
+            raise ValueError("block sizes must be >= 1, e.g. [1, 4]")
+        return v
+
+    @field_validator("layers")
+    @classmethod
+    def _rules(cls, v):
+        for rule in v:
+            try:
+                re.compile(rule)
+            except re.error as err:
+                raise ValueError(f"rule {rule!r} is not a valid regular expression ({err})")
+        return v
+
+    @model_validator(mode="after")
+    def _one_structure(self):
+        if self.structure != "unstructured" and self.block not in (None, (1, 1)):
+            raise ValueError("compression.pruning.block: M:N structure and block sparsity "
+                             "cannot be combined; set one of them")
+        if self.initial_sparsity > self.final_sparsity:
+            raise ValueError("compression.pruning.initial_sparsity: must not exceed "
+                             "final_sparsity")
+        return self
+
+    @property
+    def m_by_n(self) -> Optional[tuple[int, int]]:
+        if self.structure == "unstructured":
+            return None
+        m, n = self.structure.split(":")
+        return int(m), int(n)
 
 
 class QuantizationConfig(Strict):
+    """8-bit quantization-aware training (tfmot) as the stage after pruning."""
+
     enabled: bool = False
-    preserve_sparsity: bool = True
+    preserve_sparsity: bool = True     # prune-preserving QAT when pruning ran
+    epochs: int = Field(2, ge=1)
+    learning_rate: Optional[float] = Field(None, gt=0)   # default: train's / 10
+    skip_unsupported: bool = False     # leave layers tfmot cannot quantize in float
 
 
 class CompressionConfig(Strict):
@@ -406,10 +497,12 @@ def dump_config(cfg: Config) -> str:
 def _plain(v):
     if isinstance(v, dict):
         if set(v) == {"value", "unit"}:
+            if v["unit"] == "fraction":
+                return float(v["value"])
             n = int(v["value"]) if float(v["value"]).is_integer() else v["value"]
             return n if v["unit"] == "steps" else f"{n} epochs"
         return {k: _plain(x) for k, x in v.items()}
-    if isinstance(v, list):
+    if isinstance(v, (list, tuple)):
         return [_plain(x) for x in v]
     return v
 

@@ -19,7 +19,10 @@ from tftrain._keras import keras
 
 
 def inference_model(model):
-    """A plain float32 functional model with the same weights (no training wrappers)."""
+    """A plain float32 functional model with the same weights (no training wrappers):
+    the same layers when they already compute in float32, else float32 copies."""
+    if all(layer.compute_dtype in (None, "float32") for layer in model.layers):
+        return keras.Model(model.inputs, model.outputs, name=model.name)
     clone = keras.models.clone_model(model, clone_function=_float32_layer)
     clone.set_weights(model.get_weights())
     return clone
@@ -48,14 +51,26 @@ def _write_saved_model(plain, path: Path) -> Path:
     return path
 
 
-def convert_tflite(saved_model: Path, mode: str, calibration: np.ndarray) -> bytes:
-    """TFLite flatbuffer from a SavedModel in the given mode."""
+def saved_model_variables_gzip(model) -> int:
+    """gzip size of the variables of `model`'s float32 SavedModel (the usual baseline
+    for compression ratios)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="tftrain-size-") as tmp:
+        saved = save_saved_model(model, Path(tmp) / "saved_model")
+        return len(gzip.compress(_dir_bytes(saved / "variables"), 9))
+
+
+def convert_tflite(saved_model: Path, mode: str, calibration: np.ndarray,
+                   qat: bool = False) -> bytes:
+    """TFLite flatbuffer from a SavedModel in the given mode. A quantization-aware
+    trained model (`qat`) converts to int8 with the ranges it learned: no calibration."""
     converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model))
     if mode in ("dynamic", "float16", "int8"):
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
     if mode == "float16":
         converter.target_spec.supported_types = [tf.float16]
-    if mode == "int8" and calibration.dtype.kind == "f":
+    if mode == "int8" and calibration.dtype.kind == "f" and not qat:
         def representative():
             for row in calibration:
                 yield [row[None].astype(np.float32)]
@@ -99,8 +114,9 @@ def _accuracy(logits, y) -> float:
     return float(np.mean(np.argmax(logits, axis=-1) == y))
 
 
-def export_all(model, cfg, out: Path, source) -> dict:
-    """Write and verify every configured artifact; returns their report entries."""
+def export_all(model, cfg, out: Path, source, qat: bool = False) -> dict:
+    """Write and verify every configured artifact; returns their report entries.
+    `qat`: the model was quantization-aware trained (int8 uses its learned ranges)."""
     report = {}
     if not cfg.saved_model and cfg.tflite == "none":
         return report
@@ -115,7 +131,7 @@ def export_all(model, cfg, out: Path, source) -> dict:
     if cfg.tflite != "none":
         calibration = np.concatenate([x for x, _ in source.train.take(cfg.calibration_examples)
                                       .batch(256).as_numpy_iterator()])
-        blob = convert_tflite(saved, cfg.tflite, calibration)
+        blob = convert_tflite(saved, cfg.tflite, calibration, qat=qat)
         (out / "model.tflite").write_bytes(blob)
         logits, latency = tflite_logits(blob, x_val)
         report[f"tflite_{cfg.tflite}"] = {

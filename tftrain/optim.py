@@ -3,7 +3,7 @@
 Every schedule is a function of `optimizer.iterations`, which counts optimizer updates
 (not micro-batches), so warmup and decay are the same whatever the accumulation steps.
 Durations in the config ("3 epochs" or a number of updates) become updates through
-`Duration.steps(steps_per_epoch)`, the one conversion.
+`Duration.steps(steps_per_epoch, total)`, the one conversion.
 """
 from __future__ import annotations
 
@@ -98,23 +98,23 @@ def _constant(cfg, lr, h):
 
 @SCHEDULES.register("step")
 def _step(cfg, lr, h):
-    size = cfg.step_size.steps(h.steps_per_epoch) if cfg.step_size else h.steps_per_epoch
+    size = cfg.step_size.steps(h.steps_per_epoch, h.total_steps) if cfg.step_size else h.steps_per_epoch
     return _piecewise(lr, list(range(size, h.decay_steps, size)) or [h.decay_steps], cfg.gamma)
 
 
 @SCHEDULES.register("multistep")
 def _multistep(cfg, lr, h):
-    bounds = sorted(m.steps(h.steps_per_epoch) - h.warmup_steps for m in (cfg.milestones or []))
+    bounds = sorted(m.steps(h.steps_per_epoch, h.total_steps) - h.warmup_steps for m in (cfg.milestones or []))
     return _piecewise(lr, [max(b, 1) for b in bounds] or [h.decay_steps], cfg.gamma)
 
 
 def _decay_steps(cfg, h):
-    return cfg.decay_steps.steps(h.steps_per_epoch) if cfg.decay_steps else h.decay_steps
+    return cfg.decay_steps.steps(h.steps_per_epoch, h.total_steps) if cfg.decay_steps else h.decay_steps
 
 
 @SCHEDULES.register("exponential")
 def _exponential(cfg, lr, h):
-    steps = cfg.decay_steps.steps(h.steps_per_epoch) if cfg.decay_steps else h.steps_per_epoch
+    steps = cfg.decay_steps.steps(h.steps_per_epoch, h.total_steps) if cfg.decay_steps else h.steps_per_epoch
     return keras.optimizers.schedules.ExponentialDecay(lr, steps, cfg.decay_rate, cfg.staircase)
 
 
@@ -136,7 +136,7 @@ def _plateau(cfg, lr, h):
 
 def build_schedule(cfg: ScheduleConfig, lr: float, steps_per_epoch: int, total_steps: int):
     """A LearningRateSchedule of optimizer updates, or a float for `plateau`."""
-    warmup = cfg.warmup_steps.steps(steps_per_epoch)
+    warmup = cfg.warmup_steps.steps(steps_per_epoch, total_steps)
     horizon = Horizon(steps_per_epoch, total_steps, warmup)
     schedule = SCHEDULES.get(cfg.name)(cfg, lr, horizon)
     if schedule is None:

@@ -15,6 +15,7 @@ import shutil
 import sys
 import tempfile
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 import tftrain  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)
@@ -74,17 +75,44 @@ def main(argv=None) -> int:
         return EXIT_RUNTIME
 
 
+@dataclass(frozen=True)
+class Stage:
+    """One stage of the pipeline: `train`, then `prune` and `qat` when enabled."""
+    name: str
+    epochs: int
+    updates: int
+    learning_rate: float | None = None    # None: train's schedule
+
+
+def plan_stages(cfg: Config, steps_per_epoch: int, smoke: bool = False) -> list[Stage]:
+    """The stages this config runs, each with its length in optimizer updates."""
+    comp, lr = cfg.compression, cfg.train.optimizer.learning_rate
+
+    def epochs(n):
+        return 1 if smoke else n
+
+    stages = [Stage("train", epochs(cfg.train.epochs), epochs(cfg.train.epochs) * steps_per_epoch)]
+    if comp.pruning.enabled:
+        n = epochs(comp.pruning.epochs)
+        stages.append(Stage("prune", n, n * steps_per_epoch, comp.pruning.learning_rate or lr / 10))
+    if comp.quantization.enabled:
+        n = epochs(comp.quantization.epochs)
+        stages.append(Stage("qat", n, n * steps_per_epoch,
+                            comp.quantization.learning_rate or lr / 10))
+    return stages
+
+
 def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
     """Run the pipeline for `cfg`; returns the summary (None for a dry run)."""
     # TensorFlow is imported only once the config has parsed: a typo costs no TF start-up.
     import tensorflow as tf
 
-    from tftrain import callbacks as cb
-    from tftrain import data, export, optim, precision, rundir, strategy, train_step
+    from tftrain import compression, data, export, precision, rundir, strategy
     from tftrain._keras import keras
     from tftrain.models import build_model
 
-    # -- plan: devices, strategy, precision, data, batches (nothing written yet) ---------
+    # -- plan: devices, strategy, precision, data, batches, stages (nothing written yet) --
+    _reject_unavailable(cfg)
     strategy.configure_devices(cfg)                  # logical devices first, before any op
     strat = strategy.build_strategy(cfg, force_one_device=smoke)   # then the collectives
     keras.utils.set_random_seed(cfg.run.seed)
@@ -97,30 +125,26 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
     source = data.load_source(cfg.data, cfg.run.seed)
     plan = data.plan_batches(cfg, info.replicas)
     steps_per_epoch = plan.steps_per_epoch(source.num_train)
-    epochs = cfg.train.epochs
     if smoke:
-        steps_per_epoch, epochs = min(steps_per_epoch, cfg.train.smoke_steps), 1
-    total_updates = steps_per_epoch * epochs
-    _reject_unavailable(cfg)
+        steps_per_epoch = min(steps_per_epoch, cfg.train.smoke_steps)
+    stages = plan_stages(cfg, steps_per_epoch, smoke)
+    pruning = (compression.plan_pruning(cfg.compression.pruning, steps_per_epoch)
+               if cfg.compression.pruning.enabled else None)
 
-    # -- model, optimizer and schedule, built inside the strategy scope ------------------
+    # -- the training stage's model and optimizer, built inside the strategy scope -------
     with strat.scope():
-        model = precision.float32_outputs(build_model(cfg.model, source.spec))
-        model = train_step.TrainModel.wrap(model, plan.accumulation,
-                                           cfg.distribute.all_reduce_dtype)
-        lr = optim.build_schedule(cfg.train.schedule, cfg.train.optimizer.learning_rate,
-                                  steps_per_epoch, total_updates)
-        optimizer = precision.wrap_optimizer(
-            optim.build_optimizer(cfg.train.optimizer, lr), policy, cfg.precision)
-        model.compile(optimizer=optimizer, loss=train_step.build_loss(cfg.train.loss),
-                      metrics=_metrics(cfg.train.metrics),
-                      steps_per_execution=cfg.train.steps_per_execution)
-        optimizer.build(model.trainable_variables)   # slots exist before a restore
-    print(_plan_text(strat, info, policy, plan, source, steps_per_epoch, epochs, model), flush=True)
+        net = precision.float32_outputs(build_model(cfg.model, source.spec))
+        if pruning:     # check the layer rules before any training
+            compression.select_layers(net, cfg.compression.pruning.layers,
+                                      "compression.pruning.layers",
+                                      compression.pruning_refusal(cfg.compression.pruning))
+        model, optimizer = _compile(cfg, net, plan, policy, stages[0], steps_per_epoch)
+    print(_plan_text(strat, info, policy, plan, source, steps_per_epoch, stages, pruning, model),
+          flush=True)
     if dry_run:
         return None
 
-    # -- run directory, resume point -------------------------------------------------------
+    # -- run directory -----------------------------------------------------------------------
     chief = strategy.is_chief()
     path = rundir.run_path(cfg, smoke)
     done = rundir.read_summary(path)
@@ -129,81 +153,183 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
         print(rundir.report_table(done))
         return done
     run = rundir.open_run_dir(cfg, smoke, write=chief)
-    with strat.scope():
-        generators = cb.random_generators(model)
-    ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, rng=generators)
-    # Every worker saves (the collective runtime needs all of them); only the chief's
-    # checkpoints are kept, the others write to a scratch directory removed at the end.
-    save_dir = run.checkpoints if chief else _scratch_dir(run.path)
-    manager = tf.train.CheckpointManager(ckpt, str(save_dir), cfg.train.checkpoint.keep)
-    restored = cb.restore_latest(ckpt, run.checkpoints)
-    start = int(optimizer.iterations.numpy())
-    if restored:
-        print(f"resuming from {restored} at update {start}/{total_updates}")
+    runner = _StageRunner(cfg, strat, info, plan, source, run, chief, steps_per_epoch, smoke)
 
-    # -- fit ---------------------------------------------------------------------------------
-    agree = strategy.any_worker(strat) if info.workers > 1 else None
-    checkpointer = cb.Checkpointer(manager, cfg.train.checkpoint.every.steps(steps_per_epoch),
-                                   steps_per_epoch, start, agree)
-    throughput = cb.Throughput(plan.global_batch)
-    callbacks = [cb.NaNGuard(steps_per_epoch, agree), checkpointer, throughput,
-                 cb.LearningRateLogger()]
-    callbacks += [c for c in [optim.plateau_callback(cfg.train.schedule), _early_stopping(cfg)] if c]
-    if chief:
-        callbacks += [keras.callbacks.CSVLogger(str(run.path / "metrics.csv"), append=start > 0),
-                      keras.callbacks.TensorBoard(str(run.path / "tensorboard"), update_freq="epoch")]
-    val = data.val_dataset(source, plan)
-    if cfg.train.on_nan == "rollback" and start == 0:
-        manager.save(checkpoint_number=0)            # something to roll back to
-    for attempt in range(cfg.train.nan_retries + 1):
-        try:
-            _fit(model, data.train_dataset(source, plan, cfg.data, cfg.run.seed, start), val,
-                 start, epochs, steps_per_epoch, callbacks, cfg, smoke)
-            break
-        except cb.NonFiniteLoss as err:
-            if cfg.train.on_nan == "stop" or attempt == cfg.train.nan_retries:
-                raise RuntimeError(f"{err}; lower train.optimizer.learning_rate, add clipping "
-                                   "(train.optimizer.global_clipnorm) or set train.on_nan: "
-                                   "rollback") from None
-            cb.restore_latest(ckpt, run.checkpoints)
-            start = int(optimizer.iterations.numpy())
-            checkpointer.resume_at(start)
-            optim.scale_learning_rate(model, cfg.train.nan_lr_factor)
-            print(f"tftrain: {err}; rolled back to update {start}, learning rate x "
-                  f"{cfg.train.nan_lr_factor} (retry {attempt + 1}/{cfg.train.nan_retries})",
-                  flush=True)
-    if checkpointer.preempted:
-        if not chief:
-            shutil.rmtree(save_dir, ignore_errors=True)
-        raise Preempted(f"stopped by SIGTERM at update {checkpointer.update}/{total_updates}; "
-                        "checkpoint saved, rerun the same command to resume")
+    # -- stages: train -> prune (+ fine-tune) -> QAT, each checkpointed and resumable --------
+    results = {"train": runner.run_stage(stages[0], model, optimizer)}
+    if len(stages) > 1 and chief and "float32_variables_gzip_bytes" not in results["train"]:
+        results["train"]["float32_variables_gzip_bytes"] = export.saved_model_variables_gzip(net)
+    for stage in stages[1:]:
+        if stage.name == "prune":
+            with strat.scope():
+                net = compression.prune_model(net, cfg.compression.pruning, pruning)
+                hooks = [compression.PruningHook(net)]
+                model, optimizer = _compile(cfg, net, plan, policy, stage, steps_per_epoch, hooks)
+            extra = [compression.SparsityLogger(net)]
+        else:
+            # tfmot's fake-quant ops take float32 only: QAT runs on a float32 copy.
+            precision.apply_policy("float32")
+            base = compression.strip(net) if pruning else net
+            with strat.scope():
+                net = compression.quantize_model(
+                    export.inference_model(base), cfg.compression.quantization,
+                    preserve_sparsity=bool(pruning) and cfg.compression.quantization.preserve_sparsity)
+                model, optimizer = _compile(cfg, net, plan, "float32", stage, steps_per_epoch,
+                                            unroll=True)
+            extra = []
+        results[stage.name] = runner.run_stage(stage, model, optimizer, extra)
+        if stage.name == "prune":
+            results["prune"]["sparsity"] = compression.sparsity(net)
 
-    # -- evaluate, export, verify, report --------------------------------------------------------
-    metrics = model.evaluate(val, steps=cfg.train.smoke_steps if smoke else None,
-                             return_dict=True, verbose=0)
-    artifacts = export.export_all(model, cfg.export, run.export, source) if chief else {}
+    # -- export, verify, report ------------------------------------------------------------
+    final = compression.strip(net) if stages[-1].name == "prune" else net
+    qat = stages[-1].name == "qat"
+    artifacts = export.export_all(final, cfg.export, run.export, source, qat=qat) if chief else {}
     summary = {
-        "status": "completed", "steps": int(optimizer.iterations.numpy()),
-        "epochs": epochs, "steps_per_epoch": steps_per_epoch,
+        "status": "completed", "steps": stages[0].updates,
+        "epochs": stages[0].epochs, "steps_per_epoch": steps_per_epoch,
         "replicas": info.replicas, "workers": info.workers, "strategy": info.kind,
         "devices": list(info.devices), "precision": policy,
         "per_replica_batch_size": plan.per_replica, "accumulation_steps": plan.accumulation,
         "global_batch_size": plan.global_batch,
-        "metrics": {f"val_{k}": float(v) for k, v in metrics.items()},
-        "throughput": {"examples_per_sec": throughput.steady_rate()},
+        "metrics": results[stages[-1].name]["metrics"],
+        "throughput": {"examples_per_sec": results["train"]["examples_per_sec"]},
+        "stages": results, "sparsity": results.get("prune", {}).get("sparsity", {}),
         "artifacts": artifacts, "smoke": smoke,
     }
     print(f"final weights sha256: {_weights_digest(model)}")
     if chief:
         rundir.write_summary(run, summary)
-    else:
-        shutil.rmtree(save_dir, ignore_errors=True)
+    runner.clean_up()
     print(rundir.report_table(summary))
     return summary
 
 
+def _compile(cfg, net, plan, policy, stage, steps_per_epoch, hooks=(), unroll=False):
+    """The stage's training model (tftrain's train step around `net`) and optimizer:
+    train's schedule for `train`, a constant rate of its own for the later stages."""
+    from tftrain import optim, precision, train_step
+
+    model = train_step.TrainModel.wrap(net, plan.accumulation, cfg.distribute.all_reduce_dtype,
+                                       update_hooks=hooks, unroll=unroll)
+    if stage.learning_rate is None:
+        lr = optim.build_schedule(cfg.train.schedule, cfg.train.optimizer.learning_rate,
+                                  steps_per_epoch, stage.updates)
+    else:
+        lr = optim.Constant(stage.learning_rate)
+    optimizer = precision.wrap_optimizer(optim.build_optimizer(cfg.train.optimizer, lr),
+                                         policy, cfg.precision)
+    model.compile(optimizer=optimizer, loss=train_step.build_loss(cfg.train.loss),
+                  metrics=_metrics(cfg.train.metrics),
+                  steps_per_execution=cfg.train.steps_per_execution)
+    optimizer.build(model.trainable_variables)   # slots exist before a restore
+    return model, optimizer
+
+
+class _StageRunner:
+    """Fits one stage from its latest checkpoint to its last update: checkpoints,
+    SIGTERM, non-finite losses, logs; then evaluates it. Stage results are kept in
+    `stages.json` so a resumed run reports the stages it does not redo."""
+
+    def __init__(self, cfg, strat, info, plan, source, run, chief, steps_per_epoch, smoke):
+        from tftrain import data, strategy
+
+        self.cfg, self.strat, self.plan, self.source = cfg, strat, plan, source
+        self.run, self.chief, self.steps_per_epoch, self.smoke = run, chief, steps_per_epoch, smoke
+        self.val = data.val_dataset(source, plan)
+        self.agree = strategy.any_worker(strat) if info.workers > 1 else None
+        # Every worker saves (the collective runtime needs all of them); only the chief's
+        # checkpoints are kept, the others write to a scratch directory removed at the end.
+        self.scratch = None if chief else _scratch_dir(run.path)
+        self.record = run.path / "stages.json"
+        try:
+            self.results = json.loads(self.record.read_text())
+        except (OSError, json.JSONDecodeError):
+            self.results = {}
+
+    def checkpoints(self, stage: Stage) -> Path:
+        return self.run.checkpoints if stage.name == "train" else self.run.checkpoints / stage.name
+
+    def run_stage(self, stage: Stage, model, optimizer, extra_callbacks=()) -> dict:
+        import tensorflow as tf
+
+        from tftrain import callbacks as cb
+        from tftrain import data, optim
+        from tftrain._keras import keras
+
+        cfg, spe = self.cfg, self.steps_per_epoch
+        with self.strat.scope():
+            generators = cb.random_generators(model)
+        ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, rng=generators)
+        directory = self.checkpoints(stage)
+        save_dir = directory if self.chief else self.scratch / stage.name
+        manager = tf.train.CheckpointManager(ckpt, str(save_dir), cfg.train.checkpoint.keep)
+        restored = cb.restore_latest(ckpt, directory)
+        start = int(optimizer.iterations.numpy())
+        if start >= stage.updates and stage.name in self.results:
+            return self.results[stage.name]          # done before: nothing to redo
+        if restored:
+            print(f"resuming {stage.name} from {restored} at update {start}/{stage.updates}")
+        elif stage.name != "train":
+            print(f"stage {stage.name}: {stage.updates} updates at learning rate "
+                  f"{stage.learning_rate:g}", flush=True)
+
+        checkpointer = cb.Checkpointer(manager, cfg.train.checkpoint.every.steps(spe, stage.updates),
+                                       spe, start, self.agree)
+        throughput = cb.Throughput(self.plan.global_batch)
+        callbacks = [cb.NaNGuard(spe, self.agree), checkpointer, throughput,
+                     cb.LearningRateLogger(), *extra_callbacks]
+        if stage.name == "train":
+            callbacks += [c for c in [optim.plateau_callback(cfg.train.schedule),
+                                      _early_stopping(cfg)] if c]
+        if self.chief:
+            suffix = "" if stage.name == "train" else f"-{stage.name}"
+            logs = self.run.path / "tensorboard" / ("" if stage.name == "train" else stage.name)
+            callbacks += [keras.callbacks.CSVLogger(str(self.run.path / f"metrics{suffix}.csv"),
+                                                       append=start > 0),
+                          keras.callbacks.TensorBoard(str(logs), update_freq="epoch")]
+        if cfg.train.on_nan == "rollback" and start == 0:
+            manager.save(checkpoint_number=0)            # something to roll back to
+        for attempt in range(cfg.train.nan_retries + 1):
+            try:
+                _fit(model, data.train_dataset(self.source, self.plan, cfg.data, cfg.run.seed, start),
+                     self.val, start, stage.epochs, spe, callbacks, cfg, self.smoke)
+                break
+            except cb.NonFiniteLoss as err:
+                if cfg.train.on_nan == "stop" or attempt == cfg.train.nan_retries:
+                    raise RuntimeError(f"{err}; lower train.optimizer.learning_rate, add clipping "
+                                       "(train.optimizer.global_clipnorm) or set train.on_nan: "
+                                       "rollback") from None
+                cb.restore_latest(ckpt, directory)
+                start = int(optimizer.iterations.numpy())
+                checkpointer.resume_at(start)
+                optim.scale_learning_rate(model, cfg.train.nan_lr_factor)
+                print(f"tftrain: {err}; rolled back to update {start}, learning rate x "
+                      f"{cfg.train.nan_lr_factor} (retry {attempt + 1}/{cfg.train.nan_retries})",
+                      flush=True)
+        if checkpointer.preempted:
+            self.clean_up()
+            where = "" if stage.name == "train" else f" in stage {stage.name}"
+            raise Preempted(f"stopped by SIGTERM{where} at update {checkpointer.update}/"
+                            f"{stage.updates}; checkpoint saved, rerun the same command to resume")
+        metrics = model.evaluate(self.val, steps=cfg.train.smoke_steps if self.smoke else None,
+                                 return_dict=True, verbose=0)
+        result = {"updates": int(optimizer.iterations.numpy()), "epochs": stage.epochs,
+                  "metrics": {f"val_{k}": float(v) for k, v in metrics.items()},
+                  "examples_per_sec": throughput.steady_rate()}
+        self.results[stage.name] = result
+        if self.chief:
+            from tftrain.rundir import atomic_write
+            atomic_write(self.record, json.dumps(self.results, indent=2) + "\n")
+        return result
+
+    def clean_up(self) -> None:
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+
 def _fit(model, train, val, start, epochs, steps_per_epoch, callbacks, cfg, smoke) -> None:
-    """fit from optimizer update `start` (mid-epoch if need be) to the end of training."""
+    """fit from optimizer update `start` (mid-epoch if need be) to the end of the stage."""
     from tftrain.callbacks import ResumePoint
 
     if start >= epochs * steps_per_epoch:
@@ -237,10 +363,10 @@ def _weights_digest(model) -> str:
 
 
 def _reject_unavailable(cfg: Config) -> None:
-    if cfg.compression.pruning.enabled or cfg.compression.quantization.enabled:
-        key = "pruning" if cfg.compression.pruning.enabled else "quantization"
-        raise ConfigError(f"compression.{key}.enabled: compression stages are not available "
-                          "in this version of tftrain; set it to false")
+    if cfg.compression.quantization.enabled and cfg.export.tflite not in ("none", "int8"):
+        raise ConfigError(f"export.tflite: a quantization-aware trained model exports as int8, "
+                          f"not {cfg.export.tflite}; set export.tflite: int8 (or disable "
+                          "compression.quantization)")
     if cfg.model.placement is not None:
         raise ConfigError("model.placement: model parallelism is not available in this "
                           "version of tftrain; remove model.placement")
@@ -271,10 +397,11 @@ def _early_stopping(cfg: Config):
                                          restore_best_weights=es.restore_best_weights, verbose=1)
 
 
-def _plan_text(strat, info, policy, plan, source, steps_per_epoch, epochs, model) -> str:
+def _plan_text(strat, info, policy, plan, source, steps_per_epoch, stages, pruning, model) -> str:
     from tftrain.strategy import device_table
 
     has_bn = any("BatchNormalization" in type(layer).__name__ for layer in model.layers)
+    train = stages[0]
     lines = [
         device_table(strat),
         f"precision: {policy}",
@@ -282,9 +409,18 @@ def _plan_text(strat, info, policy, plan, source, steps_per_epoch, epochs, model
         f"{source.spec.shape} {source.spec.dtype}, {source.spec.num_classes} classes",
         f"batch: {plan.per_replica} per replica x {plan.replicas} replicas x "
         f"{plan.accumulation} accumulation steps = global batch {plan.global_batch}",
-        f"training: {epochs} epochs x {steps_per_epoch} updates = {epochs * steps_per_epoch} updates",
+        f"training: {train.epochs} epochs x {steps_per_epoch} updates = {train.updates} updates",
         f"model: {model.name}, {model.count_params():,} parameters",
     ]
+    for stage in stages[1:]:
+        line = (f"stage {stage.name}: {stage.epochs} epochs = {stage.updates} updates at "
+                f"learning rate {stage.learning_rate:g}")
+        if stage.name == "prune":
+            line += (f"; sparsity reaches its target at update {pruning.end} (from "
+                     f"{pruning.begin}, masks updated every {pruning.frequency} updates)")
+        else:
+            line += "; in float32 (tfmot's fake-quant ops take no bfloat16/float16)"
+        lines.append(line)
     if has_bn and plan.accumulation > 1:
         lines.append("note: batch norm computes statistics per micro-batch of "
                      f"{plan.per_replica} examples, not over the whole global batch")

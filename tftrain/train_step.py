@@ -9,6 +9,12 @@ with a `merge_call` error; looping inside the step avoids it. The summed gradien
 all-reduced once per update however many micro-batches there are: by the optimizer's
 own aggregation in float32, or here when `all_reduce_dtype` casts them to
 float16/bfloat16 for the reduction only.
+
+Update hooks (pruning's mask updates) run once per update, before the first micro-batch
+and after `apply_gradients`, in cross-replica context through one `merge_call` each, so
+they see optimizer updates rather than forward passes. Models whose forward pass itself
+synchronises replicas (QAT's moving-average ranges) cannot run inside the while loop
+(`merge_call` is not allowed in control flow): `unroll=True` loops in Python instead.
 """
 from __future__ import annotations
 
@@ -47,17 +53,32 @@ class TrainModel(keras.Model):
     """A functional model with tftrain's train step (gradient accumulation built in)."""
 
     def __init__(self, *args, accumulation_steps: int = 1, all_reduce_dtype: str = "float32",
-                 **kwargs):
+                 update_hooks=(), unroll: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         self.accumulation_steps = int(accumulation_steps)
         self.all_reduce_dtype = tf.as_dtype(all_reduce_dtype)
+        self.update_hooks = tuple(update_hooks)
+        self.unroll = unroll
 
     @classmethod
-    def wrap(cls, model, accumulation_steps: int = 1,
-             all_reduce_dtype: str = "float32") -> "TrainModel":
-        """The same layers and weights as `model`, trained by this step."""
+    def wrap(cls, model, accumulation_steps: int = 1, all_reduce_dtype: str = "float32",
+             update_hooks=(), unroll: bool = False) -> "TrainModel":
+        """The same layers and weights as `model`, trained by this step.
+
+        `update_hooks`: objects with `before_update(iterations)` and `after_update()`, run
+        once per optimizer update in cross-replica context. `unroll`: accumulate in a
+        Python loop (for models that synchronise replicas in their forward pass)."""
         return cls(inputs=model.inputs, outputs=model.outputs, name=model.name,
-                   accumulation_steps=accumulation_steps, all_reduce_dtype=all_reduce_dtype)
+                   accumulation_steps=accumulation_steps, all_reduce_dtype=all_reduce_dtype,
+                   update_hooks=update_hooks, unroll=unroll)
+
+    def _run_hooks(self, method: str) -> None:
+        context = tf.distribute.get_replica_context()
+        for hook in self.update_hooks:
+            if method == "before_update":
+                context.merge_call(lambda _, h=hook: h.before_update(self.optimizer.iterations))
+            else:
+                context.merge_call(lambda _, h=hook: h.after_update())
 
     def _reduce_in_low_precision(self, grads):
         """The update's one cross-replica sum, cast to `all_reduce_dtype` on the wire only."""
@@ -86,8 +107,15 @@ class TrainModel(keras.Model):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         variables = self.trainable_variables
         n = self.accumulation_steps
+        self._run_hooks("before_update")
         if n == 1:
             grads = self._gradients(x, y, sample_weight, variables)
+        elif self.unroll:
+            size = _size(x, n)
+            grads = self._gradients(*_micro_batch(x, y, sample_weight, 0, size), variables)
+            for i in range(1, n):
+                micro = self._gradients(*_micro_batch(x, y, sample_weight, i, size), variables)
+                grads = [a + tf.convert_to_tensor(g) for a, g in zip(grads, micro)]
         else:
             size = _size(x, n)
             # The first micro-batch runs outside the loop: Keras creates its metric
@@ -122,4 +150,5 @@ class TrainModel(keras.Model):
             # dynamic scale only ever drops on a skipped update.
             skipped = optimizer.loss_scale < scale_before
             optimizer.iterations.assign_sub(tf.cast(skipped, tf.int64))
+        self._run_hooks("after_update")
         return self.get_metrics_result()
