@@ -42,10 +42,10 @@ def quick_config(tmp_path, *overrides):
                        [f"run.dir={tmp_path}", "train.verbose=0", *overrides])
 
 
-def model_weights(run_path):
-    """Model variables of the newest checkpoint of a run, by name."""
+def model_weights(run_path, stage="train"):
+    """Model variables of the newest checkpoint of a run's stage, by name."""
     import tensorflow as tf
-    reader = tf.train.load_checkpoint(str(run_path / "checkpoints"))
+    reader = tf.train.load_checkpoint(str(run_path / "checkpoints" / ("" if stage == "train" else stage)))
     names = [n for n in reader.get_variable_to_shape_map()
              if n.startswith("model/") and n.endswith("VARIABLE_VALUE") and "OPTIMIZER" not in n]
     return {n: reader.get_tensor(n) for n in names}

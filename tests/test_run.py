@@ -32,7 +32,9 @@ BAD_SETS = [
     (["data.per_replica_batch_size=2000"], r"data\.per_replica_batch_size: global batch 4000"),
     (["train.optimizer.params.momentun=0.9", "train.optimizer.name=sgd"], r"train\.optimizer\.params\.momentun: unknown parameter; did you mean momentum\?"),
     (["model.params.pool=median"], r"model\.params: cnn rejected"),
-    (["compression.pruning.enabled=true"], r"compression\.pruning\.enabled: compression stages are not available"),
+    (["compression.quantization.enabled=true", "export.tflite=float16"], r"export\.tflite: a quantization-aware trained model exports as int8"),
+    (["compression.pruning={enabled: true, layers: [conv_0, nope]}"], r"compression\.pruning\.layers\[1\]: rule 'nope' matches no layer"),
+    (["compression.pruning={enabled: true, epochs: 1, end: 50}"], r"compression\.pruning\.end: update 50 is after the last update"),
 ]
 
 
@@ -140,6 +142,15 @@ def test_dry_run_prints_plan_and_writes_nothing(tmp_path):
     assert "replicas: 4" in out and "CPU:3" in out
     assert "32 per replica x 4 replicas x 2 accumulation steps = global batch 256" in out
     assert "53,002 parameters" in out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_dry_run_shows_the_compression_stages(tmp_path):
+    proc = cli(ROOT / "configs" / "compress.yaml", "--run-dir", tmp_path, "--dry-run")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert ("stage prune: 10 epochs = 230 updates at learning rate 0.001; sparsity reaches its "
+            "target at update 160 (from 0, masks updated every 10 updates)") in proc.stdout
+    assert "stage qat: 2 epochs = 46 updates at learning rate 0.0003" in proc.stdout
     assert list(tmp_path.iterdir()) == []
 
 
@@ -275,3 +286,102 @@ def test_non_finite_loss_rolls_back_with_a_lower_rate(tmp_path, capsys):
     assert "rolled back to update 0, learning rate x 1e-07 (retry 1/3)" in out
     assert summary["steps"] == 2 * 23
     assert np.isfinite(summary["metrics"]["val_loss"]) and summary["metrics"]["val_accuracy"] > 0.3
+
+
+# --- compression: train -> prune -> QAT -> int8, from configs/compress.yaml --------------
+COMPRESS = ROOT / "configs" / "compress.yaml"
+
+
+@pytest.fixture(scope="module")
+def compress_run(tmp_path_factory):
+    from tftrain.config import load_config
+    out = tmp_path_factory.mktemp("compress")
+    summary = run(load_config(COMPRESS, [f"run.dir={out}", "train.verbose=0"]))
+    return out / "compress", summary
+
+
+def test_compress_config_loses_under_a_point_and_is_10x_smaller(compress_run):
+    path, summary = compress_run
+    stages = summary["stages"]
+    assert [(k, v["updates"]) for k, v in stages.items()] == [("train", 230), ("prune", 230), ("qat", 46)]
+    float32 = stages["train"]["metrics"]["val_accuracy"]
+    int8 = summary["artifacts"]["tflite_int8"]
+    assert float32 >= 0.97 and int8["accuracy"] >= float32 - 0.01
+    assert int8["gzip_bytes"] * 10 <= stages["train"]["float32_variables_gzip_bytes"]
+    assert set(summary["sparsity"]) == {"conv_0", "conv_1", "dense_0", "logits"}
+    for layer, value in summary["sparsity"].items():
+        assert value == pytest.approx(0.8, abs=0.01), layer
+    assert json.loads((path / "summary.json").read_text())["sparsity"] == summary["sparsity"]
+    rows = list(csv.DictReader(open(path / "metrics-prune.csv")))
+    assert len(rows) == 10 and float(rows[-1]["sparsity_dense_0"]) == pytest.approx(0.8, abs=0.01)
+
+
+def test_compressed_tflite_keeps_the_pruned_zeros(compress_run):
+    from tftrain.export import tflite_weights
+    path, summary = compress_run
+    weights = tflite_weights((path / "export" / "model.tflite").read_bytes())
+    for layer in summary["sparsity"]:
+        kernel, = [w for name, w in weights.items() if f"quant_{layer}/" in name and w.ndim > 1]
+        assert kernel.dtype == np.int8
+        assert float(np.mean(kernel == 0)) == pytest.approx(0.8, abs=0.01), layer
+
+
+def test_compressed_saved_model_matches_and_runs_in_saved_model_cli(compress_run, tmp_path):
+    path, summary = compress_run
+    saved = summary["artifacts"]["saved_model"]
+    assert saved["max_abs_logit_diff"] < 1e-4
+    assert saved["accuracy"] == pytest.approx(summary["metrics"]["val_accuracy"], abs=1e-6)
+    tool = [sys.executable, "-m", "tensorflow.python.tools.saved_model_cli"]
+    show = subprocess.run(tool + ["show", "--all", "--dir", str(path / "export" / "saved_model")],
+                          capture_output=True, text=True)
+    assert show.returncode == 0 and "serving_default" in show.stdout and "DT_FLOAT" in show.stdout
+    np.save(tmp_path / "x.npy", np.zeros((3, 8, 8, 1), np.float32))
+    ran = subprocess.run(tool + ["run", "--dir", str(path / "export" / "saved_model"), "--tag_set",
+                                 "serve", "--signature_def", "serving_default", "--inputs",
+                                 f"inputs={tmp_path / 'x.npy'}"], capture_output=True, text=True)
+    assert ran.returncode == 0 and "logits" in ran.stdout, ran.stderr[-2000:]
+
+
+def test_compression_after_mixed_bfloat16_with_accumulation(tmp_path):
+    summary = run(quick_config(
+        tmp_path, "precision.policy=mixed_bfloat16", "train.accumulation_steps=2",
+        "data.per_replica_batch_size=16", "train.epochs=6", "export.tflite=int8",
+        "compression.pruning={enabled: true, epochs: 3, final_sparsity: 0.5, structure: '2:4'}",
+        "compression.quantization={enabled: true, epochs: 1}"))
+    spe = summary["steps_per_epoch"]
+    assert summary["precision"] == "mixed_bfloat16" and summary["accumulation_steps"] == 2
+    assert summary["stages"]["prune"]["updates"] == 3 * spe      # updates, not micro-batches
+    assert summary["sparsity"] == {"conv_1": 0.5, "dense_0": 0.5, "logits": 0.5}
+    assert summary["artifacts"]["tflite_int8"]["accuracy"] > 0.9
+
+
+COMPRESS_RESUME = ["train.epochs=3", "compression.pruning.epochs=6", "compression.quantization.epochs=2",
+                   "run.deterministic=true", "train.checkpoint.every=5", "export.tflite=none"]
+
+
+@pytest.mark.slow
+def test_sigterm_in_the_prune_stage_resumes_there(tmp_path):
+    args = [sys.executable, "-m", "tftrain.run", str(COMPRESS), "--run-dir", str(tmp_path),
+            *[a for s in COMPRESS_RESUME for a in ("--set", s)]]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    saved = wait_for_checkpoint(tmp_path / "compress" / "checkpoints" / "prune", proc, at_least=10)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 42 and "stopped by SIGTERM in stage prune" in err, err[-2000:]
+    again = cli(COMPRESS, "--run-dir", tmp_path, *[a for s in COMPRESS_RESUME for a in ("--set", s)])
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "of stage prune" in again.stdout and "of stage train" not in again.stdout
+    resumed_line, = [line for line in again.stdout.splitlines() if line.startswith("resuming from")]
+    assert saved <= int(resumed_line.split("at update ")[1].split("/")[0]) < 6 * 23
+    reference = cli(COMPRESS, "--run-dir", tmp_path / "reference",
+                    *[a for s in COMPRESS_RESUME for a in ("--set", s)])
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    resumed = json.loads((tmp_path / "compress" / "summary.json").read_text())
+    assert resumed["stages"]["prune"]["updates"] == 6 * 23 and resumed["stages"]["qat"]["updates"] == 46
+    for stage in ("prune", "qat"):
+        ours = model_weights(tmp_path / "compress", stage)
+        theirs = model_weights(tmp_path / "reference" / "compress", stage)
+        assert ours.keys() == theirs.keys() and ours
+        for name in ours:
+            np.testing.assert_allclose(ours[name], theirs[name], rtol=0, atol=1e-6)
+

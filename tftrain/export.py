@@ -102,6 +102,25 @@ def tflite_logits(flatbuffer: bytes, x: np.ndarray, threads: int = 1) -> tuple[n
     return np.concatenate(results), seconds
 
 
+def tflite_weights(flatbuffer: bytes, min_size: int = 64) -> dict[str, np.ndarray]:
+    """The constant tensors of a TFLite model with at least `min_size` elements, by
+    tensor name (kernels, as stored: int8 in quantized models)."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    interp = Interpreter(model_content=flatbuffer)
+    interp.allocate_tensors()
+    inputs = {d["index"] for d in interp.get_input_details()}
+    found = {}
+    for detail in interp.get_tensor_details():
+        if detail["index"] in inputs or np.prod(detail["shape"]) < min_size:
+            continue
+        try:
+            found[detail["name"]] = interp.get_tensor(detail["index"]).copy()
+        except ValueError:            # intermediate tensors hold no data
+            continue
+    return found
+
+
 def _sizes(blob: bytes) -> dict:
     return {"size_bytes": len(blob), "gzip_bytes": len(gzip.compress(blob, 9))}
 

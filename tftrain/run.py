@@ -269,7 +269,7 @@ class _StageRunner:
         if start >= stage.updates and stage.name in self.results:
             return self.results[stage.name]          # done before: nothing to redo
         if restored:
-            print(f"resuming {stage.name} from {restored} at update {start}/{stage.updates}")
+            print(f"resuming from {restored} at update {start}/{stage.updates} of stage {stage.name}")
         elif stage.name != "train":
             print(f"stage {stage.name}: {stage.updates} updates at learning rate "
                   f"{stage.learning_rate:g}", flush=True)

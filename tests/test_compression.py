@@ -1,0 +1,175 @@
+"""Compression: update-driven pruning, structures, layer rules, prune-preserving QAT."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tftrain import compression, precision
+from tftrain._keras import keras
+from tftrain.config import ConfigError, load_config
+from tftrain.data import InputSpec
+from tftrain.models import MODELS
+from tftrain.train_step import TrainModel, build_loss
+
+SPEC = InputSpec((8, 8, 1), "float32", 10)
+MIRRORED = ["/cpu:0", "/cpu:1"]
+
+
+def pruning_cfg(*sets):
+    return load_config(None, [f"compression.pruning.{s}" for s in sets]).compression.pruning
+
+
+def cnn():
+    return precision.float32_outputs(MODELS.get("cnn")(SPEC, filters=[16, 32], dense=[64]))
+
+
+def data(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(n, 8, 8, 1)).astype(np.float32), rng.integers(0, 10, n)
+
+
+def fit(model, updates, batch=64, callbacks=()):
+    x, y = data(updates * batch)
+    model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False, callbacks=list(callbacks))
+
+
+def pruned_training(cfg, updates, accumulation=1, strategy=None, policy="float32"):
+    """Train a pruned CNN for `updates` updates; returns (pruned net, train model, log)
+    where log[k] = (iterations, pruning step, sparsity) after update k+1."""
+    precision.apply_policy(policy)
+    keras.utils.set_random_seed(3)
+    strategy = strategy or tf.distribute.MirroredStrategy(MIRRORED)
+    plan = compression.PruningPlan(updates, *_schedule(cfg, updates))
+    with strategy.scope():
+        net = compression.prune_model(cnn(), cfg, plan)
+        model = TrainModel.wrap(net, accumulation, update_hooks=[compression.PruningHook(net)])
+        model.compile(keras.optimizers.Adam(0.01), build_loss("sparse_categorical_crossentropy"))
+    log = []
+    probe = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: log.append(
+        (int(model.optimizer.iterations.numpy()),
+         int(compression.pruned_layers(net)[0].pruning_step.numpy()),
+         compression.sparsity(net))))
+    fit(model, updates, callbacks=[probe])
+    return net, model, log
+
+
+def _schedule(cfg, updates):
+    plan = compression.plan_pruning(cfg.model_copy(update={"epochs": 1}), updates)
+    return plan.begin, plan.end, plan.frequency
+
+
+def test_plan_aligns_the_end_to_a_mask_update():
+    plan = compression.plan_pruning(pruning_cfg("epochs=4", "end=0.7", "frequency=10"), 23)
+    assert plan == compression.PruningPlan(updates=92, begin=0, end=60, frequency=10)
+    plan = compression.plan_pruning(pruning_cfg("epochs=2", "begin=1 epochs", "end=40",
+                                                "frequency=4"), 23)
+    assert plan == compression.PruningPlan(updates=46, begin=23, end=39, frequency=4)
+    with pytest.raises(ConfigError, match=r"compression\.pruning\.end: update 60 is after"):
+        compression.plan_pruning(pruning_cfg("epochs=1", "end=60"), 23)
+    with pytest.raises(ConfigError, match=r"compression\.pruning\.begin: update 30 is outside"):
+        compression.plan_pruning(pruning_cfg("epochs=1", "begin=30"), 23)
+
+
+def test_layer_rules():
+    model = cnn()
+    refusal = compression.pruning_refusal(pruning_cfg())
+    assert compression.select_layers(model, [], "k", refusal) == ["conv_0", "conv_1", "dense_0", "logits"]
+    assert compression.select_layers(model, ["conv_.*", "logits"], "k", refusal) == \
+        ["conv_0", "conv_1", "logits"]
+    with pytest.raises(ConfigError, match=r"k\[1\]: rule 'dense_9' matches no layer; the model's "
+                                          r"layers are: inputs, conv_0"):
+        compression.select_layers(model, ["conv_0", "dense_9"], "k", refusal)
+    with pytest.raises(ConfigError, match=r"k: layer pool_0: tfmot cannot prune MaxPooling2D"):
+        compression.select_layers(model, ["pool_0"], "k", refusal)
+    two_four = compression.pruning_refusal(pruning_cfg("structure='2:4'"))
+    # conv_0 has one input channel: no group of four along its input axis
+    assert compression.select_layers(model, [], "k", two_four) == ["conv_1", "dense_0", "logits"]
+    with pytest.raises(ConfigError, match=r"layer conv_0: 2:4 sparsity groups .* 1 inputs"):
+        compression.select_layers(model, ["conv_0"], "k", two_four)
+    block = compression.pruning_refusal(pruning_cfg("block=[1, 4]"))
+    with pytest.raises(ConfigError, match=r"layer conv_1: block sparsity needs a 2-D kernel"):
+        compression.select_layers(model, ["conv_1"], "k", block)
+
+
+@pytest.mark.parametrize("accumulation", [1, 4])
+def test_pruning_step_counts_updates_and_weights_stay_sparse(accumulation):
+    cfg = pruning_cfg("final_sparsity=0.75", "end=0.5", "frequency=2")
+    net, model, log = pruned_training(cfg, 12, accumulation)
+    assert [(it, step) for it, step, _ in log] == [(k, k) for k in range(1, 13)]
+    # polynomial from 0 at update 2 (the first mask update) to 0.75 at update 6, then held
+    sparsities = [s["dense_0"] for _, _, s in log]
+    assert sparsities[0] == 0 and 0 < sparsities[1] < sparsities[3] < sparsities[5]
+    for s in sparsities[5:]:
+        assert s == pytest.approx(0.75, abs=0.01)
+    stripped = compression.strip(net)
+    assert not compression.pruned_layers(stripped)
+    for name, value in compression.kernel_sparsity(stripped, ["conv_0", "conv_1", "dense_0", "logits"]).items():
+        assert value == pytest.approx(0.75, abs=0.01 if name != "conv_0" else 0.02), name
+
+
+def test_pruning_under_mixed_bfloat16():
+    net, model, log = pruned_training(pruning_cfg("final_sparsity=0.5", "end=0.5", "frequency=2"),
+                                      8, policy="mixed_bfloat16")
+    assert model.get_layer("prune_by_update_dense_0").layer.compute_dtype == "bfloat16"
+    assert all(v.dtype == tf.float32 for v in net.weights if v.dtype.is_floating)
+    assert log[-1][2]["dense_0"] == pytest.approx(0.5, abs=0.01)
+
+
+def test_two_four_structure():
+    net, _, _ = pruned_training(pruning_cfg("structure='2:4'", "end=0.5", "frequency=2"), 6)
+    kernel = compression.strip(net).get_layer("dense_0").get_weights()[0]        # (in, out)
+    groups = kernel.reshape(kernel.shape[0] // 4, 4, kernel.shape[1])
+    assert np.all(np.sum(groups == 0, axis=1) >= 2)          # every 4 along the input axis
+    conv = compression.strip(net).get_layer("conv_1").get_weights()[0]           # (h, w, in, out)
+    groups = conv.reshape(3, 3, conv.shape[2] // 4, 4, conv.shape[3])
+    assert np.all(np.sum(groups == 0, axis=3) >= 2)
+    assert float(np.mean(conv == 0)) == pytest.approx(0.5, abs=0.01)
+
+
+def test_block_sparsity():
+    cfg = pruning_cfg("block=[1, 4]", "layers=[dense_0]", "final_sparsity=0.5", "end=0.5",
+                      "frequency=2")
+    net, _, _ = pruned_training(cfg, 6)
+    kernel = compression.strip(net).get_layer("dense_0").get_weights()[0]
+    blocks = kernel.reshape(kernel.shape[0], kernel.shape[1] // 4, 4)
+    zero_blocks = np.all(blocks == 0, axis=2)
+    assert np.all(zero_blocks | np.all(blocks != 0, axis=2))     # whole blocks are pruned
+    assert float(np.mean(zero_blocks)) == pytest.approx(0.5, abs=0.01)
+
+
+def quantized(net, strategy, preserve=True, accumulation=2, updates=6):
+    cfg = load_config(None, [])
+    with strategy.scope():
+        q = compression.quantize_model(net, cfg.compression.quantization, preserve)
+        model = TrainModel.wrap(q, accumulation, unroll=True)
+        model.compile(keras.optimizers.Adam(0.01), build_loss("sparse_categorical_crossentropy"))
+    fit(model, updates)
+    return q
+
+
+@pytest.mark.parametrize("preserve", [True, False])
+def test_prune_preserving_qat_keeps_every_zero(preserve):
+    strategy = tf.distribute.MirroredStrategy(MIRRORED)
+    net, _, _ = pruned_training(pruning_cfg("end=0.5", "frequency=2"), 6, strategy=strategy)
+    stripped = compression.strip(net)
+    zeros = {n: stripped.get_layer(n).get_weights()[0] == 0 for n in ("conv_0", "conv_1", "dense_0", "logits")}
+    q = quantized(stripped, strategy, preserve)
+    kernels = compression.quantized_kernels(q)
+    assert set(kernels) == set(zeros)        # Conv2D -> ReLU kernels are quantized too
+    kept = {n: bool(np.all(kernels[n][z] == 0)) for n, z in zeros.items()}
+    assert all(kept.values()) if preserve else not any(kept.values())
+
+
+def test_quantization_lists_unsupported_layers_or_skips_them():
+    inputs = keras.Input((8, 16))
+    h = keras.layers.Dense(16, name="proj")(inputs)
+    h = keras.layers.LayerNormalization(name="norm")(h)
+    outputs = keras.layers.Dense(4, name="head")(keras.layers.Flatten(name="flat")(h))
+    net = keras.Model(inputs, outputs)
+    cfg = load_config(None, []).compression.quantization
+    with pytest.raises(ConfigError, match=r"compression\.quantization: tfmot cannot quantize "
+                                          r"norm \(LayerNormalization\); set .*skip_unsupported"):
+        compression.quantize_model(net, cfg, preserve_sparsity=False)
+    cfg = load_config(None, ["compression.quantization.skip_unsupported=true"]).compression.quantization
+    q = compression.quantize_model(net, cfg, preserve_sparsity=False)
+    assert type(q.get_layer("norm")).__name__ == "LayerNormalization"
+    assert set(compression.quantized_kernels(q)) == {"proj", "head"}
