@@ -36,3 +36,22 @@ def test_report_table_lists_metrics_and_artifacts():
                           "throughput": {"examples_per_sec": 10.0}, "metrics": {"val_accuracy": 0.5},
                           "artifacts": {"saved_model": {"size_bytes": 10, "gzip_bytes": 5, "accuracy": 0.5}}})
     assert "val_accuracy" in table and "0.5000" in table and "export saved_model" in table
+
+
+def test_report_table_shows_what_each_stage_cost_and_gained():
+    stage = lambda updates, seconds, acc: {"updates": updates, "seconds": seconds,  # noqa: E731
+                                           "metrics": {"val_accuracy": acc}}
+    table = report_table({"status": "completed", "strategy": "mirrored", "replicas": 2,
+                          "precision": "float32", "global_batch_size": 64, "epochs": 1, "steps": 3,
+                          "throughput": {"examples_per_sec": 10.0}, "metrics": {"val_accuracy": 0.97},
+                          "stages": {"train": stage(3, 12.2, 0.99), "prune": stage(4, 5.0, 0.9725),
+                                     "qat": stage(2, 3.0, 0.97)},
+                          "sparsity": {"dense": 0.8},
+                          "artifacts": {"tflite_int8": {"size_bytes": 10, "gzip_bytes": 5,
+                                                        "accuracy": 0.97, "latency_ms": 0.0123}}})
+    lines = table.splitlines()
+    assert any(l.split() == ["stage", "train", "3", "updates,", "12", "s,", "val_accuracy", "0.9900"] for l in lines)
+    assert any("stage prune" in l and "0.9725 (-1.75 pt)" in l for l in lines)
+    assert any("stage qat" in l and "(-0.25 pt)" in l for l in lines)
+    assert any(l.split() == ["sparsity", "dense", "0.800"] for l in lines)
+    assert "0.012 ms/example" in table

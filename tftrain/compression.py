@@ -218,26 +218,53 @@ def kernel_sparsity(model, names) -> dict[str, float]:
 
 
 # --- quantization-aware training ------------------------------------------------------
-def quantizable(layer) -> bool:
+_FOLDED_INTO = ("Conv2D", "DepthwiseConv2D", "Dense")
+
+
+def _parents(model) -> dict[str, list[str]]:
+    """Class names of each layer's inputs within `model` (layers may also be called in
+    other models, so their own inbound nodes are not enough)."""
+    config = model.get_config()["layers"]
+    kinds = {entry["name"]: entry["class_name"] for entry in config}
+    parents = {}
+    for entry in config:
+        names = [item[0] for node in entry.get("inbound_nodes", []) for item in node
+                 if isinstance(item, (list, tuple))]
+        parents[entry["name"]] = [kinds[n] for n in names if n in kinds]
+    return parents
+
+
+def quantizable(layer, parents: list[str]) -> bool:
+    """Whether tfmot's default 8-bit scheme can quantize this layer (batch norm right
+    after a convolution or dense layer is folded into it)."""
     from tensorflow_model_optimization.python.core.quantization.keras.default_8bit import (
         default_8bit_quantize_registry as registry,
     )
     if isinstance(layer, keras.layers.InputLayer):
         return True
+    if isinstance(layer, keras.layers.BatchNormalization):
+        return bool(parents) and all(p in _FOLDED_INTO for p in parents)
     return registry.Default8BitQuantizeRegistry().supports(layer)
+
+
+def unquantizable(model, cfg: QuantizationConfig) -> list[str]:
+    """Layers tfmot cannot quantize: an error naming them, or (skip_unsupported) the
+    names to leave in float."""
+    parents = _parents(model)
+    unsupported = [layer for layer in model.layers if not quantizable(layer, parents[layer.name])]
+    if unsupported and not cfg.skip_unsupported:
+        kinds = ", ".join(f"{layer.name} ({type(layer).__name__})" for layer in unsupported)
+        raise ConfigError(f"compression.quantization: tfmot cannot quantize {kinds}; set "
+                          "compression.quantization.skip_unsupported: true to keep them in "
+                          "float, or disable quantization")
+    return [layer.name for layer in unsupported]
 
 
 def quantize_model(model, cfg: QuantizationConfig, preserve_sparsity: bool):
     """8-bit QAT copy of a float32 functional model (tfmot default scheme, or the
     prune-preserving one so that zeros stay zeros). Call inside the strategy scope."""
     q = tfmot.quantization.keras
-    unsupported = [layer for layer in model.layers if not quantizable(layer)]
-    if unsupported and not cfg.skip_unsupported:
-        kinds = ", ".join(f"{layer.name} ({type(layer).__name__})" for layer in unsupported)
-        raise ConfigError(f"compression.quantization: tfmot cannot quantize {kinds}; set "
-                          "compression.quantization.skip_unsupported: true to keep them in "
-                          "float, or disable quantization")
-    skipped = {layer.name for layer in unsupported}
+    skipped = set(unquantizable(model, cfg))
 
     def annotate(layer):
         clone = layer.__class__.from_config(layer.get_config())

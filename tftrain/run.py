@@ -14,6 +14,7 @@ import json
 import shutil
 import sys
 import tempfile
+import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,10 +135,12 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
     # -- the training stage's model and optimizer, built inside the strategy scope -------
     with strat.scope():
         net = precision.float32_outputs(build_model(cfg.model, source.spec))
-        if pruning:     # check the layer rules before any training
+        if pruning:     # check what tfmot will be asked to do before any training
             compression.select_layers(net, cfg.compression.pruning.layers,
                                       "compression.pruning.layers",
                                       compression.pruning_refusal(cfg.compression.pruning))
+        if cfg.compression.quantization.enabled:
+            compression.unquantizable(net, cfg.compression.quantization)
         model, optimizer = _compile(cfg, net, plan, policy, stages[0], steps_per_epoch)
     print(_plan_text(strat, info, policy, plan, source, steps_per_epoch, stages, pruning, model),
           flush=True)
@@ -290,6 +293,7 @@ class _StageRunner:
                           keras.callbacks.TensorBoard(str(logs), update_freq="epoch")]
         if cfg.train.on_nan == "rollback" and start == 0:
             manager.save(checkpoint_number=0)            # something to roll back to
+        began = time.perf_counter()
         for attempt in range(cfg.train.nan_retries + 1):
             try:
                 _fit(model, data.train_dataset(self.source, self.plan, cfg.data, cfg.run.seed, start),
@@ -316,7 +320,8 @@ class _StageRunner:
                                  return_dict=True, verbose=0)
         result = {"updates": int(optimizer.iterations.numpy()), "epochs": stage.epochs,
                   "metrics": {f"val_{k}": float(v) for k, v in metrics.items()},
-                  "examples_per_sec": throughput.steady_rate()}
+                  "examples_per_sec": throughput.steady_rate(),
+                  "seconds": time.perf_counter() - began}    # of this session of the stage
         self.results[stage.name] = result
         if self.chief:
             from tftrain.rundir import atomic_write

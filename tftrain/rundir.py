@@ -90,10 +90,22 @@ def report_table(summary: dict) -> str:
             ("optimizer updates", summary["steps"]),
             ("examples/s", f"{summary['throughput']['examples_per_sec']:.1f}")]
     rows += [(k, f"{v:.4f}") for k, v in summary["metrics"].items()]
+    stages = summary.get("stages", {})
+    if len(stages) > 1:            # what each compression stage cost and gained
+        before = None
+        for name, stage in stages.items():
+            acc = stage["metrics"].get("val_accuracy")
+            change = "" if before is None or acc is None else f" ({(acc - before) * 100:+.2f} pt)"
+            rows.append((f"stage {name}", f"{stage['updates']} updates, {stage['seconds']:.0f} s"
+                         + (f", val_accuracy {acc:.4f}{change}" if acc is not None else "")))
+            before = acc
+    if summary.get("sparsity"):
+        rows.append(("sparsity", ", ".join(f"{k} {v:.3f}" for k, v in summary["sparsity"].items())))
     for name, art in summary.get("artifacts", {}).items():
         acc = art.get("accuracy")
         rows.append((f"export {name}", f"{art['size_bytes']} B, gzip {art['gzip_bytes']} B"
-                     + (f", accuracy {acc:.4f}" if acc is not None else "")))
+                     + (f", accuracy {acc:.4f}" if acc is not None else "")
+                     + (f", {art['latency_ms']:.3f} ms/example" if "latency_ms" in art else "")))
     width = max(len(k) for k, _ in rows)
     line = "-" * (width + 40)
     return "\n".join([line] + [f"{k:<{width}}  {v}" for k, v in rows] + [line])

@@ -1,0 +1,97 @@
+"""What each compression stage costs and gains, for the digits CNN and a larger model.
+
+For each model, three runs of the same config differ only in the stages they run:
+float32 (train only, float TFLite), pruned (train + 80% pruning, float TFLite) and
+pruned + prune-preserving QAT (int8 TFLite). Each row gives validation accuracy of the
+exported TFLite model, SavedModel and TFLite sizes (raw and gzip) and TFLite latency per
+example at 1 thread. The int8 / float latency ratio is measured by timing both models
+alternately (ABBA rounds) and taking the median of per-round ratios.
+
+    python benchmarks/compression.py [--rounds 7] [--quick]
+"""
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+import tftrain  # noqa: F401
+from tftrain.config import load_config
+from tftrain.data import load_source
+from tftrain.export import tflite_logits
+from tftrain.run import run
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = {
+    "digits CNN (configs/compress.yaml)": [],
+    "ResNet-14, width 32": ["model={name: resnet, params: {depth: 14, width: 32}}",
+                            "compression.pruning.epochs=8", "compression.quantization.epochs=3"],
+}
+STAGES = {
+    "float32": ["compression.pruning.enabled=false", "compression.quantization.enabled=false",
+                "export.tflite=float"],
+    "pruned 80%": ["compression.quantization.enabled=false", "export.tflite=float"],
+    "pruned + PQAT, int8": [],
+}
+
+
+def one_run(tmp: Path, name: str, sets: list[str]) -> tuple[dict, bytes]:
+    cfg = load_config(ROOT / "configs" / "compress.yaml",
+                      [f"run.dir={tmp}", f"run.name={name}", "train.verbose=0", *sets])
+    summary = run(cfg)
+    return summary, (tmp / name / "export" / "model.tflite").read_bytes()
+
+
+def latency_ratio(slow: bytes, fast: bytes, x: np.ndarray, rounds: int) -> float:
+    """Median over ABBA rounds of latency(fast) / latency(slow), 1 thread each."""
+    ratios = []
+    for r in range(rounds):
+        order = [slow, fast] if r % 2 == 0 else [fast, slow]
+        times = {id(m): tflite_logits(m, x, threads=1)[1] for m in order}
+        ratios.append(times[id(fast)] / times[id(slow)])
+    return statistics.median(ratios)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--quick", action="store_true", help="digits CNN only")
+    args = p.parse_args()
+    x_val = np.concatenate([x for x, _ in load_source(load_config(None, []).data, 42)
+                            .val.batch(512).as_numpy_iterator()])
+    report = []
+    with tempfile.TemporaryDirectory(prefix="tftrain-bench-") as tmp:
+        for model, model_sets in list(MODELS.items())[:1 if args.quick else None]:
+            rows, blobs = [], {}
+            for i, (stage, stage_sets) in enumerate(STAGES.items()):
+                summary, blob = one_run(Path(tmp), f"m{len(report)}s{i}", model_sets + stage_sets)
+                blobs[stage] = blob
+                saved = summary["artifacts"]["saved_model"]
+                lite_name, lite = next((k, v) for k, v in summary["artifacts"].items()
+                                       if k.startswith("tflite"))
+                rows.append((stage, lite["accuracy"], saved["size_bytes"], saved["gzip_bytes"],
+                             lite_name.split("_")[1], lite["size_bytes"], lite["gzip_bytes"],
+                             lite["latency_ms"]))
+            baseline_vars = summary["stages"]["train"]["float32_variables_gzip_bytes"]
+            ratio = latency_ratio(blobs["float32"], blobs["pruned + PQAT, int8"], x_val, args.rounds)
+            report.append((model, rows, ratio, baseline_vars))
+    for model, rows, ratio, baseline_vars in report:
+        print(f"\n### {model}\n")
+        print("| stage | TFLite accuracy | SavedModel | SavedModel gzip | TFLite | TFLite size "
+              "| TFLite gzip | latency ms/example (1 thread) |")
+        print("|---|---|---|---|---|---|---|---|")
+        for stage, acc, sm, smz, kind, size, gz, ms in rows:
+            print(f"| {stage} | {acc:.4f} | {sm:,} | {smz:,} | {kind} | {size:,} | {gz:,} | {ms:.3f} |")
+        int8 = rows[-1]
+        print(f"\nint8 / float TFLite latency (median of {args.rounds} interleaved rounds): "
+              f"{ratio:.2f}")
+        print(f"accuracy change float32 -> int8: {(int8[1] - rows[0][1]) * 100:+.2f} points; "
+              f"float32 SavedModel variables gzip / int8 TFLite gzip: "
+              f"{baseline_vars / int8[6]:.1f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
