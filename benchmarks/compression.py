@@ -22,6 +22,7 @@ from tftrain.config import load_config
 from tftrain.data import load_source
 from tftrain.export import tflite_logits
 from tftrain.run import run
+from tftrain.strategy import configure_devices
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = {
@@ -59,6 +60,7 @@ def main():
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--quick", action="store_true", help="digits CNN only")
     args = p.parse_args()
+    configure_devices(load_config(ROOT / "configs" / "compress.yaml"))   # before any op
     x_val = np.concatenate([x for x, _ in load_source(load_config(None, []).data, 42)
                             .val.batch(512).as_numpy_iterator()])
     report = []

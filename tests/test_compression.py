@@ -106,12 +106,23 @@ def test_pruning_step_counts_updates_and_weights_stay_sparse(accumulation):
         assert value == pytest.approx(0.75, abs=0.01 if name != "conv_0" else 0.02), name
 
 
-def test_pruning_under_mixed_bfloat16():
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+def test_pruning_under_mixed_precision(policy):
     net, model, log = pruned_training(pruning_cfg("final_sparsity=0.5", "end=0.5", "frequency=2"),
-                                      8, policy="mixed_bfloat16")
-    assert model.get_layer("prune_by_update_dense_0").layer.compute_dtype == "bfloat16"
+                                      8, policy=policy)
+    assert model.get_layer("prune_by_update_dense_0").layer.compute_dtype == policy.split("_")[1]
     assert all(v.dtype == tf.float32 for v in net.weights if v.dtype.is_floating)
+    assert [it for it, _, _ in log] == list(range(1, 9))
     assert log[-1][2]["dense_0"] == pytest.approx(0.5, abs=0.01)
+
+
+def test_pruning_under_mirrored_equals_one_device():
+    cfg = pruning_cfg("final_sparsity=0.6", "end=0.5", "frequency=2")
+    mirrored, _, _ = pruned_training(cfg, 8)        # 2 replicas x 32
+    single, _, _ = pruned_training(cfg, 8, strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
+    for a, b in zip(mirrored.weights, single.weights):
+        assert a.name == b.name
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6, err_msg=a.name)
 
 
 def test_two_four_structure():

@@ -9,7 +9,8 @@ import tensorflow as tf
 from tftrain import precision
 from tftrain.config import load_config
 from tftrain.data import load_source
-from tftrain.export import export_all, inference_model, save_saved_model
+from tftrain.export import (convert_tflite, export_all, inference_model, save_saved_model,
+                            tflite_logits)
 from tftrain.models import MODELS
 from tftrain.train_step import TrainModel
 
@@ -38,8 +39,9 @@ def test_tflite_modes_match_the_model(tmp_path, trained, mode):
         assert lite["size_bytes"] < report["saved_model"]["size_bytes"] / 3
 
 
-def test_bfloat16_model_exports_float32(tmp_path):
-    precision.apply_policy("mixed_bfloat16")
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+def test_mixed_precision_model_exports_float32(tmp_path, policy):
+    precision.apply_policy(policy)
     source = load_source(load_config().data, 0)
     model = precision.float32_outputs(MODELS.get("cnn")(source.spec, filters=[4], dense=[8]))
     plain = inference_model(model)
@@ -47,6 +49,9 @@ def test_bfloat16_model_exports_float32(tmp_path):
     path = save_saved_model(model, tmp_path / "sm")
     out = tf.saved_model.load(str(path)).signatures["serving_default"](inputs=tf.zeros((2, 8, 8, 1)))
     assert out["logits"].dtype == tf.float32 and out["logits"].shape == (2, 10)
+    lite = convert_tflite(path, "float", np.zeros((0,), np.float32))   # converts (tensorflow#35379)
+    logits, _ = tflite_logits(lite, np.zeros((2, 8, 8, 1), np.float32))
+    np.testing.assert_allclose(logits, out["logits"].numpy(), atol=1e-5)
 
 
 def test_saved_model_cli_show_and_run(tmp_path, trained):
