@@ -230,9 +230,11 @@ def test_multi_worker_strategy_single_worker_trains(tmp_path):
 
 
 def test_smoke_runs_whole_pipeline_on_one_device(tmp_path):
-    summary = run(quick_config(tmp_path), smoke=True)
+    summary = run(quick_config(tmp_path, "compression.pruning.enabled=true", "export.tflite=int8",
+                               "compression.quantization.enabled=true"), smoke=True)
     assert summary["smoke"] and summary["strategy"] == "one_device"
     assert summary["steps"] == 3 and summary["replicas"] == 1
+    assert [s["updates"] for s in summary["stages"].values()] == [3, 3, 3]
     assert (tmp_path / "quickstart-smoke" / "export" / "model.tflite").exists()
     assert not (tmp_path / "quickstart").exists()
 

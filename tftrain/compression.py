@@ -44,11 +44,12 @@ class PruningPlan:
     frequency: int
 
 
-def plan_pruning(cfg: PruningConfig, steps_per_epoch: int) -> PruningPlan:
-    """Begin/end of the schedule in updates of the pruning stage, end aligned so the
-    final sparsity is applied by a mask update at `end` (tfmot updates masks when
-    (step - begin) is a multiple of the frequency)."""
-    updates = cfg.epochs * steps_per_epoch
+def plan_pruning(cfg: PruningConfig, steps_per_epoch: int, updates: int | None = None) -> PruningPlan:
+    """Begin/end of the schedule in updates of the pruning stage (`updates` long, by
+    default `epochs` epochs), end aligned so the final sparsity is applied by a mask
+    update at `end` (tfmot updates masks when (step - begin) is a multiple of the
+    frequency)."""
+    updates = updates or cfg.epochs * steps_per_epoch
     begin = cfg.begin.steps(steps_per_epoch, updates)
     end = cfg.end.steps(steps_per_epoch, updates)
     if not 0 <= begin < updates:

@@ -129,8 +129,8 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
     if smoke:
         steps_per_epoch = min(steps_per_epoch, cfg.train.smoke_steps)
     stages = plan_stages(cfg, steps_per_epoch, smoke)
-    pruning = (compression.plan_pruning(cfg.compression.pruning, steps_per_epoch)
-               if cfg.compression.pruning.enabled else None)
+    pruning = next((compression.plan_pruning(cfg.compression.pruning, steps_per_epoch, s.updates)
+                    for s in stages if s.name == "prune"), None)
 
     # -- the training stage's model and optimizer, built inside the strategy scope -------
     with strat.scope():
@@ -269,8 +269,10 @@ class _StageRunner:
         manager = tf.train.CheckpointManager(ckpt, str(save_dir), cfg.train.checkpoint.keep)
         restored = cb.restore_latest(ckpt, directory)
         start = int(optimizer.iterations.numpy())
-        if start >= stage.updates and stage.name in self.results:
-            return self.results[stage.name]          # done before: nothing to redo
+        if start >= stage.updates:                   # done before: nothing to redo
+            missing = stage.name not in self.results
+            if not (self.agree(missing) if self.agree else missing):   # every worker agrees
+                return self.results[stage.name]
         if restored:
             print(f"resuming from {restored} at update {start}/{stage.updates} of stage {stage.name}")
         elif stage.name != "train":
