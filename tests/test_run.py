@@ -161,7 +161,7 @@ def test_schema_flag_prints_json_schema():
 
 
 # --- resume ------------------------------------------------------------------------------
-RESUME_SETS = ["train.epochs=40", "train.checkpoint.every=10", "export.tflite=none",
+RESUME_SETS = ["train.epochs=24", "train.checkpoint.every=10", "export.tflite=none",
                "run.deterministic=true", "model.params={filters: [32, 64], dense: [128], dropout: 0.3}"]
 
 
@@ -180,7 +180,7 @@ def test_killed_run_resumes_to_planned_steps(tmp_path, uninterrupted, sig, code)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == code, err[-2000:]
     assert not (tmp_path / "quickstart" / "summary.json").exists()
-    planned = 40 * (1527 // 64)
+    planned = 24 * (1527 // 64)
     assert saved < planned
     again = cli(QUICKSTART, "--run-dir", tmp_path, *[a for s in RESUME_SETS for a in ("--set", s)])
     assert again.returncode == 0, again.stderr[-3000:]
@@ -347,17 +347,18 @@ def test_compressed_saved_model_matches_and_runs_in_saved_model_cli(compress_run
 def test_compression_after_mixed_bfloat16_with_accumulation(tmp_path):
     summary = run(quick_config(
         tmp_path, "precision.policy=mixed_bfloat16", "train.accumulation_steps=2",
-        "data.per_replica_batch_size=16", "train.epochs=6", "export.tflite=int8",
-        "compression.pruning={enabled: true, epochs: 3, final_sparsity: 0.5, structure: '2:4'}",
+        "data.per_replica_batch_size=16", "train.epochs=4", "export.tflite=int8",
+        "compression.pruning={enabled: true, epochs: 2, final_sparsity: 0.5, structure: '2:4'}",
         "compression.quantization={enabled: true, epochs: 1}"))
     spe = summary["steps_per_epoch"]
     assert summary["precision"] == "mixed_bfloat16" and summary["accumulation_steps"] == 2
-    assert summary["stages"]["prune"]["updates"] == 3 * spe      # updates, not micro-batches
+    assert summary["stages"]["prune"]["updates"] == 2 * spe      # updates, not micro-batches
     assert summary["sparsity"] == {"conv_1": 0.5, "dense_0": 0.5, "logits": 0.5}
     assert summary["artifacts"]["tflite_int8"]["accuracy"] > 0.9
 
 
-COMPRESS_RESUME = ["train.epochs=3", "compression.pruning.epochs=6", "compression.quantization.epochs=2",
+COMPRESS_RESUME = ["train.epochs=2", "compression.pruning.epochs=4", "compression.quantization.epochs=1",
+                   "model.params.dense=[64]",
                    "run.deterministic=true", "train.checkpoint.every=5", "export.tflite=none"]
 
 
@@ -374,12 +375,12 @@ def test_sigterm_in_the_prune_stage_resumes_there(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert "of stage prune" in again.stdout and "of stage train" not in again.stdout
     resumed_line, = [line for line in again.stdout.splitlines() if line.startswith("resuming from")]
-    assert saved <= int(resumed_line.split("at update ")[1].split("/")[0]) < 6 * 23
+    assert saved <= int(resumed_line.split("at update ")[1].split("/")[0]) < 4 * 23
     reference = cli(COMPRESS, "--run-dir", tmp_path / "reference",
                     *[a for s in COMPRESS_RESUME for a in ("--set", s)])
     assert reference.returncode == 0, reference.stderr[-3000:]
     resumed = json.loads((tmp_path / "compress" / "summary.json").read_text())
-    assert resumed["stages"]["prune"]["updates"] == 6 * 23 and resumed["stages"]["qat"]["updates"] == 46
+    assert resumed["stages"]["prune"]["updates"] == 4 * 23 and resumed["stages"]["qat"]["updates"] == 23
     for stage in ("prune", "qat"):
         ours = model_weights(tmp_path / "compress", stage)
         theirs = model_weights(tmp_path / "reference" / "compress", stage)
