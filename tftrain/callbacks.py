@@ -159,6 +159,27 @@ class Throughput(keras.callbacks.Callback):
         return rates[len(rates) // 2] if rates else 0.0
 
 
+class FlopsLogger(keras.callbacks.Callback):
+    """Adds `model_flops_per_sec` (training FLOPs: 3x the forward pass) and `mfu` (model
+    FLOP utilisation against `peak` FLOP/s) to the epoch logs, from `examples_per_sec`
+    (so it comes after `Throughput`)."""
+
+    def __init__(self, flops_per_example: float, peak: float):
+        super().__init__()
+        self.flops_per_example, self.peak = flops_per_example, peak
+
+    def rate(self, examples_per_sec: float) -> float:
+        return 3.0 * self.flops_per_example * examples_per_sec
+
+    def utilisation(self, examples_per_sec: float) -> float:
+        return self.rate(examples_per_sec) / self.peak if self.peak else 0.0
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None and "examples_per_sec" in logs:
+            logs["model_flops_per_sec"] = self.rate(logs["examples_per_sec"])
+            logs["mfu"] = self.utilisation(logs["examples_per_sec"])
+
+
 class LearningRateLogger(keras.callbacks.Callback):
     """Adds `lr` (the rate of the next update) to the epoch logs."""
 

@@ -72,9 +72,10 @@ class BatchPlan:
         return steps
 
 
-def plan_batches(cfg, replicas: int) -> BatchPlan:
-    """The batch plan; `train.global_batch_size`, when set, must divide evenly."""
-    accumulation = cfg.train.accumulation_steps
+def plan_batches(cfg, replicas: int, accumulation: int | None = None) -> BatchPlan:
+    """The batch plan; `train.global_batch_size`, when set, must divide evenly.
+    `accumulation` overrides the configured steps (the planner's choice to fit memory)."""
+    accumulation = accumulation or cfg.train.accumulation_steps
     if cfg.train.global_batch_size is None:
         return BatchPlan(cfg.data.per_replica_batch_size, replicas, accumulation)
     per_update = replicas * accumulation

@@ -21,8 +21,10 @@ from tftrain._keras import keras
 def inference_model(model):
     """A plain float32 functional model with the same weights (no training wrappers):
     the same layers when they already compute in float32, else float32 copies."""
-    if all(layer.compute_dtype in (None, "float32") for layer in model.layers):
+    pinned = any(getattr(layer, "_tftrain_pinned", False) for layer in model.layers)
+    if not pinned and all(layer.compute_dtype in (None, "float32") for layer in model.layers):
         return keras.Model(model.inputs, model.outputs, name=model.name)
+    # float32 copies, unpinned from model-parallel devices the serving host may not have
     clone = keras.models.clone_model(model, clone_function=_float32_layer)
     clone.set_weights(model.get_weights())
     return clone

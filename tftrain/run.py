@@ -108,23 +108,31 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
     # TensorFlow is imported only once the config has parsed: a typo costs no TF start-up.
     import tensorflow as tf
 
-    from tftrain import compression, data, export, precision, rundir, strategy
+    from tftrain import compression, data, export, placement, planner, precision, rundir, strategy
     from tftrain._keras import keras
     from tftrain.models import build_model
 
     # -- plan: devices, strategy, precision, data, batches, stages (nothing written yet) --
     _reject_unavailable(cfg)
     strategy.configure_devices(cfg)                  # logical devices first, before any op
-    strat = strategy.build_strategy(cfg, force_one_device=smoke)   # then the collectives
-    keras.utils.set_random_seed(cfg.run.seed)
+    if smoke or strategy.cluster_spec()[1] > 1:      # then the collectives, before all else
+        strat = strategy.build_strategy(cfg, force_one_device=smoke)
     keras.backend.experimental.enable_tf_random_generator()   # RNG state checkpointable
     if cfg.run.deterministic:
         tf.config.experimental.enable_op_determinism()
-    info = strategy.describe(strat)
     policy = precision.choose_policy(cfg.precision)
     precision.apply_policy(policy)
     source = data.load_source(cfg.data, cfg.run.seed)
-    plan = data.plan_batches(cfg, info.replicas)
+    placed, memory_plan = None, None
+    if not (smoke or strategy.cluster_spec()[1] > 1):
+        strat, placed, memory_plan = _parallelism(cfg, policy, source)
+    info = strategy.describe(strat) if placed is None else strategy.StrategyInfo(
+        "model_parallel", placed.devices, 1, 1)
+    plan = data.plan_batches(cfg, info.replicas, memory_plan.accumulation
+                             if memory_plan and cfg.train.global_batch_size else None)
+    if placed and plan.per_replica % placed.microbatches:
+        raise ConfigError(f"model.placement.microbatches: {placed.microbatches} does not divide "
+                          f"the batch of {plan.per_replica}; use a divisor of it")
     steps_per_epoch = plan.steps_per_epoch(source.num_train)
     if smoke:
         steps_per_epoch = min(steps_per_epoch, cfg.train.smoke_steps)
@@ -133,17 +141,25 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
                     for s in stages if s.name == "prune"), None)
 
     # -- the training stage's model and optimizer, built inside the strategy scope -------
+    keras.utils.set_random_seed(cfg.run.seed)    # the same initial weights on every path
     with strat.scope():
-        net = precision.float32_outputs(build_model(cfg.model, source.spec))
+        net = precision.float32_outputs(build_model(cfg.model, source.spec)) if placed is None \
+            else placement.build_placed(
+                lambda: precision.float32_outputs(build_model(cfg.model, source.spec)), placed)
         if pruning:     # check what tfmot will be asked to do before any training
             compression.select_layers(net, cfg.compression.pruning.layers,
                                       "compression.pruning.layers",
                                       compression.pruning_refusal(cfg.compression.pruning))
         if cfg.compression.quantization.enabled:
             compression.unquantizable(net, cfg.compression.quantization)
-        model, optimizer = _compile(cfg, net, plan, policy, stages[0], steps_per_epoch)
+        model, optimizer = _compile(cfg, net, plan, policy, stages[0], steps_per_epoch,
+                                    placed=placed)
+    flops = sum(c.flops for c in placement.layer_costs(net))
     print(_plan_text(strat, info, policy, plan, source, steps_per_epoch, stages, pruning, model),
           flush=True)
+    for part in (memory_plan, placed):
+        if part is not None:
+            print(part.describe(), flush=True)
     if dry_run:
         return None
 
@@ -156,7 +172,10 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
         print(rundir.report_table(done))
         return done
     run = rundir.open_run_dir(cfg, smoke, write=chief)
-    runner = _StageRunner(cfg, strat, info, plan, source, run, chief, steps_per_epoch, smoke)
+    # Model FLOP utilisation is quoted against a matmul measured here, times the devices.
+    peak = planner.matmul_peak_flops() * (len(placed.devices) if placed else info.replicas)
+    runner = _StageRunner(cfg, strat, info, plan, source, run, chief, steps_per_epoch, smoke,
+                          flops, peak)
 
     # -- stages: train -> prune (+ fine-tune) -> QAT, each checkpointed and resumable --------
     results = {"train": runner.run_stage(stages[0], model, optimizer)}
@@ -167,7 +186,8 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
             with strat.scope():
                 net = compression.prune_model(net, cfg.compression.pruning, pruning)
                 hooks = [compression.PruningHook(net)]
-                model, optimizer = _compile(cfg, net, plan, policy, stage, steps_per_epoch, hooks)
+                model, optimizer = _compile(cfg, net, plan, policy, stage, steps_per_epoch, hooks,
+                                            placed=placed)
             extra = [compression.SparsityLogger(net)]
         else:
             # tfmot's fake-quant ops take float32 only: QAT runs on a float32 copy.
@@ -178,7 +198,7 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
                     export.inference_model(base), cfg.compression.quantization,
                     preserve_sparsity=bool(pruning) and cfg.compression.quantization.preserve_sparsity)
                 model, optimizer = _compile(cfg, net, plan, "float32", stage, steps_per_epoch,
-                                            unroll=True)
+                                            unroll=True, placed=placed)
             extra = []
         results[stage.name] = runner.run_stage(stage, model, optimizer, extra)
         if stage.name == "prune":
@@ -196,7 +216,20 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
         "per_replica_batch_size": plan.per_replica, "accumulation_steps": plan.accumulation,
         "global_batch_size": plan.global_batch,
         "metrics": results[stages[-1].name]["metrics"],
-        "throughput": {"examples_per_sec": results["train"]["examples_per_sec"]},
+        "throughput": {"examples_per_sec": results["train"]["examples_per_sec"],
+                       "flops_per_example": flops,
+                       "model_flops_per_sec": results["train"].get("model_flops_per_sec", 0.0),
+                       "mfu": results["train"].get("mfu", 0.0)},
+        "placement": None if placed is None else {
+            "devices": list(placed.devices), "microbatches": placed.microbatches,
+            "balance": placed.balance, "stage_costs": list(placed.costs),
+            "stages": [[n for n, s in zip(placed.layers, placed.stage) if s == k]
+                       for k in range(placed.num_stages)],
+            "bubble_formula": placed.bubble()},
+        "memory_plan": None if memory_plan is None else {
+            "kind": memory_plan.kind, "stages": memory_plan.stages,
+            "device_memory": memory_plan.memory,
+            "bytes_per_device": [e.total for e in memory_plan.per_device]},
         "stages": results, "sparsity": results.get("prune", {}).get("sparsity", {}),
         "artifacts": artifacts, "smoke": smoke,
     }
@@ -208,13 +241,18 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
     return summary
 
 
-def _compile(cfg, net, plan, policy, stage, steps_per_epoch, hooks=(), unroll=False):
+def _compile(cfg, net, plan, policy, stage, steps_per_epoch, hooks=(), unroll=False, placed=None):
     """The stage's training model (tftrain's train step around `net`) and optimizer:
-    train's schedule for `train`, a constant rate of its own for the later stages."""
+    train's schedule for `train`, a constant rate of its own for the later stages. A
+    placed model splits each batch into its pipeline's micro-batches (an unrolled loop,
+    so stage k can work on micro-batch i while stage k+1 works on i-1)."""
     from tftrain import optim, precision, train_step
 
-    model = train_step.TrainModel.wrap(net, plan.accumulation, cfg.distribute.all_reduce_dtype,
-                                       update_hooks=hooks, unroll=unroll)
+    micro = placed.microbatches if placed else 1
+    model = train_step.TrainModel.wrap(net, plan.accumulation * micro,
+                                       cfg.distribute.all_reduce_dtype, update_hooks=hooks,
+                                       unroll=unroll or micro > 1,
+                                       colocate_gradients=placed is not None)
     if stage.learning_rate is None:
         lr = optim.build_schedule(cfg.train.schedule, cfg.train.optimizer.learning_rate,
                                   steps_per_epoch, stage.updates)
@@ -234,9 +272,11 @@ class _StageRunner:
     SIGTERM, non-finite losses, logs; then evaluates it. Stage results are kept in
     `stages.json` so a resumed run reports the stages it does not redo."""
 
-    def __init__(self, cfg, strat, info, plan, source, run, chief, steps_per_epoch, smoke):
+    def __init__(self, cfg, strat, info, plan, source, run, chief, steps_per_epoch, smoke,
+                 flops_per_example=0.0, peak_flops=0.0):
         from tftrain import data, strategy
 
+        self.flops_per_example, self.peak_flops = flops_per_example, peak_flops
         self.cfg, self.strat, self.plan, self.source = cfg, strat, plan, source
         self.run, self.chief, self.steps_per_epoch, self.smoke = run, chief, steps_per_epoch, smoke
         self.val = data.val_dataset(source, plan)
@@ -282,7 +322,8 @@ class _StageRunner:
         checkpointer = cb.Checkpointer(manager, cfg.train.checkpoint.every.steps(spe, stage.updates),
                                        spe, start, self.agree)
         throughput = cb.Throughput(self.plan.global_batch)
-        callbacks = [cb.NaNGuard(spe, self.agree), checkpointer, throughput,
+        flops = cb.FlopsLogger(self.flops_per_example, self.peak_flops)
+        callbacks = [cb.NaNGuard(spe, self.agree), checkpointer, throughput, flops,
                      cb.LearningRateLogger(), *extra_callbacks]
         if stage.name == "train":
             callbacks += [c for c in [optim.plateau_callback(cfg.train.schedule),
@@ -323,6 +364,8 @@ class _StageRunner:
         result = {"updates": int(optimizer.iterations.numpy()), "epochs": stage.epochs,
                   "metrics": {f"val_{k}": float(v) for k, v in metrics.items()},
                   "examples_per_sec": throughput.steady_rate(),
+                  "model_flops_per_sec": flops.rate(throughput.steady_rate()),
+                  "mfu": flops.utilisation(throughput.steady_rate()),
                   "seconds": time.perf_counter() - began}    # of this session of the stage
         self.results[stage.name] = result
         if self.chief:
@@ -374,9 +417,58 @@ def _reject_unavailable(cfg: Config) -> None:
         raise ConfigError(f"export.tflite: a quantization-aware trained model exports as int8, "
                           f"not {cfg.export.tflite}; set export.tflite: int8 (or disable "
                           "compression.quantization)")
+    if cfg.model.placement is not None and cfg.distribute.strategy not in ("auto", "default"):
+        raise ConfigError(f"distribute.strategy: model.placement places one model copy over "
+                          f"its devices and cannot be combined with "
+                          f"'{cfg.distribute.strategy}'; set distribute.strategy: auto")
+    if cfg.model.placement is not None and (cfg.compression.pruning.enabled
+                                            or cfg.compression.quantization.enabled):
+        raise ConfigError("model.placement: compression stages run on one device or data "
+                          "parallel; remove model.placement or disable compression")
+
+
+def _parallelism(cfg: Config, policy: str, source):
+    """(strategy, placement or None, memory plan) on one machine: the configured placement,
+    else the planner's choice for `distribute.strategy: auto` (data parallel when the model
+    fits one device, else the fewest stages that fit)."""
+    import tensorflow as tf
+
+    from tftrain import placement, planner, precision, strategy
+    from tftrain.config import PlacementConfig
+    from tftrain.models import build_model
+
+    devices = strategy.resolve_devices(cfg.distribute)
+    base = precision.float32_outputs(build_model(cfg.model, source.spec))   # for its costs
+    costs = placement.layer_costs(base)
+    batch, acc = cfg.data.per_replica_batch_size, cfg.train.accumulation_steps
     if cfg.model.placement is not None:
-        raise ConfigError("model.placement: model parallelism is not available in this "
-                          "version of tftrain; remove model.placement")
+        wanted = cfg.model.placement.devices
+        missing = [d for d in wanted if not _device_exists(d)]
+        if missing:
+            raise ConfigError(f"model.placement.devices: {', '.join(missing)} does not exist; set "
+                              "distribute.virtual_cpus to split the CPU into more devices")
+        memory_plan = planner.choose(cfg, costs, wanted, policy, batch, acc,
+                                     force_stages=len(wanted))
+        return (tf.distribute.get_strategy(), placement.plan(base, cfg.model.placement, batch),
+                memory_plan)
+    copies = len(devices) if strategy.resolve_kind(cfg.distribute, devices) == "mirrored" else 1
+    memory_plan = planner.choose(cfg, costs, devices, policy, batch, acc, replicas=copies)
+    if memory_plan.kind == "model":
+        if cfg.distribute.strategy != "auto":
+            raise ConfigError(
+                f"distribute.strategy: the model needs {memory_plan.per_device[0].total / 2**30:.2f}"
+                f" GiB per stage and does not fit one device with '{cfg.distribute.strategy}'; "
+                "set distribute.strategy: auto (model parallel) or model.placement")
+        layout = PlacementConfig(devices=devices[:memory_plan.stages], balance="memory")
+        return tf.distribute.get_strategy(), placement.plan(base, layout, batch), memory_plan
+    return strategy.build_strategy(cfg), None, memory_plan
+
+
+def _device_exists(name: str) -> bool:
+    import tensorflow as tf
+
+    from tftrain.strategy import _canonical
+    return _canonical(name) in {_canonical(d.name) for d in tf.config.list_logical_devices()}
 
 
 def _metrics(names):

@@ -89,6 +89,16 @@ def report_table(summary: dict) -> str:
             ("global batch", summary["global_batch_size"]), ("epochs", summary["epochs"]),
             ("optimizer updates", summary["steps"]),
             ("examples/s", f"{summary['throughput']['examples_per_sec']:.1f}")]
+    flops = summary["throughput"].get("model_flops_per_sec")
+    if flops:
+        rows.append(("model FLOP/s", f"{flops / 1e9:.2f} GFLOP/s, utilisation "
+                                     f"{summary['throughput'].get('mfu', 0.0):.1%} of measured matmul peak"))
+    placed = summary.get("placement")
+    if placed:
+        rows.append(("placement", f"{len(placed['devices'])} stages x {placed['microbatches']} "
+                                  f"micro-batches, stage costs ({placed['balance']}) "
+                                  + ", ".join(f"{c:.3g}" for c in placed["stage_costs"])
+                                  + f", bubble (K-1)/(M+K-1) {placed['bubble_formula']:.2f}"))
     rows += [(k, f"{v:.4f}") for k, v in summary["metrics"].items()]
     stages = summary.get("stages", {})
     if len(stages) > 1:            # what each compression stage cost and gained

@@ -53,8 +53,10 @@ class TrainModel(keras.Model):
     """A functional model with tftrain's train step (gradient accumulation built in)."""
 
     def __init__(self, *args, accumulation_steps: int = 1, all_reduce_dtype: str = "float32",
-                 update_hooks=(), unroll: bool = False, **kwargs):
+                 update_hooks=(), unroll: bool = False, colocate_gradients: bool = False,
+                 **kwargs):
         super().__init__(*args, **kwargs)
+        self.colocate_gradients = colocate_gradients
         self.accumulation_steps = int(accumulation_steps)
         self.all_reduce_dtype = tf.as_dtype(all_reduce_dtype)
         self.update_hooks = tuple(update_hooks)
@@ -62,15 +64,20 @@ class TrainModel(keras.Model):
 
     @classmethod
     def wrap(cls, model, accumulation_steps: int = 1, all_reduce_dtype: str = "float32",
-             update_hooks=(), unroll: bool = False) -> "TrainModel":
+             update_hooks=(), unroll: bool = False,
+             colocate_gradients: bool = False) -> "TrainModel":
         """The same layers and weights as `model`, trained by this step.
 
         `update_hooks`: objects with `before_update(iterations)` and `after_update()`, run
         once per optimizer update in cross-replica context. `unroll`: accumulate in a
-        Python loop (for models that synchronise replicas in their forward pass)."""
+        Python loop (for models that synchronise replicas in their forward pass, and for
+        pipelined model parallelism, where independent micro-batches overlap across
+        stages). `colocate_gradients`: each gradient op on its forward op's device (model
+        parallelism: the backward pass of a stage runs on the stage's device)."""
         return cls(inputs=model.inputs, outputs=model.outputs, name=model.name,
                    accumulation_steps=accumulation_steps, all_reduce_dtype=all_reduce_dtype,
-                   update_hooks=update_hooks, unroll=unroll)
+                   update_hooks=update_hooks, unroll=unroll,
+                   colocate_gradients=colocate_gradients)
 
     def _run_hooks(self, method: str) -> None:
         context = tf.distribute.get_replica_context()
@@ -89,19 +96,30 @@ class TrainModel(keras.Model):
 
     def _gradients(self, x, y, sample_weight, variables):
         """Gradients of one micro-batch's share of the update's loss."""
+        if self.colocate_gradients and not tf.executing_eagerly():
+            # tf.gradients colocates each gradient op with its forward op; a tape leaves
+            # them unplaced (and the placer would not keep a stage's backward on its device).
+            y_pred = self(x, training=True)
+            loss = self._micro_loss(y, y_pred, sample_weight)
+            self.compiled_metrics.update_state(y, y_pred, sample_weight)
+            return [g if g is not None else tf.zeros_like(v, tf.float32)
+                    for g, v in zip(tf.gradients(loss, variables), variables)]
         with tf.GradientTape() as tape:
             y_pred = self(x, training=True)
-            # compiled_loss averages over the micro-batch and divides by the number of
-            # replicas (the all-reduce sums); dividing by the accumulation steps too makes
-            # the summed gradient that of the mean loss over the whole global batch.
-            loss = self.compiled_loss(y, y_pred, sample_weight,
-                                      regularization_losses=self.losses)
-            loss = loss / self.accumulation_steps
-            if isinstance(self.optimizer, keras.mixed_precision.LossScaleOptimizer):
-                loss = self.optimizer.get_scaled_loss(loss)
+            loss = self._micro_loss(y, y_pred, sample_weight)
         self.compiled_metrics.update_state(y, y_pred, sample_weight)
         return [g if g is not None else tf.zeros_like(v, tf.float32)
                 for g, v in zip(tape.gradient(loss, variables), variables)]
+
+    def _micro_loss(self, y, y_pred, sample_weight):
+        # compiled_loss averages over the micro-batch and divides by the number of
+        # replicas (the all-reduce sums); dividing by the accumulation steps too makes
+        # the summed gradient that of the mean loss over the whole global batch.
+        loss = self.compiled_loss(y, y_pred, sample_weight, regularization_losses=self.losses)
+        loss = loss / self.accumulation_steps
+        if isinstance(self.optimizer, keras.mixed_precision.LossScaleOptimizer):
+            loss = self.optimizer.get_scaled_loss(loss)
+        return loss
 
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)

@@ -1,0 +1,176 @@
+"""Memory and FLOP estimates, and the choice between data and model parallelism.
+
+Bytes per device for a training step: float32 parameters, float32 gradients, optimizer
+slots (per optimizer: Adam 2, SGD with momentum 1, ...), and the activations kept for the
+backward pass at the micro-batch, in the policy's compute dtype. The planner chooses
+data parallelism when the model fits one device, else the smallest number of stages of
+model parallelism that fits; a plan that cannot fit is a config error saying what to
+change. `distribute.device_memory` overrides the memory read from the device (GPUs: from
+TensorFlow; CPUs: available RAM), to plan for hardware you are not on.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import tensorflow as tf
+
+from tftrain.config import Config, ConfigError
+from tftrain.placement import LayerCost, partition
+
+# Activations kept for the backward pass, as a multiple of the layers' outputs (inputs to
+# element-wise ops, masks and workspace); measured against the allocator peak on this
+# project's models (benchmarks/planner.py).
+ACTIVATION_FACTOR = 2.0
+GIB = 2**30
+
+
+def optimizer_slots(cfg: Config) -> int:
+    """Optimizer state variables per weight."""
+    opt = cfg.train.optimizer
+    if opt.name in ("adam", "adamw", "nadam", "adamax"):
+        return 2 + int(bool(opt.params.get("amsgrad")))
+    if opt.name == "rmsprop":
+        return 1 + int(bool(opt.params.get("momentum"))) + int(bool(opt.params.get("centered")))
+    if opt.name in ("sgd",):
+        return int(bool(opt.params.get("momentum")))
+    return 2
+
+
+def compute_bytes(policy: str) -> int:
+    return 2 if policy in ("mixed_float16", "mixed_bfloat16") else 4
+
+
+@dataclass(frozen=True)
+class Estimate:
+    params: float
+    gradients: float
+    slots: float
+    activations: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.gradients + self.slots + self.activations
+
+    def describe(self) -> str:
+        mib = 2**20
+        return (f"{self.total / mib:,.1f} MiB = params {self.params / mib:,.1f} + gradients "
+                f"{self.gradients / mib:,.1f} + optimizer slots {self.slots / mib:,.1f} + "
+                f"activations {self.activations / mib:,.1f}")
+
+
+def estimate(costs: list[LayerCost], micro_batch: int, slots: int, policy: str) -> Estimate:
+    """Training bytes of `costs` (a whole model or one stage) at `micro_batch` examples."""
+    params = sum(c.params for c in costs) * 4.0
+    acts = sum(c.activation_bytes for c in costs) / 4 * compute_bytes(policy)
+    return Estimate(params, params, params * slots, acts * micro_batch * ACTIVATION_FACTOR)
+
+
+def device_memory(device: str, override: int | None) -> int:
+    """Bytes a device offers: the override, else TensorFlow's GPU limit or available RAM."""
+    if override:
+        return int(override)
+    if "GPU" in device.upper():
+        from tensorflow.python.client import device_lib
+        index = int(device.rsplit(":", 1)[-1])
+        gpus = [d for d in device_lib.list_local_devices() if d.device_type == "GPU"]
+        if index < len(gpus):
+            return int(gpus[index].memory_limit)
+    return _available_ram()
+
+
+def _available_ram() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import os
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass(frozen=True)
+class Plan:
+    kind: str                       # "data" or "model"
+    stages: int                     # 1 for data parallel
+    per_replica: int                # micro-batch per replica (or per pipeline)
+    accumulation: int
+    per_device: tuple[Estimate, ...]
+    memory: int
+    flops_per_example: float
+    configured: bool = False        # model.placement chose the stages, not the planner
+
+    def describe(self) -> str:
+        why = "as model.placement says" if self.configured else "the model does not fit one device"
+        what = ("data parallel (the model fits one device)" if self.kind == "data"
+                else f"model parallel over {self.stages} stages ({why})")
+        lines = [f"planner: {what}; device memory {self.memory / GIB:,.2f} GiB",
+                 f"  forward FLOPs per example {self.flops_per_example:,.0f}"]
+        for i, e in enumerate(self.per_device):
+            lines.append(f"  device {i}: {e.describe()}")
+        return "\n".join(lines)
+
+
+def choose(cfg: Config, costs: list[LayerCost], devices: list[str], policy: str,
+           micro_batch: int, accumulation: int, replicas: int | None = None,
+           force_stages: int | None = None) -> Plan:
+    """Data parallel if the model fits one device, else the fewest stages that fit. With
+    `train.global_batch_size`, the largest micro-batch per replica that fits, starting
+    from the configured accumulation steps (more accumulation, smaller micro-batches)."""
+    slots = optimizer_slots(cfg)
+    memory = device_memory(devices[0], cfg.distribute.device_memory)
+    flops = sum(c.flops for c in costs)
+    tried = []
+    for stages in ([force_stages] if force_stages else range(1, len(devices) + 1)):
+        copies = (replicas or len(devices)) if stages == 1 else 1
+        for micro, acc in _batch_options(cfg, micro_batch, accumulation, copies):
+            per_stage = _stage_estimates(costs, stages, micro, slots, policy)
+            tried.append((stages, micro, max(e.total for e in per_stage)))
+            if tried[-1][2] <= memory:
+                return Plan("data" if stages == 1 and not force_stages else "model", stages,
+                            micro, acc, tuple(per_stage), memory, flops, bool(force_stages))
+    one = min(t[2] for t in tried if t[0] == tried[0][0])
+    split = min(t[2] for t in tried)
+    raise ConfigError(
+        f"distribute.device_memory: the model needs {one / GIB:,.2f} GiB on one device and "
+        f"{split / GIB:,.2f} GiB per device at best over {len(devices)} devices, which have "
+        f"{memory / GIB:,.2f} GiB each; lower data.per_replica_batch_size (or set "
+        "train.global_batch_size with more train.accumulation_steps), use precision.policy: "
+        "mixed_bfloat16, a smaller model, or more devices")
+
+
+def _batch_options(cfg: Config, micro: int, accumulation: int, copies: int):
+    """(micro-batch, accumulation) pairs to try, largest micro-batch first."""
+    total = cfg.train.global_batch_size
+    if total is None:
+        return [(micro, accumulation)]
+    return [(total // (copies * a), a) for a in range(accumulation, total + 1)
+            if total % (copies * a) == 0]
+
+
+def _stage_estimates(costs, stages, micro, slots, policy) -> list[Estimate]:
+    if stages == 1:
+        return [estimate(costs, micro, slots, policy)]
+    weights = [c.memory(micro, slots, compute_bytes(policy)) for c in costs]
+    assignment = partition(weights, stages)
+    return [estimate([c for c, s in zip(costs, assignment) if s == k], micro, slots, policy)
+            for k in range(stages)]
+
+
+def matmul_peak_flops(device: str = "/cpu:0", n: int = 1024, repeats: int = 5) -> float:
+    """Measured float32 matmul FLOP/s on `device` (the peak model FLOP utilisation is
+    quoted against)."""
+    with tf.device(device):
+        a = tf.random.normal((n, n))
+        b = tf.random.normal((n, n))
+        matmul = tf.function(lambda: tf.reduce_sum(tf.matmul(a, b)))
+        matmul()
+        best = np.inf
+        for _ in range(repeats):
+            start = time.perf_counter()
+            matmul().numpy()
+            best = min(best, time.perf_counter() - start)
+    return 2.0 * n**3 / best
