@@ -1,0 +1,187 @@
+"""Model parallelism: placed models equal unplaced ones, ops and variables on their stage's
+device, balanced contiguous partitions, stage rules."""
+import itertools
+import json
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import ROOT, VIRTUAL_CPUS, quick_config
+from tftrain import placement, precision
+from tftrain._keras import keras
+from tftrain.config import ConfigError, load_config
+from tftrain.data import InputSpec
+from tftrain.models import MODELS
+
+SPECS = {"mlp": InputSpec((8, 8, 1), "float32", 10), "cnn": InputSpec((8, 8, 1), "float32", 10),
+         "resnet": InputSpec((8, 8, 3), "float32", 10),
+         "transformer": InputSpec((16,), "int32", 4, 50)}
+PARAMS = {"mlp": {}, "cnn": {}, "resnet": {"depth": 8, "width": 8},
+          "transformer": {"embed_dim": 16, "num_heads": 2, "num_layers": 2, "mlp_dim": 32}}
+
+
+def builder(name):
+    return lambda: precision.float32_outputs(MODELS.get(name)(SPECS[name], **PARAMS[name]))
+
+
+def batch(name, n=6):
+    spec, rng = SPECS[name], np.random.default_rng(0)
+    if spec.vocab_size:
+        return tf.constant(rng.integers(0, spec.vocab_size, (n, *spec.shape)), tf.int32)
+    return tf.constant(rng.normal(size=(n, *spec.shape)), tf.float32)
+
+
+def _device(op_device: str) -> str:
+    """'CPU:1' from '/job:localhost/replica:0/task:0/device:CPU:1' or '/cpu:1'."""
+    found = re.search(r"(CPU|GPU):\d+", op_device.upper())
+    return found.group(0) if found else ""
+
+
+def equivalence(name: str, devices: int) -> dict:
+    """Largest output and gradient differences between the placed and unplaced model, and
+    the devices of each layer's forward and backward ops in the traced graph."""
+    keras.utils.set_random_seed(0)
+    reference = builder(name)()
+    cfg = load_config(None, [f"model.placement={{devices: {[f'/cpu:{i}' for i in range(devices)]}, "
+                             "balance: flops}"]).model.placement
+    layout = placement.plan(reference, cfg)
+    placed = placement.build_placed(builder(name), layout)
+    placed.set_weights(reference.get_weights())
+    x = batch(name)
+
+    @tf.function
+    def forward_backward(model):
+        y = model(x, training=True)
+        return y, tf.gradients(tf.reduce_sum(y * y), model.trainable_variables)
+
+    y0, g0 = forward_backward(reference)
+    y1, g1 = forward_backward(placed)
+    graph = forward_backward.get_concrete_function(placed).graph
+    ops = {}
+    for op in graph.get_operations():
+        parts = op.name.split("/")
+        grad = parts[0] == "gradients"
+        layer = parts[2 if grad else 1] if len(parts) > (2 if grad else 1) else None
+        if layer in layout.layers and op.device and op.type not in ("ReadVariableOp", "Const"):
+            ops.setdefault(f"{layer}:{'backward' if grad else 'forward'}", set()).add(_device(op.device))
+    scale = max(float(tf.reduce_max(tf.abs(y0))), 1.0)
+    return {
+        "output": float(tf.reduce_max(tf.abs(y1 - y0))) / scale,
+        "gradient": max(float(tf.reduce_max(tf.abs(tf.convert_to_tensor(a) - tf.convert_to_tensor(b))))
+                        / max(float(tf.reduce_max(tf.abs(tf.convert_to_tensor(a)))), 1e-3)
+                        for a, b in zip(g0, g1)),
+        "ops": {k: sorted(v) for k, v in ops.items()},
+        "expected": {n: _device(layout.device_of(n)) for n in layout.layers},
+        "variables": {v.name: _device(v.device) for v in placed.weights},
+        "stages": len(set(layout.stage)),
+    }
+
+
+def check(report: dict) -> None:
+    assert report["output"] < 1e-5 and report["gradient"] < 1e-5, report
+    assert report["stages"] > 1
+    for key, found in report["ops"].items():
+        layer = key.split(":")[0]
+        assert found == [report["expected"][layer]], (key, found)
+    assert any(k.endswith(":backward") for k in report["ops"])      # the backward pass was seen
+    for name, device in report["variables"].items():
+        assert device == report["expected"][name.split("/")[0]], name
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_placed_on_two_devices_equals_unplaced(name):
+    check(equivalence(name, VIRTUAL_CPUS))
+
+
+def test_placed_on_four_devices_equals_unplaced():
+    # four logical devices need a fresh process (devices are configured once per process)
+    proc = subprocess.run([sys.executable, __file__, "4"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={"PYTHONPATH": str(ROOT), "PATH": ""})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reports = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(reports) == set(SPECS)
+    for report in reports.values():
+        check(report)
+
+
+def test_a_pinned_op_that_moves_is_caught():
+    report = equivalence("mlp", VIRTUAL_CPUS)
+    layer = next(k for k in report["ops"] if k.endswith(":forward")).split(":")[0]
+    report["expected"][layer] = "CPU:9"
+    with pytest.raises(AssertionError):
+        check(report)
+
+
+def _best_by_exhaustion(costs, k):
+    n, best = len(costs), float("inf")
+    for cuts in itertools.combinations(range(1, n), k - 1):
+        bounds = (0, *cuts, n)
+        best = min(best, max(sum(costs[a:b]) for a, b in zip(bounds, bounds[1:])))
+    return best
+
+
+def test_partition_is_the_best_contiguous_split():
+    rng = np.random.default_rng(1)
+    for n, k in [(7, 2), (9, 3), (10, 4), (5, 5)]:
+        costs = list(rng.uniform(0, 10, n))
+        stage = placement.partition(costs, k)
+        assert stage == sorted(stage) and stage[0] == 0            # contiguous, ordered
+        largest = max(sum(c for c, s in zip(costs, stage) if s == j) for j in set(stage))
+        assert largest == pytest.approx(_best_by_exhaustion(costs, k))
+
+
+@pytest.mark.parametrize("name,params", [("resnet", {"depth": 20, "width": 16}),
+                                         ("transformer", {"num_layers": 4})])
+@pytest.mark.parametrize("devices", [2, 4])
+@pytest.mark.parametrize("balance", ["params", "flops"])
+def test_auto_partition_is_balanced(name, params, devices, balance):
+    model = MODELS.get(name)(SPECS[name], **params)
+    costs = [placement.stage_cost(c, balance) for c in placement.layer_costs(model)]
+    stage = placement.partition(costs, devices)
+    totals = [sum(c for c, s in zip(costs, stage) if s == k) for k in range(devices)]
+    if max(totals) > 1.15 * np.mean(totals):       # layer granularity: must be the optimum
+        assert max(totals) == pytest.approx(_best_by_exhaustion(costs, devices))
+
+
+def test_stage_rules():
+    model = builder("cnn")()
+    names = [c.name for c in placement.layer_costs(model)]
+    assert names == ["conv_0", "relu_0", "pool_0", "conv_1", "relu_1", "pool_1", "flatten",
+                     "dense_0", "logits"]
+    order = placement.stages_from_rules(names, [["conv_0", "relu_0", "pool_0"],
+                                                ["conv_1", "relu_1", "pool_1", "flatten",
+                                                 "dense_0", "logits"]])
+    assert order == [0, 0, 0, 1, 1, 1, 1, 1, 1]
+    with pytest.raises(ConfigError, match=r"stages\[1\]\[0\]: rule 'nope' matches no layer"):
+        placement.stages_from_rules(names, [[".*"], ["nope"]])
+    with pytest.raises(ConfigError, match=r"stages\[1\]\[0\]: layer conv_0 is already in stage 0"):
+        placement.stages_from_rules(names, [["conv_0"], ["conv_0"]])
+    with pytest.raises(ConfigError, match=r"layers .* are in no stage"):
+        placement.stages_from_rules(names, [["conv_0"], ["relu_0"]])
+    with pytest.raises(ConfigError, match=r"contiguous .* layer pool_0 goes back"):
+        placement.stages_from_rules(names, [["conv_0", "pool_0"], ["relu_0", "conv_1", "relu_1",
+                                                                   "pool_1", "flatten", "dense_0",
+                                                                   "logits"]])
+
+
+def test_placed_quickstart_trains_like_data_parallel(tmp_path):
+    from tftrain.run import run
+    common = ["train.epochs=6", "export.tflite=none", "export.saved_model=false"]
+    placed = run(quick_config(tmp_path, *common, "run.name=placed", "distribute.strategy=auto",
+                              "data.per_replica_batch_size=64",
+                              "model.placement={devices: ['/cpu:0', '/cpu:1'], microbatches: 4}"))
+    mirrored = run(quick_config(tmp_path, *common, "run.name=mirrored"))
+    assert placed["strategy"] == "model_parallel" and placed["global_batch_size"] == 64
+    assert placed["placement"]["microbatches"] == 4 and len(placed["placement"]["stages"]) == 2
+    assert placed["metrics"]["val_accuracy"] >= 0.95
+    assert abs(placed["metrics"]["val_accuracy"] - mirrored["metrics"]["val_accuracy"]) <= 0.015
+
+
+if __name__ == "__main__":       # python tests/test_placement.py N: reports on N devices
+    from tftrain.strategy import configure_devices
+    configure_devices(load_config(None, [f"distribute.virtual_cpus={sys.argv[1]}"]))
+    print(json.dumps({name: equivalence(name, int(sys.argv[1])) for name in SPECS}))
