@@ -135,11 +135,15 @@ def choose(cfg: Config, costs: list[LayerCost], devices: list[str], policy: str,
     one = min(t[2] for t in tried if t[0] == tried[0][0])
     split = min(t[2] for t in tried)
     raise ConfigError(
-        f"distribute.device_memory: the model needs {one / GIB:,.2f} GiB on one device and "
-        f"{split / GIB:,.2f} GiB per device at best over {len(devices)} devices, which have "
-        f"{memory / GIB:,.2f} GiB each; lower data.per_replica_batch_size (or set "
+        f"distribute.device_memory: the model needs {_bytes(one)} on one device and "
+        f"{_bytes(split)} per device at best over {len(devices)} devices, which have "
+        f"{_bytes(memory)} each; lower data.per_replica_batch_size (or set "
         "train.global_batch_size with more train.accumulation_steps), use precision.policy: "
         "mixed_bfloat16, a smaller model, or more devices")
+
+
+def _bytes(n: float) -> str:
+    return f"{n / GIB:,.2f} GiB" if n >= GIB / 10 else f"{n / 2**20:,.2f} MiB"
 
 
 def _batch_options(cfg: Config, micro: int, accumulation: int, copies: int):

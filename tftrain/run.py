@@ -456,8 +456,8 @@ def _parallelism(cfg: Config, policy: str, source):
     if memory_plan.kind == "model":
         if cfg.distribute.strategy != "auto":
             raise ConfigError(
-                f"distribute.strategy: the model needs {memory_plan.per_device[0].total / 2**30:.2f}"
-                f" GiB per stage and does not fit one device with '{cfg.distribute.strategy}'; "
+                f"distribute.strategy: the model needs {memory_plan.per_device[0].total / 2**20:,.1f}"
+                f" MiB per stage and does not fit one device with '{cfg.distribute.strategy}'; "
                 "set distribute.strategy: auto (model parallel) or model.placement")
         layout = PlacementConfig(devices=devices[:memory_plan.stages], balance="memory")
         return tf.distribute.get_strategy(), placement.plan(base, layout, batch), memory_plan
