@@ -35,8 +35,9 @@ class LayerCost:
     activation_bytes: float   # bytes of its outputs per example (kept for the backward)
 
     def memory(self, batch: int, slots: int = 2, compute_bytes: int = 4) -> float:
-        """Training bytes: float32 weights, gradients and optimizer slots, activations."""
-        return self.params * 4 * (2 + slots) + self.activation_bytes / 4 * compute_bytes * batch
+        """Training bytes: float32 weights, gradients, optimizer slots and the optimizer's
+        update temporaries, and activations."""
+        return self.params * 4 * (3 + slots) + self.activation_bytes / 4 * compute_bytes * batch
 
 
 def _size(shape) -> int:
@@ -72,16 +73,41 @@ def layer_flops(layer) -> float:
     return float(out_elems)        # element-wise work
 
 
+_VIEWS = ("Flatten", "Reshape", "InputLayer")          # no new memory
+_FUSED_AFTER = ("BatchNormalization", "Add")           # ReLU fused into these by the runtime
+
+
+def activation_bytes(layer, parents: list[str]) -> float:
+    """float32 bytes per example this layer keeps for the backward pass: its outputs, none
+    for views and for an activation fused into the batch norm or add before it, plus the
+    attention scores and probabilities of multi-head attention."""
+    kind = type(layer).__name__
+    if kind in _VIEWS:
+        return 0.0
+    if kind in ("ReLU", "Activation") and parents and all(p in _FUSED_AFTER for p in parents):
+        return 0.0
+    out = layer.output_shape
+    outs = out if isinstance(out, list) else [out]
+    total = sum(_size(o[1:]) for o in outs) * 4.0
+    if kind == "MultiHeadAttention" and len(outs[0]) > 2:
+        length = outs[0][1]
+        total += 3 * layer._num_heads * length * length * 4.0   # scores, softmax, dropout mask
+    return total
+
+
 def layer_costs(model) -> list[LayerCost]:
     """Cost of each layer (InputLayers excluded), in topological order."""
+    config = model.get_config()["layers"]
+    kinds = {entry["name"]: entry["class_name"] for entry in config}
+    parents = {entry["name"]: [kinds.get(item[0]) for node in entry.get("inbound_nodes", [])
+                               for item in node if isinstance(item, (list, tuple))]
+               for entry in config}
     costs = []
     for layer in model.layers:
         if isinstance(layer, keras.layers.InputLayer):
             continue
-        out = layer.output_shape
-        outs = out if isinstance(out, list) else [out]
-        activation = sum(_size(o[1:]) for o in outs) * 4.0
-        costs.append(LayerCost(layer.name, layer.count_params(), layer_flops(layer), activation))
+        costs.append(LayerCost(layer.name, layer.count_params(), layer_flops(layer),
+                               activation_bytes(layer, parents.get(layer.name, []))))
     return costs
 
 

@@ -19,10 +19,9 @@ import tensorflow as tf
 from tftrain.config import Config, ConfigError
 from tftrain.placement import LayerCost, partition
 
-# Activations kept for the backward pass, as a multiple of the layers' outputs (inputs to
-# element-wise ops, masks and workspace); measured against the allocator peak on this
-# project's models (benchmarks/planner.py).
-ACTIVATION_FACTOR = 2.0
+# Activations kept for the backward pass, as a multiple of what `activation_bytes` counts;
+# checked against the allocator peak on this project's models (benchmarks/planner.py).
+ACTIVATION_FACTOR = 1.0
 GIB = 2**30
 
 
@@ -45,18 +44,18 @@ def compute_bytes(policy: str) -> int:
 @dataclass(frozen=True)
 class Estimate:
     params: float
-    gradients: float
+    gradients: float        # and as much again for the optimizer's update temporaries
     slots: float
     activations: float
 
     @property
     def total(self) -> float:
-        return self.params + self.gradients + self.slots + self.activations
+        return self.params + 2 * self.gradients + self.slots + self.activations
 
     def describe(self) -> str:
         mib = 2**20
-        return (f"{self.total / mib:,.1f} MiB = params {self.params / mib:,.1f} + gradients "
-                f"{self.gradients / mib:,.1f} + optimizer slots {self.slots / mib:,.1f} + "
+        return (f"{self.total / mib:,.1f} MiB = params {self.params / mib:,.1f} + gradients and update "
+                f"temporaries {2 * self.gradients / mib:,.1f} + optimizer slots {self.slots / mib:,.1f} + "
                 f"activations {self.activations / mib:,.1f}")
 
 
