@@ -106,7 +106,7 @@ class Plan:
         why = "as model.placement says" if self.configured else "the model does not fit one device"
         what = ("data parallel (the model fits one device)" if self.kind == "data"
                 else f"model parallel over {self.stages} stages ({why})")
-        lines = [f"planner: {what}; device memory {self.memory / GIB:,.2f} GiB",
+        lines = [f"planner: {what}; device memory {_bytes(self.memory)}",
                  f"  forward FLOPs per example {self.flops_per_example:,.0f}"]
         for i, e in enumerate(self.per_device):
             lines.append(f"  device {i}: {e.describe()}")
