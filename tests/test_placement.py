@@ -181,6 +181,24 @@ def test_placed_quickstart_trains_like_data_parallel(tmp_path):
     assert abs(placed["metrics"]["val_accuracy"] - mirrored["metrics"]["val_accuracy"]) <= 0.015
 
 
+def test_placed_with_bfloat16_and_accumulation_trains(tmp_path):
+    from tftrain.run import run
+    summary = run(quick_config(tmp_path, "train.epochs=4", "export.tflite=none", "run.name=bf16",
+                               "distribute.strategy=auto", "precision.policy=mixed_bfloat16",
+                               "train.accumulation_steps=2",
+                               "model.placement={devices: ['/cpu:0', '/cpu:1'], microbatches: 2}"))
+    assert summary["strategy"] == "model_parallel" and summary["precision"] == "mixed_bfloat16"
+    assert summary["global_batch_size"] == 64 and summary["accumulation_steps"] == 2
+    assert summary["metrics"]["val_accuracy"] > 0.9
+    assert summary["artifacts"]["saved_model"]["max_abs_logit_diff"] < 0.05   # bf16 vs float32 export
+    assert summary["throughput"]["flops_per_example"] > 0 and 0 < summary["throughput"]["mfu"] < 1
+
+
+def test_float16_placed_gradients_equal_unplaced():
+    precision.apply_policy("mixed_float16")
+    check(equivalence("cnn", VIRTUAL_CPUS))
+
+
 if __name__ == "__main__":       # python tests/test_placement.py N: reports on N devices
     from tftrain.strategy import configure_devices
     configure_devices(load_config(None, [f"distribute.virtual_cpus={sys.argv[1]}"]))

@@ -35,6 +35,10 @@ BAD_SETS = [
     (["compression.quantization.enabled=true", "export.tflite=float16"], r"export\.tflite: a quantization-aware trained model exports as int8"),
     (["compression.pruning={enabled: true, layers: [conv_0, nope]}"], r"compression\.pruning\.layers\[1\]: rule 'nope' matches no layer"),
     (["compression.pruning={enabled: true, epochs: 1, end: 50}"], r"compression\.pruning\.end: update 50 is after the last update"),
+    (["model.placement={devices: ['/cpu:0', '/cpu:1']}"], r"distribute\.strategy: model\.placement places one model copy .* 'mirrored'; set distribute\.strategy: auto"),
+    (["distribute.strategy=auto", "model.placement={devices: ['/cpu:0', '/cpu:5']}"], r"model\.placement\.devices: /cpu:5 does not exist"),
+    (["distribute.strategy=auto", "model.placement={devices: ['/cpu:0', '/cpu:1'], microbatches: 5}"], r"model\.placement\.microbatches: 5 does not divide the batch of 32"),
+    (["distribute.strategy=auto", "model.placement={devices: ['/cpu:0', '/cpu:1'], stages: [[conv_0], [nope]]}"], r"model\.placement\.stages\[1\]\[0\]: rule 'nope' matches no layer"),
 ]
 
 
@@ -103,12 +107,15 @@ def test_run_directory_contract(quickstart_run):
         assert (path / name).exists(), name
     rows = list(csv.DictReader(open(path / "metrics.csv")))
     assert [int(r["epoch"]) for r in rows] == list(range(15))
-    assert {"loss", "accuracy", "val_loss", "val_accuracy", "lr", "examples_per_sec"} <= set(rows[0])
+    assert {"loss", "accuracy", "val_loss", "val_accuracy", "lr", "examples_per_sec",
+            "model_flops_per_sec", "mfu"} <= set(rows[0])
+    assert 0 < float(rows[-1]["mfu"]) < 1
     assert float(rows[-1]["lr"]) < float(rows[1]["lr"])          # cosine decayed
     import tensorflow as tf
     tags = {v.tag for f in (path / "tensorboard" / "train").glob("events.out.tfevents.*")
             for e in tf.compat.v1.train.summary_iterator(str(f)) for v in e.summary.value}
-    assert {"epoch_loss", "epoch_accuracy", "epoch_lr", "epoch_examples_per_sec"} <= tags
+    assert {"epoch_loss", "epoch_accuracy", "epoch_lr", "epoch_examples_per_sec",
+            "epoch_model_flops_per_sec", "epoch_mfu"} <= tags
     summary = json.loads((path / "summary.json").read_text())
     for name, art in summary["artifacts"].items():
         assert art["size_bytes"] > art["gzip_bytes"] > 0, name

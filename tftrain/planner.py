@@ -148,8 +148,9 @@ def _bytes(n: float) -> str:
 def _batch_options(cfg: Config, micro: int, accumulation: int, copies: int):
     """(micro-batch, accumulation) pairs to try, largest micro-batch first."""
     total = cfg.train.global_batch_size
-    if total is None:
-        return [(micro, accumulation)]
+    if total is None or total % (copies * accumulation):
+        # not divisible: the batch plan reports it; the planner does not work around it
+        return [(max(1, (total or 0) // (copies * accumulation)) if total else micro, accumulation)]
     return [(total // (copies * a), a) for a in range(accumulation, total + 1)
             if total % (copies * a) == 0]
 

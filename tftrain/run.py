@@ -421,6 +421,11 @@ def _reject_unavailable(cfg: Config) -> None:
         raise ConfigError(f"distribute.strategy: model.placement places one model copy over "
                           f"its devices and cannot be combined with "
                           f"'{cfg.distribute.strategy}'; set distribute.strategy: auto")
+    if cfg.model.placement is not None:
+        from tftrain.strategy import cluster_spec
+        if cluster_spec()[1] > 1:
+            raise ConfigError("model.placement: model parallelism runs on one machine; "
+                              "remove it to train data parallel over the cluster's workers")
     if cfg.model.placement is not None and (cfg.compression.pruning.enabled
                                             or cfg.compression.quantization.enabled):
         raise ConfigError("model.placement: compression stages run on one device or data "
