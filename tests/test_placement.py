@@ -177,6 +177,12 @@ def test_placed_quickstart_trains_like_data_parallel(tmp_path):
     mirrored = run(quick_config(tmp_path, *common, "run.name=mirrored"))
     assert placed["strategy"] == "model_parallel" and placed["global_batch_size"] == 64
     assert placed["placement"]["microbatches"] == 4 and len(placed["placement"]["stages"]) == 2
+    layout = placed["placement"]
+    assert layout["bubble_formula"] == pytest.approx(1 / 5)
+    assert 0 <= layout["bubble_measured"] < 1 and layout["step_ms_pipelined"] > 0
+    # the measurement's definition: busy time (one batch, stages in turn) over K x step time
+    assert layout["bubble_measured"] == pytest.approx(
+        max(0.0, 1 - layout["step_ms_one_batch"] / (2 * layout["step_ms_pipelined"])))
     assert placed["metrics"]["val_accuracy"] >= 0.95
     assert abs(placed["metrics"]["val_accuracy"] - mirrored["metrics"]["val_accuracy"]) <= 0.015
 

@@ -256,3 +256,39 @@ def _on_device(call, device: str):
 
 def variable_devices(model) -> dict[str, str]:
     return {v.name: v.device for v in model.weights}
+
+
+def measure_bubble(net, placement: Placement, x, y, loss, repeats: int = 5) -> dict:
+    """Idle fraction of the pipeline, measured on batch (x, y): the forward and backward
+    pass run as one batch (stages strictly in turn: T1) and as M micro-batches (TM);
+    the stages' busy time is T1, so the idle fraction is 1 - T1 / (K x TM). Gradients
+    only, in inference mode: weights, optimizer and batch-norm statistics are untouched."""
+    import time
+
+    m = placement.microbatches
+
+    def grads(parts):
+        piece = int(x.shape[0]) // parts
+
+        @tf.function
+        def step():
+            total = []
+            for i in range(parts):
+                xs, ys = x[i * piece:(i + 1) * piece], y[i * piece:(i + 1) * piece]
+                g = tf.gradients(loss(ys, net(xs, training=False)), net.trainable_variables)
+                total.append(tf.add_n([tf.reduce_sum(t) for t in g if t is not None]))
+            return tf.add_n(total)
+        return step
+
+    one, piped = grads(1), grads(m)
+    one(), piped()                                   # trace
+    times = {"one": [], "piped": []}
+    for r in range(repeats):
+        for name, fn in ((("one", one), ("piped", piped)) if r % 2 == 0
+                         else (("piped", piped), ("one", one))):
+            start = time.perf_counter()
+            fn().numpy()
+            times[name].append(time.perf_counter() - start)
+    t1, tm = float(np.median(times["one"])), float(np.median(times["piped"]))
+    return {"step_ms_one_batch": t1 * 1e3, "step_ms_pipelined": tm * 1e3,
+            "bubble_measured": max(0.0, 1.0 - t1 / (placement.num_stages * tm))}

@@ -173,6 +173,11 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
     final = compression.strip(net) if stages[-1].name == "prune" else net
     qat = stages[-1].name == "qat"
     artifacts = export.export_all(final, cfg.export, run.export, source, qat=qat) if chief else {}
+    bubble = {}
+    if placed is not None:      # the pipeline's idle fraction, measured on one batch
+        from tftrain.train_step import build_loss
+        x, y = next(iter(source.train.batch(plan.per_replica)))
+        bubble = placement.measure_bubble(net, placed, x, y, build_loss(cfg.train.loss))
     summary = {
         "status": "completed", "steps": stages[0].updates,
         "epochs": stages[0].epochs, "steps_per_epoch": steps_per_epoch,
@@ -190,7 +195,7 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
             "balance": placed.balance, "stage_costs": list(placed.costs),
             "stages": [[n for n, s in zip(placed.layers, placed.stage) if s == k]
                        for k in range(placed.num_stages)],
-            "bubble_formula": placed.bubble()},
+            "bubble_formula": placed.bubble(), **bubble},
         "memory_plan": None if memory_plan is None else {
             "kind": memory_plan.kind, "stages": memory_plan.stages,
             "device_memory": memory_plan.memory,

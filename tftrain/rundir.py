@@ -98,7 +98,9 @@ def report_table(summary: dict) -> str:
         rows.append(("placement", f"{len(placed['devices'])} stages x {placed['microbatches']} "
                                   f"micro-batches, stage costs ({placed['balance']}) "
                                   + ", ".join(f"{c:.3g}" for c in placed["stage_costs"])
-                                  + f", bubble (K-1)/(M+K-1) {placed['bubble_formula']:.2f}"))
+                                  + f", bubble (K-1)/(M+K-1) {placed['bubble_formula']:.2f}"
+                                  + (f", measured {placed['bubble_measured']:.2f}"
+                                     if "bubble_measured" in placed else "")))
     rows += [(k, f"{v:.4f}") for k, v in summary["metrics"].items()]
     stages = summary.get("stages", {})
     if len(stages) > 1:            # what each compression stage cost and gained
