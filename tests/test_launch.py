@@ -13,7 +13,7 @@ from tftrain.launch import _wait, cpu_sets, free_ports, worker_env
 from tftrain.run import run
 
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
-EPOCHS = 6
+EPOCHS = 4
 SETS = ["distribute.strategy=auto", f"train.epochs={EPOCHS}", "export.tflite=none",
         "train.checkpoint.every=10", "run.deterministic=true", "train.verbose=0"]
 PLANNED = EPOCHS * (1527 // 64)

@@ -168,7 +168,7 @@ def test_schema_flag_prints_json_schema():
 
 
 # --- resume ------------------------------------------------------------------------------
-RESUME_SETS = ["train.epochs=24", "train.checkpoint.every=10", "export.tflite=none",
+RESUME_SETS = ["train.epochs=16", "train.checkpoint.every=10", "export.tflite=none",
                "run.deterministic=true", "model.params={filters: [32, 64], dense: [128], dropout: 0.3}"]
 
 
@@ -187,7 +187,7 @@ def test_killed_run_resumes_to_planned_steps(tmp_path, uninterrupted, sig, code)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == code, err[-2000:]
     assert not (tmp_path / "quickstart" / "summary.json").exists()
-    planned = 24 * (1527 // 64)
+    planned = 16 * (1527 // 64)
     assert saved < planned
     again = cli(QUICKSTART, "--run-dir", tmp_path, *[a for s in RESUME_SETS for a in ("--set", s)])
     assert again.returncode == 0, again.stderr[-3000:]
