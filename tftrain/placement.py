@@ -44,11 +44,6 @@ def _size(shape) -> int:
     return int(np.prod([d for d in shape if d is not None], dtype=np.int64))
 
 
-def _shapes(value) -> list:
-    return [tuple(s) for s in tf.nest.flatten(value, expand_composites=False)
-            if isinstance(s, (tuple, list)) or hasattr(s, "__len__")]
-
-
 def layer_flops(layer) -> float:
     """Forward FLOPs per example (multiply-adds count 2), from the layer's shapes."""
     out = layer.output_shape
@@ -253,9 +248,6 @@ def _on_device(call, device: str):
             return call(*args, **kwargs)
     return placed
 
-
-def variable_devices(model) -> dict[str, str]:
-    return {v.name: v.device for v in model.weights}
 
 
 def measure_bubble(net, placement: Placement, x, y, loss, repeats: int = 5) -> dict:
