@@ -30,6 +30,7 @@ from tensorflow_model_optimization.python.core.sparsity.keras.pruning_wrapper im
 
 from tftrain._keras import keras
 from tftrain.config import ConfigError, PruningConfig, QuantizationConfig
+from tftrain.models import layer_parents
 from tftrain.registry import Registry
 
 PRUNING_SCHEDULES = Registry("pruning schedule", "compression.pruning.schedule")
@@ -222,19 +223,6 @@ def kernel_sparsity(model, names) -> dict[str, float]:
 _FOLDED_INTO = ("Conv2D", "DepthwiseConv2D", "Dense")
 
 
-def _parents(model) -> dict[str, list[str]]:
-    """Class names of each layer's inputs within `model` (layers may also be called in
-    other models, so their own inbound nodes are not enough)."""
-    config = model.get_config()["layers"]
-    kinds = {entry["name"]: entry["class_name"] for entry in config}
-    parents = {}
-    for entry in config:
-        names = [item[0] for node in entry.get("inbound_nodes", []) for item in node
-                 if isinstance(item, (list, tuple))]
-        parents[entry["name"]] = [kinds[n] for n in names if n in kinds]
-    return parents
-
-
 def quantizable(layer, parents: list[str]) -> bool:
     """Whether tfmot's default 8-bit scheme can quantize this layer (batch norm right
     after a convolution or dense layer is folded into it)."""
@@ -251,7 +239,7 @@ def quantizable(layer, parents: list[str]) -> bool:
 def unquantizable(model, cfg: QuantizationConfig) -> list[str]:
     """Layers tfmot cannot quantize: an error naming them, or (skip_unsupported) the
     names to leave in float."""
-    parents = _parents(model)
+    parents = layer_parents(model)
     unsupported = [layer for layer in model.layers if not quantizable(layer, parents[layer.name])]
     if unsupported and not cfg.skip_unsupported:
         kinds = ", ".join(f"{layer.name} ({type(layer).__name__})" for layer in unsupported)

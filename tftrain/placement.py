@@ -92,11 +92,9 @@ def activation_bytes(layer, parents: list[str]) -> float:
 
 def layer_costs(model) -> list[LayerCost]:
     """Cost of each layer (InputLayers excluded), in topological order."""
-    config = model.get_config()["layers"]
-    kinds = {entry["name"]: entry["class_name"] for entry in config}
-    parents = {entry["name"]: [kinds.get(item[0]) for node in entry.get("inbound_nodes", [])
-                               for item in node if isinstance(item, (list, tuple))]
-               for entry in config}
+    from tftrain.models import layer_parents
+
+    parents = layer_parents(model)
     costs = []
     for layer in model.layers:
         if isinstance(layer, keras.layers.InputLayer):

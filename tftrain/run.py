@@ -80,7 +80,8 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
     # -- plan: devices, strategy, precision, data, batches, stages (nothing written yet) --
     _reject_unavailable(cfg)
     strategy.configure_devices(cfg)                  # logical devices first, before any op
-    if smoke or strategy.cluster_spec()[1] > 1:      # then the collectives, before all else
+    planned_here = not (smoke or strategy.cluster_spec()[1] > 1)
+    if not planned_here:                             # then the collectives, before all else
         strat = strategy.build_strategy(cfg, force_one_device=smoke)
     keras.backend.experimental.enable_tf_random_generator()   # RNG state checkpointable
     if cfg.run.deterministic:
@@ -89,7 +90,7 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
     precision.apply_policy(policy)
     source = data.load_source(cfg.data, cfg.run.seed)
     placed, memory_plan = None, None
-    if not (smoke or strategy.cluster_spec()[1] > 1):
+    if planned_here:        # one machine: the planner chooses data or model parallelism
         strat, placed, memory_plan = _parallelism(cfg, policy, source)
     info = strategy.describe(strat) if placed is None else strategy.StrategyInfo(
         "model_parallel", placed.devices, 1, 1)
@@ -255,7 +256,7 @@ def _parallelism(cfg: Config, policy: str, source):
     batch, acc = cfg.data.per_replica_batch_size, cfg.train.accumulation_steps
     if cfg.model.placement is not None:
         wanted = cfg.model.placement.devices
-        missing = [d for d in wanted if not _device_exists(d)]
+        missing = strategy.missing_devices(wanted)
         if missing:
             raise ConfigError(f"model.placement.devices: {', '.join(missing)} does not exist; set "
                               "distribute.virtual_cpus to split the CPU into more devices")
@@ -274,13 +275,6 @@ def _parallelism(cfg: Config, policy: str, source):
         layout = PlacementConfig(devices=devices[:memory_plan.stages], balance="memory")
         return tf.distribute.get_strategy(), placement.plan(base, layout, batch), memory_plan
     return strategy.build_strategy(cfg), None, memory_plan
-
-
-def _device_exists(name: str) -> bool:
-    import tensorflow as tf
-
-    from tftrain.strategy import _canonical
-    return _canonical(name) in {_canonical(d.name) for d in tf.config.list_logical_devices()}
 
 
 def _plan_text(strat, info, policy, plan, source, steps_per_epoch, stages, pruning, model) -> str:

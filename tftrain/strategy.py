@@ -100,13 +100,18 @@ def _canonical(name: str) -> str:
     return tf.DeviceSpec.from_string(name).to_string()
 
 
+def missing_devices(names) -> list[str]:
+    """The named devices TensorFlow does not have (logical devices included)."""
+    known = {_canonical(dev.name) for dev in tf.config.list_logical_devices()}
+    return [name for name in names if _canonical(name) not in known]
+
+
 def resolve_devices(d: DistributeConfig) -> list[str]:
     """The devices replicas run on; an explicit list is checked against what exists."""
     visible = visible_devices()
     if d.devices is None:
         return visible
-    known = {_canonical(dev.name) for dev in tf.config.list_logical_devices()}
-    missing = [dev for dev in d.devices if _canonical(dev) not in known]
+    missing = missing_devices(d.devices)
     if missing:
         raise ConfigError(
             f"distribute.devices: {', '.join(missing)} does not exist; visible devices: "

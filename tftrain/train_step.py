@@ -18,6 +18,8 @@ synchronises replicas (QAT's moving-average ranges) cannot run inside the while 
 """
 from __future__ import annotations
 
+import contextlib
+
 import tensorflow as tf
 
 from tftrain._keras import keras
@@ -47,6 +49,11 @@ def _micro_batch(x, y, sample_weight, index, size):
 def _size(x, n: int):
     """Micro-batch size: the replica's batch split into n equal parts."""
     return tf.shape(tf.nest.flatten(x)[0])[0] // n
+
+
+def _add(total, grads):
+    """Gradient sums (IndexedSlices made dense)."""
+    return [a + tf.convert_to_tensor(g) for a, g in zip(total, grads)]
 
 
 class TrainModel(keras.Model):
@@ -81,11 +88,9 @@ class TrainModel(keras.Model):
 
     def _run_hooks(self, method: str) -> None:
         context = tf.distribute.get_replica_context()
+        args = (self.optimizer.iterations,) if method == "before_update" else ()
         for hook in self.update_hooks:
-            if method == "before_update":
-                context.merge_call(lambda _, h=hook: h.before_update(self.optimizer.iterations))
-            else:
-                context.merge_call(lambda _, h=hook: h.after_update())
+            context.merge_call(lambda _, h=hook: getattr(h, method)(*args))
 
     def _reduce_in_low_precision(self, grads):
         """The update's one cross-replica sum, cast to `all_reduce_dtype` on the wire only."""
@@ -96,20 +101,16 @@ class TrainModel(keras.Model):
 
     def _gradients(self, x, y, sample_weight, variables):
         """Gradients of one micro-batch's share of the update's loss."""
-        if self.colocate_gradients and not tf.executing_eagerly():
-            # tf.gradients colocates each gradient op with its forward op; a tape leaves
-            # them unplaced (and the placer would not keep a stage's backward on its device).
-            y_pred = self(x, training=True)
-            loss = self._micro_loss(y, y_pred, sample_weight)
-            self.compiled_metrics.update_state(y, y_pred, sample_weight)
-            return [g if g is not None else tf.zeros_like(v, tf.float32)
-                    for g, v in zip(tf.gradients(loss, variables), variables)]
-        with tf.GradientTape() as tape:
+        # tf.gradients colocates each gradient op with its forward op; a tape leaves them
+        # unplaced (and the placer would not keep a placed stage's backward on its device).
+        colocate = self.colocate_gradients and not tf.executing_eagerly()
+        with contextlib.nullcontext() if colocate else tf.GradientTape() as tape:
             y_pred = self(x, training=True)
             loss = self._micro_loss(y, y_pred, sample_weight)
         self.compiled_metrics.update_state(y, y_pred, sample_weight)
+        grads = tf.gradients(loss, variables) if colocate else tape.gradient(loss, variables)
         return [g if g is not None else tf.zeros_like(v, tf.float32)
-                for g, v in zip(tape.gradient(loss, variables), variables)]
+                for g, v in zip(grads, variables)]
 
     def _micro_loss(self, y, y_pred, sample_weight):
         # compiled_loss averages over the micro-batch and divides by the number of
@@ -132,8 +133,8 @@ class TrainModel(keras.Model):
             size = _size(x, n)
             grads = self._gradients(*_micro_batch(x, y, sample_weight, 0, size), variables)
             for i in range(1, n):
-                micro = self._gradients(*_micro_batch(x, y, sample_weight, i, size), variables)
-                grads = [a + tf.convert_to_tensor(g) for a, g in zip(grads, micro)]
+                grads = _add(grads, self._gradients(*_micro_batch(x, y, sample_weight, i, size),
+                                                    variables))
         else:
             size = _size(x, n)
             # The first micro-batch runs outside the loop: Keras creates its metric
@@ -141,8 +142,8 @@ class TrainModel(keras.Model):
             first = self._gradients(*_micro_batch(x, y, sample_weight, 0, size), variables)
 
             def accumulate(i, acc):
-                micro = self._gradients(*_micro_batch(x, y, sample_weight, i, size), variables)
-                return i + 1, [a + tf.convert_to_tensor(g) for a, g in zip(acc, micro)]
+                return i + 1, _add(acc, self._gradients(
+                    *_micro_batch(x, y, sample_weight, i, size), variables))
 
             # parallel_iterations=1: one micro-batch's activations alive at a time.
             _, grads = tf.while_loop(lambda i, _: i < n, accumulate,

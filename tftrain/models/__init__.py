@@ -41,4 +41,15 @@ def build_model(cfg: ModelConfig, spec):
     return ensure_tf_keras_model(model, f"model '{cfg.name}'")
 
 
-__all__ = ["MODELS", "build_model", "resolve_builder"]
+def layer_parents(model) -> dict[str, list[str]]:
+    """Class names of each layer's inputs within `model`, read from the model's own
+    graph (a layer may also be called in other models, so its inbound nodes are not)."""
+    config = model.get_config()["layers"]
+    kinds = {entry["name"]: entry["class_name"] for entry in config}
+    return {entry["name"]: [kinds[item[0]] for node in entry.get("inbound_nodes", [])
+                            for item in node
+                            if isinstance(item, (list, tuple)) and item[0] in kinds]
+            for entry in config}
+
+
+__all__ = ["MODELS", "build_model", "layer_parents", "resolve_builder"]
