@@ -144,14 +144,33 @@ class ModelConfig(Strict):
     placement: Optional[PlacementConfig] = None
 
 
+class ServiceConfig(Strict):
+    """tf.data service: preprocessing on its workers (`python -m tftrain.launch
+    --data-workers N` starts a local dispatcher and N workers)."""
+    dispatcher: str                      # e.g. grpc://localhost:5050
+    processing_mode: Literal["parallel_epochs", "distributed_epoch"] = "parallel_epochs"
+    job_name: str = "tftrain"
+
+
 class DataConfig(Strict):
     name: str = "digits"
     params: dict[str, Any] = {}
     per_replica_batch_size: int = Field(32, ge=1)
     shuffle: bool = True
-    shuffle_buffer: Optional[int] = Field(None, ge=1)
-    cache: bool = True
+    shuffle_buffer: Optional[int] = Field(None, ge=1)     # streaming sources: 10,000 records
+    cache: Literal["auto", "memory", "none"] = "auto"
+    cache_budget: int = 1_000_000_000                      # bytes of decoded training data
+    remainder: Literal["drop", "pad"] = "drop"
+    shard_policy: Literal["auto", "file", "data"] = "auto"
+    augment: list[Union[str, dict[str, Any]]] = []
+    service: Optional[ServiceConfig] = None
+    on_bad_record: Literal["fail", "skip"] = "fail"
     validation_fraction: float = Field(0.15, ge=0.0, lt=1.0)
+
+    @field_validator("cache_budget", mode="before")
+    @classmethod
+    def _budget(cls, v):
+        return _size_bytes(v)
 
 
 class OptimizerConfig(Strict):

@@ -135,13 +135,18 @@ def _accuracy(logits, y) -> float:
     return float(np.mean(np.argmax(logits, axis=-1) == y))
 
 
-def export_all(model, cfg, out: Path, source, qat: bool = False) -> dict:
+def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None) -> dict:
     """Write and verify every configured artifact; returns their report entries.
-    `qat`: the model was quantization-aware trained (int8 uses its learned ranges)."""
+    `qat`: the model was quantization-aware trained (int8 uses its learned ranges).
+    Artifacts take validation's input (decoded, resized and the deterministic steps of
+    `data.augment`, e.g. normalize), checked on the validation set."""
+    from tftrain.data import BatchPlan, preprocess, val_dataset
+
     report = {}
     if not cfg.saved_model and cfg.tflite == "none":
         return report
-    x_val, y_val = (np.concatenate(parts) for parts in zip(*source.val.batch(1024).as_numpy_iterator()))
+    x_val, y_val = (np.concatenate(parts) for parts in zip(
+        *val_dataset(source, BatchPlan(1024, 1, 1), data_cfg).as_numpy_iterator()))
     plain = inference_model(model)
     reference = plain.predict(x_val, verbose=0)
     saved = _write_saved_model(plain, out / "saved_model")
@@ -150,8 +155,8 @@ def export_all(model, cfg, out: Path, source, qat: bool = False) -> dict:
     report["saved_model"] = {**_sizes(_dir_bytes(saved)), "accuracy": _accuracy(logits, y_val),
                              "max_abs_logit_diff": float(np.max(np.abs(logits - reference)))}
     if cfg.tflite != "none":
-        calibration = np.concatenate([x for x, _ in source.train.take(cfg.calibration_examples)
-                                      .batch(256).as_numpy_iterator()])
+        examples = preprocess(source.calibration(cfg.calibration_examples), data_cfg)
+        calibration = np.concatenate([x for x, _ in examples.batch(256).as_numpy_iterator()])
         blob = convert_tflite(saved, cfg.tflite, calibration, qat=qat)
         (out / "model.tflite").write_bytes(blob)
         logits, latency = tflite_logits(blob, x_val)

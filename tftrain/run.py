@@ -99,7 +99,8 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
     if placed and plan.per_replica % placed.microbatches:
         raise ConfigError(f"model.placement.microbatches: {placed.microbatches} does not divide "
                           f"the batch of {plan.per_replica}; use a divisor of it")
-    steps_per_epoch = plan.steps_per_epoch(source.num_train)
+    layout = data.epoch_layout(source, plan, cfg.data, info.workers)
+    steps_per_epoch = layout.steps(plan)
     if smoke:
         steps_per_epoch = min(steps_per_epoch, cfg.train.smoke_steps)
     stages = plan_stages(cfg, steps_per_epoch, smoke)
@@ -123,6 +124,7 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
     flops = sum(c.flops for c in placement.layer_costs(net))
     print(_plan_text(strat, info, policy, plan, source, steps_per_epoch, stages, pruning, model),
           flush=True)
+    print(data.describe(source, layout, cfg.data), flush=True)
     for part in (memory_plan, placed):
         if part is not None:
             print(part.describe(), flush=True)
@@ -140,6 +142,7 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
     run = rundir.open_run_dir(cfg, smoke, write=chief)
     # Model FLOP utilisation is quoted against a matmul measured here, times the devices.
     peak = planner.matmul_peak_flops() * (len(placed.devices) if placed else info.replicas)
+    source = data.cached(source, cfg.data)     # the decoded set in memory when it fits
     runner = StageRunner(cfg, strat, info, plan, source, run, chief, steps_per_epoch, smoke,
                          flops, peak)
 
@@ -173,11 +176,12 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
     # -- export, verify, report ------------------------------------------------------------
     final = compression.strip(net) if stages[-1].name == "prune" else net
     qat = stages[-1].name == "qat"
-    artifacts = export.export_all(final, cfg.export, run.export, source, qat=qat) if chief else {}
+    artifacts = export.export_all(final, cfg.export, run.export, source, qat=qat,
+                                  data_cfg=cfg.data) if chief else {}
     bubble = {}
     if placed is not None:      # the pipeline's idle fraction, measured on one batch
         from tftrain.train_step import build_loss
-        x, y = next(iter(source.train.batch(plan.per_replica)))
+        x, y = next(iter(source.calibration(plan.per_replica).batch(plan.per_replica)))
         bubble = placement.measure_bubble(net, placed, x, y, build_loss(cfg.train.loss))
     summary = {
         "status": "completed", "steps": stages[0].updates,

@@ -87,7 +87,7 @@ class StageRunner:
         self.flops_per_example, self.peak_flops = flops_per_example, peak_flops
         self.cfg, self.strat, self.plan, self.source = cfg, strat, plan, source
         self.run, self.chief, self.steps_per_epoch, self.smoke = run, chief, steps_per_epoch, smoke
-        self.val = data.val_dataset(source, plan)
+        self.val = data.val_dataset(source, plan, cfg.data)
         self.agree = strategy.any_worker(strat) if info.workers > 1 else None
         # Every worker saves (the collective runtime needs all of them); only the chief's
         # checkpoints are kept, the others write to a scratch directory removed at the end.
@@ -147,7 +147,8 @@ class StageRunner:
         began = time.perf_counter()
         for attempt in range(cfg.train.nan_retries + 1):
             try:
-                fit(model, data.train_dataset(self.source, self.plan, cfg.data, cfg.run.seed, start),
+                fit(model, data.distribute(self.strat, self.source, self.plan, cfg.data, cfg.run.seed,
+                                           start),
                      self.val, start, stage.epochs, spe, callbacks, cfg, self.smoke)
                 break
             except cb.NonFiniteLoss as err:

@@ -26,8 +26,30 @@ from tftrain._keras import keras
 from tftrain.registry import Registry
 
 LOSSES = Registry("loss", "train.loss")
-LOSSES.register("sparse_categorical_crossentropy")(
-    lambda: keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+
+class ClassCrossentropy(keras.losses.Loss):
+    """Cross-entropy on logits for class indices, or for class probabilities (soft labels
+    from mixup/cutmix) when the labels have the logits' rank: one loss for training on
+    mixed examples and validating on plain ones."""
+
+    def __init__(self, name="sparse_categorical_crossentropy", **kwargs):
+        super().__init__(name=name, **kwargs)
+
+    def call(self, y_true, y_pred):
+        if y_true.shape.rank == y_pred.shape.rank and y_true.shape[-1] == y_pred.shape[-1] != 1:
+            return keras.losses.categorical_crossentropy(y_true, y_pred, from_logits=True)
+        return keras.losses.sparse_categorical_crossentropy(y_true, y_pred, from_logits=True)
+
+
+def hard_labels(y, y_pred):
+    """Class indices for metrics: the largest share of a soft label, else `y`."""
+    if y.shape.rank == y_pred.shape.rank and y.shape[-1] == y_pred.shape[-1] != 1:
+        return tf.argmax(y, axis=-1)
+    return y
+
+
+LOSSES.register("sparse_categorical_crossentropy")(ClassCrossentropy)
 LOSSES.register("categorical_crossentropy")(
     lambda: keras.losses.CategoricalCrossentropy(from_logits=True))
 LOSSES.register("binary_crossentropy")(lambda: keras.losses.BinaryCrossentropy(from_logits=True))
@@ -107,7 +129,7 @@ class TrainModel(keras.Model):
         with contextlib.nullcontext() if colocate else tf.GradientTape() as tape:
             y_pred = self(x, training=True)
             loss = self._micro_loss(y, y_pred, sample_weight)
-        self.compiled_metrics.update_state(y, y_pred, sample_weight)
+        self.compiled_metrics.update_state(hard_labels(y, y_pred), y_pred, sample_weight)
         grads = tf.gradients(loss, variables) if colocate else tape.gradient(loss, variables)
         return [g if g is not None else tf.zeros_like(v, tf.float32)
                 for g, v in zip(grads, variables)]

@@ -1,0 +1,129 @@
+"""The batch arithmetic, in one place: the global batch, and how an epoch fills updates.
+
+`BatchPlan` turns per-replica batch, replicas and accumulation steps into the global
+batch. `EpochLayout` says how one epoch's examples fill optimizer updates across the
+input pipelines (one per worker): how many updates, which slots hold real examples, how
+many examples `remainder: drop` loses, and the weight each real example carries so that
+a padded update is the mean over its real examples.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tftrain.config import ConfigError
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """Batch arithmetic.
+
+    One optimizer update consumes `accumulation` micro-batches of `per_replica` examples
+    on each of `replicas` replicas, so the examples per update (the global batch) are
+    per_replica * replicas * accumulation. Each replica receives per_replica *
+    accumulation examples per update and `train_step` slices them into `accumulation`
+    micro-batches.
+    """
+    per_replica: int
+    replicas: int
+    accumulation: int
+
+    @property
+    def global_batch(self) -> int:
+        return self.per_replica * self.replicas * self.accumulation
+
+    @property
+    def replica_batch(self) -> int:
+        """Examples one replica receives per optimizer update (all its micro-batches)."""
+        return self.per_replica * self.accumulation
+
+    def steps_per_epoch(self, num_train: int) -> int:
+        """Full updates in an epoch of `num_train` examples (the last partial dropped)."""
+        return EpochLayout((num_train,), 1, self.global_batch, pad=False).steps(self)
+
+
+def plan_batches(cfg, replicas: int, accumulation: int | None = None) -> BatchPlan:
+    """The batch plan; `train.global_batch_size`, when set, must divide evenly.
+    `accumulation` overrides the configured steps (the planner's choice to fit memory)."""
+    accumulation = accumulation or cfg.train.accumulation_steps
+    if cfg.train.global_batch_size is None:
+        return BatchPlan(cfg.data.per_replica_batch_size, replicas, accumulation)
+    per_update = replicas * accumulation
+    if cfg.train.global_batch_size % per_update:
+        raise ConfigError(
+            f"train.global_batch_size: {cfg.train.global_batch_size} is not divisible by "
+            f"replicas x accumulation_steps = {replicas} x {accumulation}; use a multiple "
+            f"of {per_update}")
+    return BatchPlan(cfg.train.global_batch_size // per_update, replicas, accumulation)
+
+
+@dataclass(frozen=True)
+class EpochLayout:
+    """How an epoch's examples fill updates.
+
+    `sizes` has one entry when every input pipeline reads the same stream (in-memory and
+    indexed sources, or DATA sharding): update u then holds stream positions
+    [u*G, (u+1)*G) and pipeline w takes its contiguous share [u*G + w*P, u*G + (w+1)*P)
+    with P = G / workers. With FILE sharding each pipeline has its own stream of
+    `sizes[w]` examples and fills its share of every update from it.
+    A slot past the real examples is padding (`pad`) or does not exist (`drop`: the
+    epoch ends at the last update every pipeline can fill).
+    """
+    sizes: tuple[int, ...]
+    workers: int
+    global_batch: int
+    pad: bool
+
+    @property
+    def share(self) -> int:
+        """Slots per update and pipeline (the pipeline's part of the global batch)."""
+        return self.global_batch // self.workers
+
+    @property
+    def shared_stream(self) -> bool:
+        return len(self.sizes) == 1
+
+    def steps(self, plan: BatchPlan | None = None) -> int:
+        if self.shared_stream:
+            n, g = self.sizes[0], self.global_batch
+            steps = -(-n // g) if self.pad else n // g
+        else:
+            p = self.share
+            steps = max(-(-n // p) for n in self.sizes) if self.pad else min(n // p for n in self.sizes)
+        if steps < 1:
+            raise ConfigError(
+                f"data.per_replica_batch_size: global batch {self.global_batch}"
+                + (f" (= {plan.per_replica} per replica x {plan.replicas} replicas x "
+                   f"{plan.accumulation} accumulation steps)" if plan else "")
+                + f" exceeds the {min(self.sizes)} training examples"
+                + (" of a worker" if not self.shared_stream else "")
+                + "; lower the batch size or accumulation steps, or set data.remainder: pad")
+        return steps
+
+    @property
+    def total(self) -> int:
+        return sum(self.sizes)
+
+    def dropped(self) -> int:
+        """Examples an epoch never uses (`drop` only)."""
+        return self.total - self.real_per_update().sum()
+
+    def real_per_update(self) -> np.ndarray:
+        """Real examples in each update of an epoch."""
+        steps = self.steps()
+        u = np.arange(steps)
+        if self.shared_stream:
+            return np.clip(self.sizes[0] - u * self.global_batch, 0, self.global_batch)
+        p = self.share
+        return sum(np.clip(n - u * p, 0, p) for n in self.sizes)
+
+    def weights(self) -> np.ndarray:
+        """Weight of a real example in each update: G / real examples. The loss averages
+        over all G slots (padding weighs 0), so the update is the mean over the real
+        examples, across replicas and micro-batches, without another all-reduce."""
+        return (self.global_batch / self.real_per_update()).astype(np.float32)
+
+    def slots(self) -> int:
+        """Slots per pipeline and epoch."""
+        return self.steps() * self.share

@@ -1,0 +1,200 @@
+"""The input pipeline: epochs in order, padding and weights, augmentation, batches,
+distribution, caching and tf.data service.
+
+Each worker builds its own pipeline (`distribute_datasets_from_function`): its slots of
+every update (`EpochLayout`), one replica batch per element, consecutive elements to its
+consecutive replicas. Epoch e's order is a pure function of (seed, e), and a run that
+resumes at update k builds the pipeline from update k directly (`Source.epoch` starts
+anywhere without replaying the epoch), so resuming costs the same at any position.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+
+from tftrain.config import ConfigError, DataConfig
+from tftrain.data import augment as aug
+from tftrain.data.batching import BatchPlan, EpochLayout
+from tftrain.data.source import IndexedSource, Source
+
+
+def epoch_layout(source: Source, plan: BatchPlan, cfg: DataConfig, workers: int = 1) -> EpochLayout:
+    """How an epoch fills updates for this source, batch plan and number of workers."""
+    layout = source.layout(plan.global_batch, workers, cfg.remainder == "pad", cfg.shard_policy)
+    layout.steps(plan)       # a dataset smaller than one update: a config error now
+    return layout
+
+
+def _options() -> tf.data.Options:
+    options = tf.data.Options()
+    # tftrain shards itself (each worker reads only its slots or files).
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    options.deterministic = True   # same batches in the same order on every run
+    return options
+
+
+def example_seed(seed: int, epoch, worker: int, position):
+    """Stateless seed of one example: (run seed, epoch, worker, position in the epoch)."""
+    hi = tf.cast(seed, tf.int64) * 1_000_003 + tf.cast(epoch, tf.int64)
+    return tf.stack([hi, tf.cast(worker, tf.int64) * (1 << 40) + tf.cast(position, tf.int64)])
+
+
+def train_dataset(source: Source, plan: BatchPlan, cfg: DataConfig, seed: int,
+                  start_update: int = 0, worker: int = 0, workers: int = 1,
+                  ops: Optional[list] = None) -> tf.data.Dataset:
+    """Endless replica batches for pipeline `worker`, beginning at update `start_update`:
+    each update takes `plan.replicas / workers` consecutive elements of `plan.replica_batch`
+    examples. Elements are `(x, y)`, or `(x, y, weight)` with `data.remainder: pad`."""
+    ops = aug.build(cfg.augment) if ops is None else ops
+    layout = epoch_layout(source, plan, cfg, workers)
+    steps, share = layout.steps(), layout.share
+    weights = tf.constant(layout.weights())
+    example_ops = [op for op in ops if not op.batch]
+    batch_ops = [op for op in ops if op.batch]
+    classes = source.spec.num_classes
+
+    def epoch(e, start):
+        ds = source.epoch(seed, e, layout, worker, start, cfg.shuffle)
+
+        def finish(j, example):
+            x, y, real = example
+            s = example_seed(seed, e, worker, j)
+            for i, op in enumerate(example_ops):
+                x = op.fn(x, tf.random.experimental.stateless_fold_in(s, i))
+            w = tf.where(real, weights[j // share], 0.0)
+            if batch_ops:
+                y = tf.one_hot(y, classes)
+            return x, y, w, s
+
+        return ds.enumerate(start * share).map(finish, num_parallel_calls=tf.data.AUTOTUNE,
+                                               deterministic=True)
+
+    first, skip = divmod(start_update, steps)
+    ds = epoch(first, skip).concatenate(
+        tf.data.Dataset.range(first + 1, 2**62).flat_map(lambda e: epoch(e, 0)))
+    ds = ds.batch(plan.replica_batch, drop_remainder=True)
+    pad = cfg.remainder == "pad"
+
+    def out(x, y, w, s):
+        for i, op in enumerate(batch_ops):
+            x, y, w = op.fn(x, y, w, tf.random.experimental.stateless_fold_in(s[0], 100 + i))
+        return (x, y, w) if pad else (x, y)
+
+    ds = ds.map(out, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if cfg.service is not None:
+        ds = _service(ds, cfg, worker)
+    return ds.prefetch(tf.data.AUTOTUNE).with_options(_options())
+
+
+def distribute(strategy, source: Source, plan: BatchPlan, cfg: DataConfig, seed: int,
+               start_update: int = 0):
+    """The training input for `fit`: one pipeline per worker, from `start_update`."""
+    ops = aug.build(cfg.augment)
+
+    def per_worker(context: tf.distribute.InputContext):
+        return train_dataset(source, plan, cfg, seed, start_update,
+                             context.input_pipeline_id, context.num_input_pipelines, ops)
+
+    options = tf.distribute.InputOptions(experimental_fetch_to_device=True)
+    return strategy.distribute_datasets_from_function(per_worker, options)
+
+
+def val_dataset(source: Source, plan: BatchPlan, cfg: Optional[DataConfig] = None) -> tf.data.Dataset:
+    """Validation batches of per_replica x replicas (the last one may be partial), with
+    the deterministic preprocessing steps only."""
+    ds = preprocess(source.validation(), cfg).batch(plan.per_replica * plan.replicas)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    options.deterministic = True
+    return ds.cache().prefetch(tf.data.AUTOTUNE).with_options(options)
+
+
+def preprocess(ds: tf.data.Dataset, cfg: Optional[DataConfig]) -> tf.data.Dataset:
+    """`(x, y)` examples through the deterministic steps of `data.augment` (what
+    validation, calibration and exported models get)."""
+    steps = [op for op in aug.build(cfg.augment) if op.deterministic] if cfg else []
+    if not steps:
+        return ds
+
+    def apply(x, y):
+        for op in steps:
+            x = op.fn(x)
+        return x, y
+    return ds.map(apply, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def describe(source: Source, layout: EpochLayout, cfg: DataConfig) -> str:
+    """The data lines of the plan: source, shuffle, cache, sharding, remainder, augment."""
+    lines = [f"input: {source.describe(layout, cfg)}",
+             f"cache: {cache_choice(source, cfg)} (data.cache: {cfg.cache}, budget "
+             f"{cfg.cache_budget / 2**20:,.0f} MiB for {_decoded_bytes(source) / 2**20:,.1f} MiB "
+             "decoded)"]
+    if layout.workers > 1:
+        how = ("FILE: each worker reads its own files" if not layout.shared_stream else
+               "DATA: each worker takes its share of every update")
+        lines.append(f"sharding: {how} ({layout.workers} workers)")
+    if layout.pad:
+        padding = layout.slots() * layout.workers - layout.total
+        lines.append(f"remainder: pad ({padding} padding slots per epoch, weighted 0)")
+    else:
+        lost = layout.dropped()
+        lines.append(f"remainder: drop ({lost} of {layout.total} examples per epoch unused)")
+        if lost > 0.05 * layout.total:
+            lines.append(f"warning: data.remainder: drop loses {lost / layout.total:.0%} of each "
+                         "epoch; set data.remainder: pad to use every example")
+    ops = aug.build(cfg.augment)
+    if ops:
+        lines.append("augment: " + ", ".join(op.name for op in ops))
+    return "\n".join(lines)
+
+
+# --- caching --------------------------------------------------------------------------
+def cache_choice(source: Source, cfg: DataConfig) -> str:
+    """`memory` or `none` for this source: `auto` holds the decoded training set in memory
+    only when it fits `data.cache_budget`."""
+    in_memory = isinstance(source, IndexedSource) and not source.elementwise
+    if in_memory:
+        return "memory"
+    size = _decoded_bytes(source)
+    if cfg.cache == "memory":
+        if size > cfg.cache_budget:
+            raise ConfigError(f"data.cache: memory needs {size / 2**20:,.0f} MiB for the decoded "
+                              f"training set, above data.cache_budget ({cfg.cache_budget / 2**20:,.0f}"
+                              " MiB); raise the budget or set data.cache: auto or none")
+        return "memory"
+    if cfg.cache == "auto":
+        return "memory" if size <= cfg.cache_budget else "none"
+    return "none"
+
+
+def _decoded_bytes(source: Source) -> int:
+    if isinstance(source, IndexedSource) and source.decoded_bytes:
+        return source.decoded_bytes
+    return source.num_train * (int(np.prod(source.spec.shape)) * 4 + 4)
+
+
+def cached(source: Source, cfg: DataConfig) -> Source:
+    """The source with its decoded training set in memory when `cache_choice` says so
+    (one parallel pass in file order; epochs then permute indices of the arrays)."""
+    if cache_choice(source, cfg) != "memory" or (
+            isinstance(source, IndexedSource) and not source.elementwise):
+        return source
+    from tftrain.data.arrays import array_source
+
+    parts = list(source.calibration(source.num_train).batch(1024).as_numpy_iterator())
+    x, y = (np.concatenate(p) for p in zip(*parts))
+    return array_source(x, y, source.validation(), source.num_val, source.spec,
+                        kind=f"{getattr(source, 'kind', 'data')}, decoded once into memory")
+
+
+# --- tf.data service ------------------------------------------------------------------
+def _service(ds: tf.data.Dataset, cfg: DataConfig, worker: int) -> tf.data.Dataset:
+    """Run this pipeline on tf.data service workers. `parallel_epochs` with one job per
+    training worker keeps the order exact when each job has one data worker;
+    `distributed_epoch` spreads it over all of them (every element once, order not fixed)."""
+    service = cfg.service
+    return ds.apply(tf.data.experimental.service.distribute(
+        processing_mode=service.processing_mode, service=service.dispatcher,
+        job_name=f"{service.job_name}-{worker}"))

@@ -1,0 +1,211 @@
+"""Sources: what a dataset is to tftrain, and the registry that builds them by name.
+
+A source yields the examples of an epoch in the order of that epoch, from any position,
+without reading what comes before it, for one input pipeline (worker):
+
+- `IndexedSource`: examples addressed by index (arrays in memory, image files, a
+  decoded cache). Epoch e is a permutation of the indices drawn from (seed, e); a
+  pipeline takes its slots of each update and starts anywhere by slicing.
+- `RecordSource` (in `records.py`): examples in record files read sequentially (TFRecord,
+  TFDS). Epoch e shuffles the files, interleaves a few at a time and permutes windows of
+  records; a resumed epoch starts at the window holding its position, with each open file
+  skipped to its offset, so resuming costs at most a window and a file, never the epoch.
+
+Examples come out decoded and undistorted (`(x, y)`); augmentation, padding, batching and
+distribution are the pipeline's (`pipeline.py`).
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from tftrain.config import ConfigError, DataConfig
+from tftrain.data.batching import EpochLayout
+from tftrain.registry import Registry, check_params
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """What a model builder needs to know about its input."""
+    shape: tuple[int, ...]
+    dtype: str
+    num_classes: int
+    vocab_size: Optional[int] = None
+
+
+def epoch_seed(seed, epoch):
+    """The stateless seed of epoch `epoch` (a pure function: the same on every run)."""
+    return tf.stack([tf.cast(seed, tf.int64) * 1_000_003 + tf.cast(epoch, tf.int64),
+                     tf.constant(0x7F4A7C15, tf.int64)])
+
+
+def permutation(n: int, seed, epoch):
+    """Epoch `epoch`'s order of n indices (int32), drawn from (seed, epoch)."""
+    keys = tf.random.stateless_uniform([n], epoch_seed(seed, epoch), minval=None, maxval=None,
+                                       dtype=tf.int64)
+    return tf.argsort(keys, stable=True)
+
+
+class Source:
+    """Base of every source: its input spec, sizes, validation examples and epochs."""
+
+    spec: InputSpec
+    num_train: int
+    num_val: int
+
+    def validation(self) -> tf.data.Dataset:
+        """Validation examples `(x, y)`, unbatched, in a fixed order."""
+        raise NotImplementedError
+
+    def calibration(self, n: int) -> tf.data.Dataset:
+        """The first n training examples in file order (int8 calibration)."""
+        raise NotImplementedError
+
+    def layout(self, global_batch: int, workers: int, pad: bool, policy: str) -> EpochLayout:
+        return EpochLayout((self.num_train,), workers, global_batch, pad)
+
+    def epoch(self, seed: int, epoch, layout: EpochLayout, worker: int, start,
+              shuffle: bool) -> tf.data.Dataset:
+        """Pipeline `worker`'s slots of epoch `epoch` from slot `start` on, as
+        `(x, y, real)`; `real` is False for padding slots (x zeros, y 0)."""
+        raise NotImplementedError
+
+    def describe(self, layout: EpochLayout, cfg: DataConfig) -> str:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, eq=False)
+class IndexedSource(Source):
+    """Examples addressed by index: `load(indices)` returns `(x, y)` for a vector of
+    training indices; the order of an epoch is a permutation of all of them."""
+    spec: InputSpec
+    num_train: int
+    num_val: int
+    load: Callable                       # int32 [k] -> (x [k, ...], y [k]); or per index
+    val: tf.data.Dataset                 # (x, y) unbatched
+    kind: str = "arrays in memory"
+    elementwise: bool = False            # load takes one index (a file decode), in parallel
+    decoded_bytes: int = 0               # bytes of the decoded training set
+
+    def validation(self) -> tf.data.Dataset:
+        return self.val
+
+    def calibration(self, n: int) -> tf.data.Dataset:
+        idx = tf.data.Dataset.range(min(n, self.num_train)).map(lambda i: tf.cast(i, tf.int32))
+        if self.elementwise:
+            return idx.map(self.load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return idx.batch(64).map(self.load).unbatch()
+
+    def slot_indices(self, seed, epoch, layout: EpochLayout, worker: int, shuffle: bool):
+        """Index of each of the pipeline's slots in the epoch (-1: padding)."""
+        n, g, share = self.num_train, layout.global_batch, layout.share
+        order = permutation(n, seed, epoch) if shuffle else tf.range(n, dtype=tf.int32)
+        steps = layout.steps()
+        slots = steps * g
+        order = tf.concat([order, -tf.ones([max(slots - n, 0)], tf.int32)], 0)[:slots]
+        return tf.reshape(tf.reshape(order, [steps, layout.workers, share])[:, worker], [-1])
+
+    def epoch(self, seed, epoch, layout, worker, start, shuffle):
+        idx = self.slot_indices(seed, epoch, layout, worker, shuffle)[start:]
+        ds = tf.data.Dataset.from_tensor_slices(idx)
+        if self.elementwise:   # one file per example: decode in parallel, order kept
+            return ds.map(self._load_padded, num_parallel_calls=tf.data.AUTOTUNE,
+                          deterministic=True)
+        return ds.batch(64).map(self._load_padded).unbatch()   # gather 64 at a time
+
+    def _load_padded(self, idx):
+        real = idx >= 0
+        x, y = self.load(tf.maximum(idx, 0))
+        mask = tf.reshape(real, tf.concat([tf.shape(real), tf.ones([len(x.shape) - len(real.shape)],
+                                                                    tf.int32)], 0))
+        return tf.where(mask, x, tf.zeros_like(x)), tf.where(real, y, tf.zeros_like(y)), real
+
+    def describe(self, layout, cfg) -> str:
+        order = "a permutation of all examples per epoch" if cfg.shuffle else "file order"
+        return f"{self.kind}; shuffle: {order} (index-based, resumes without replay)"
+
+
+# --- registry ------------------------------------------------------------------------
+DATASETS: Registry[Callable[..., Source]] = Registry("dataset", "data.name")
+
+
+def existing(path, key: str) -> Path:
+    p = Path(os.path.expanduser(str(path)))
+    if not p.exists():
+        raise ConfigError(f"{key}: {path} does not exist; give the path of your data")
+    return p
+
+
+def load_source(cfg: DataConfig, seed: int) -> Source:
+    """Build the configured dataset (validating its params against the loader)."""
+    if ":" in cfg.name and cfg.name.split(":", 1)[0] not in ("keras", "tfds"):
+        from tftrain.data.user import user_source
+        return user_source(cfg, seed)
+    if cfg.name.startswith("tfds:"):
+        from tftrain.data.tfds import tfds_source
+        return tfds_source(cfg, seed)
+    loader = DATASETS.get(cfg.name)
+    for key in FROM_CONFIG:
+        if key in cfg.params:
+            raise ConfigError(f"data.params.{key}: set data.{key} instead (one way to say it)")
+    check_params(loader, cfg.params, "data.params", skip=2)
+    import inspect
+    taken = inspect.signature(loader).parameters
+    given = {k: getattr(cfg, k) for k in FROM_CONFIG if k in taken and getattr(cfg, k) is not None}
+    return loader(cfg.validation_fraction, seed, **cfg.params, **given)
+
+
+FROM_CONFIG = ("shuffle_buffer", "on_bad_record")   # data.* keys some loaders take
+
+
+def window_shuffle(stream, seed, epoch, position: int, window: int):
+    """`stream` (epoch order before mixing) permuted in windows of `window` elements,
+    window j with the stateless seed (seed, epoch, j); starts at `position`, which the
+    caller has aligned `stream` to the start of its window."""
+    base = epoch_seed(seed, epoch)[0] * 7919 + 1
+
+    def permute(j, elements):
+        n = tf.shape(tf.nest.flatten(elements)[0])[:1]
+        keys = tf.random.stateless_uniform(n, tf.stack([base, j]), minval=None, maxval=None,
+                                           dtype=tf.int64)
+        order = tf.argsort(keys, stable=True)
+        return tf.nest.map_structure(lambda t: tf.gather(t, order), elements)
+
+    first = position // window
+    return (stream.batch(window).enumerate(first).map(permute).unbatch()
+            .skip(position - first * window))
+
+
+def padded(stream, spec: InputSpec, slots: int):
+    """`(x, y)` examples as `(x, y, True)`, then padding `(0, 0, False)`, `slots` in all."""
+    x = tf.zeros(spec.shape, spec.dtype)
+    padding = tf.data.Dataset.from_tensors((x, tf.constant(0, tf.int32), False)).repeat()
+    return stream.map(lambda x, y: (x, y, True)).concatenate(padding).take(slots)
+
+
+def import_function(name: str, key: str):
+    """`package.module:function` -> the function (ConfigError when it is not there)."""
+    module_name, _, attr = name.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ConfigError(f"{key}: cannot import module '{module_name}' ({err}); check the "
+                          "module is on PYTHONPATH") from None
+    if not callable(getattr(module, attr, None)):
+        raise ConfigError(f"{key}: module '{module_name}' has no function '{attr}'")
+    return getattr(module, attr)
+
+
+def check_labels(y: np.ndarray, num_classes: int, where: str) -> None:
+    """Labels must be integers in [0, num_classes)."""
+    if y.size and (y.min() < 0 or y.max() >= num_classes):
+        bad = y[(y < 0) | (y >= num_classes)][0]
+        raise ConfigError(f"{where}: label {bad} is outside [0, {num_classes}); labels must be "
+                          "class indices 0..num_classes-1 (set data.params.num_classes if "
+                          "classes are missing from the data)")
