@@ -70,9 +70,9 @@ class Source:
     def layout(self, global_batch: int, workers: int, pad: bool, policy: str) -> EpochLayout:
         return EpochLayout((self.num_train,), workers, global_batch, pad)
 
-    def epoch(self, seed: int, epoch, layout: EpochLayout, worker: int, start,
+    def epoch(self, seed: int, epoch, layout: EpochLayout, worker: int, start_update,
               shuffle: bool) -> tf.data.Dataset:
-        """Pipeline `worker`'s slots of epoch `epoch` from slot `start` on, as
+        """Pipeline `worker`'s slots of epoch `epoch` from update `start_update` on, as
         `(x, y, real)`; `real` is False for padding slots (x zeros, y 0)."""
         raise NotImplementedError
 
@@ -111,8 +111,8 @@ class IndexedSource(Source):
         order = tf.concat([order, -tf.ones([max(slots - n, 0)], tf.int32)], 0)[:slots]
         return tf.reshape(tf.reshape(order, [steps, layout.workers, share])[:, worker], [-1])
 
-    def epoch(self, seed, epoch, layout, worker, start, shuffle):
-        idx = self.slot_indices(seed, epoch, layout, worker, shuffle)[start:]
+    def epoch(self, seed, epoch, layout, worker, start_update, shuffle):
+        idx = self.slot_indices(seed, epoch, layout, worker, shuffle)[start_update * layout.share:]
         ds = tf.data.Dataset.from_tensor_slices(idx)
         if self.elementwise:   # one file per example: decode in parallel, order kept
             return ds.map(self._load_padded, num_parallel_calls=tf.data.AUTOTUNE,
