@@ -173,3 +173,35 @@ def test_schedule_position_counts_updates_not_micro_batches():
         net.fit(x, y, batch_size=64, epochs=1, verbose=0)
         rates.append((int(net.optimizer.iterations.numpy()), current_lr(net.optimizer)))
     assert rates[0] == rates[1] == (7, pytest.approx(0.1 * 8 / 20))
+
+
+def padded_weights(strategy, per_replica, replicas, accumulation, n=150):
+    """Weights after one epoch of `n` examples with `data.remainder: pad` (SGD momentum)."""
+    from tftrain.config import load_config
+    from tftrain.data import BatchPlan, distribute, epoch_layout, from_arrays
+    x, y = _data(n, seed=3)
+    source = from_arrays(x, y, 0.0, 0, num_classes=10, x_val=x[:4], y_val=y[:4])
+    cfg = load_config(None, ["data.remainder=pad", "data.shuffle=false"]).data
+    plan = BatchPlan(per_replica, replicas, accumulation)
+    steps = epoch_layout(source, plan, cfg).steps()
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        net = TrainModel.wrap(MODELS.get("mlp")(SPEC), accumulation)
+        net.compile(OPTIMIZERS["sgd"](), build_loss("sparse_categorical_crossentropy"))
+    net.fit(distribute(strategy, source, plan, cfg, 0), epochs=1, steps_per_epoch=steps, verbose=0)
+    return [w.copy() for w in net.get_weights()], steps
+
+
+def test_padded_last_batch_is_the_mean_over_its_real_examples():
+    ref_x, ref_y = _data(150, seed=3)
+    keras.utils.set_random_seed(1)
+    with one_device().scope():
+        plain = TrainModel.wrap(MODELS.get("mlp")(SPEC))
+        plain.compile(OPTIMIZERS["sgd"](), build_loss("sparse_categorical_crossentropy"))
+    # every example once: batches of 64, 64 and the 22 left over, nothing padded
+    plain.fit(tf.data.Dataset.from_tensor_slices((ref_x, ref_y)).batch(64), epochs=1, verbose=0)
+    accumulated, steps = padded_weights(mirrored(), 8, 2, 4)
+    large, _ = padded_weights(one_device(), 64, 1, 1)
+    assert steps == 3
+    assert_weights_close(accumulated, large)
+    assert_weights_close(large, plain.get_weights())

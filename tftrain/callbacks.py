@@ -159,6 +159,48 @@ class Throughput(keras.callbacks.Callback):
         return rates[len(rates) // 2] if rates else 0.0
 
 
+class InputWait(keras.callbacks.Callback):
+    """Adds `input_wait` to the epoch logs: the fraction of the training calls' wall time
+    not spent inside train steps, i.e. waiting for the next batch (plus the call's own
+    dispatch, well under a millisecond). Warns once when an epoch exceeds 20%."""
+
+    _supports_tf_logs = True
+    threshold = 0.2
+
+    def __init__(self):
+        super().__init__()
+        self.per_epoch: list[float] = []
+        self._warned = False
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._calls = 0.0
+        self._steps_before = float(self.model.step_seconds.numpy())
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._began = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._calls += time.perf_counter() - self._began
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is None or not self._calls:
+            return
+        inside = float(self.model.step_seconds.numpy()) - self._steps_before
+        wait = min(1.0, max(0.0, 1.0 - inside / self._calls))
+        self.per_epoch.append(wait)
+        logs["input_wait"] = wait
+        if wait > self.threshold and not self._warned:
+            self._warned = True
+            print(f"tftrain: warning: input-bound: {wait:.0%} of step time waits for input; "
+                  "cache decoded data (data.cache), lighten data.augment, or add tf.data service "
+                  "workers (data.service)", flush=True)
+
+    def fraction(self) -> float:
+        """Median over epochs, leaving out the first (it includes tracing)."""
+        values = sorted(self.per_epoch[1:] or self.per_epoch)
+        return values[len(values) // 2] if values else 0.0
+
+
 class FlopsLogger(keras.callbacks.Callback):
     """Adds `model_flops_per_sec` (training FLOPs: 3x the forward pass) and `mfu` (model
     FLOP utilisation against `peak` FLOP/s) to the epoch logs, from `examples_per_sec`

@@ -131,7 +131,8 @@ class StageRunner:
                                        spe, start, self.agree)
         throughput = cb.Throughput(self.plan.global_batch)
         flops = cb.FlopsLogger(self.flops_per_example, self.peak_flops)
-        callbacks = [cb.NaNGuard(spe, self.agree), checkpointer, throughput, flops,
+        waiting = cb.InputWait()
+        callbacks = [cb.NaNGuard(spe, self.agree), checkpointer, throughput, waiting, flops,
                      cb.LearningRateLogger(), *extra_callbacks]
         if stage.name == "train":
             callbacks += [c for c in [optim.plateau_callback(cfg.train.schedule),
@@ -175,6 +176,7 @@ class StageRunner:
                   "examples_per_sec": throughput.steady_rate(),
                   "model_flops_per_sec": flops.rate(throughput.steady_rate()),
                   "mfu": flops.utilisation(throughput.steady_rate()),
+                  "input_wait": waiting.fraction(),
                   "seconds": time.perf_counter() - began}    # of this session of the stage
         self.results[stage.name] = result
         if self.chief:

@@ -90,6 +90,13 @@ class TrainModel(keras.Model):
         self.all_reduce_dtype = tf.as_dtype(all_reduce_dtype)
         self.update_hooks = tuple(update_hooks)
         self.unroll = unroll
+        # Seconds spent inside train steps (from the batch's arrival to the update), per
+        # replica; `callbacks.InputWait` compares it with the wall time of the calls. Kept
+        # out of Keras' tracking: it is not model state.
+        self.__dict__["step_seconds"] = tf.Variable(
+            0.0, dtype=tf.float64, trainable=False, name="step_seconds",
+            synchronization=tf.VariableSynchronization.ON_READ,
+            aggregation=tf.VariableAggregation.MEAN)
 
     @classmethod
     def wrap(cls, model, accumulation_steps: int = 1, all_reduce_dtype: str = "float32",
@@ -145,6 +152,8 @@ class TrainModel(keras.Model):
         return loss
 
     def train_step(self, data):
+        # Stateful ops run in program order: this stamp follows the batch's arrival.
+        began = tf.timestamp()
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         variables = self.trainable_variables
         n = self.accumulation_steps
@@ -192,4 +201,5 @@ class TrainModel(keras.Model):
             skipped = optimizer.loss_scale < scale_before
             optimizer.iterations.assign_sub(tf.cast(skipped, tf.int64))
         self._run_hooks("after_update")
+        self.step_seconds.assign_add(tf.timestamp() - began)
         return self.get_metrics_result()
