@@ -143,3 +143,81 @@ def test_uneven_shards_finish(tmp_path):
     assert code == 0, out[-3000:]
     summary = json.loads((tmp_path / "quickstart" / "summary.json").read_text())
     assert summary["steps"] == 2 * (900 // 100)
+
+
+PROBE = """
+import json, sys
+import tftrain
+import tensorflow as tf
+from tftrain.config import load_config
+from tftrain.data import BatchPlan, distribute, epoch_layout, load_source
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+cfg = load_config(None, sys.argv[1:-1])
+source = load_source(cfg.data, 0)
+plan = BatchPlan(cfg.data.per_replica_batch_size, strategy.num_replicas_in_sync, 1)
+steps = epoch_layout(source, plan, cfg.data, 2).steps()
+seen = []
+for i, batch in enumerate(distribute(strategy, source, plan, cfg.data, 0)):
+    if i == 2 * steps:
+        break
+    for part in strategy.experimental_local_results(batch[0]):
+        seen += [[int(v) for v in row] for row in part.numpy()]
+json.dump({"seen": seen, "steps": steps}, open(sys.argv[-1], "w"))
+"""
+
+
+def write_shards(directory, examples):
+    """4 TFRecord shards of `examples` (x, y) in turn; returns the glob."""
+    import tensorflow as tf
+    directory.mkdir()
+    writers = [tf.io.TFRecordWriter(str(directory / f"part-{s}.tfrecord")) for s in range(4)]
+    for i, (x, y) in enumerate(examples):
+        writers[i % 4].write(tf.train.Example(features=tf.train.Features(feature={
+            "x": tf.train.Feature(float_list=tf.train.FloatList(value=list(np.ravel(x)))),
+            "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(y)]))})).SerializeToString())
+    for w in writers:
+        w.close()
+    return f"{directory}/part-*.tfrecord"
+
+
+def test_two_workers_read_disjoint_tfrecord_files_each_example_once_per_epoch(tmp_path):
+    from tftrain.launch import free_ports
+    pattern = write_shards(tmp_path / "ids", [((k + 1, k % 4), k % 3) for k in range(103)])
+    sets = ["data.name=tfrecord", "data.validation_fraction=0", "data.remainder=pad",
+            f"data.params={{files: '{pattern}', shape: [2], num_classes: 3}}",
+            "data.per_replica_batch_size=4", "data.shuffle_buffer=8"]
+    ports = free_ports(2)
+    procs = [subprocess.Popen([sys.executable, "-c", PROBE, *sets, str(tmp_path / f"w{w}.json")],
+                              env={**worker_env(w, ports), "PYTHONPATH": str(ROOT)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for w in range(2)]
+    for p in procs:
+        out, _ = p.communicate(timeout=240)
+        assert p.returncode == 0, out[-3000:]
+    results = [json.loads((tmp_path / f"w{w}.json").read_text()) for w in range(2)]
+    steps = results[0]["steps"]
+    # worker 0 reads files 0 and 2 (26 + 26 examples), worker 1 files 1 and 3 (26 + 25),
+    # 4 per worker and update: 13 updates, one padding slot (0, 0) on worker 1
+    assert steps == results[1]["steps"] == 13
+    for epoch in range(2):
+        parts = [[tuple(r) for r in res["seen"][epoch * 52:(epoch + 1) * 52]] for res in results]
+        files = [{s for i, s in part if i} for part in parts]
+        assert files == [{0, 2}, {1, 3}]
+        assert sorted(i for part in parts for i, _ in part if i) == list(range(1, 104))
+        assert [part.count((0, 0)) for part in parts] == [0, 1]
+    assert results[0]["seen"][:52] != results[0]["seen"][52:]          # reshuffled per epoch
+
+
+@pytest.mark.slow
+def test_two_workers_train_on_tfrecord_shards(tmp_path):
+    from sklearn.datasets import load_digits
+    digits = load_digits()
+    pattern = write_shards(tmp_path / "digits", zip(digits.images / 16.0, digits.target))
+    proc = launch(tmp_path, "data.name=tfrecord",
+                  f"data.params={{files: '{pattern}', shape: [8, 8, 1], num_classes: 10}}",
+                  "data.validation_fraction=0.25", "train.epochs=3")
+    code, out = finish(proc, timeout=300)
+    assert code == 0, out[-3000:]
+    assert "sharding: FILE: each worker reads its own files (2 workers)" in out
+    summary = json.loads((tmp_path / "quickstart" / "summary.json").read_text())
+    assert summary["workers"] == 2 and summary["metrics"]["val_accuracy"] > 0.8
