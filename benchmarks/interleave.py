@@ -29,13 +29,13 @@ def build_side(cfg, source, plan, strat, tftrain_side: bool, policy="float32"):
         model.compile(precision.wrap_optimizer(opt, policy, cfg.precision),
                       train_step.build_loss(cfg.train.loss), metrics=["accuracy"])
     if tftrain_side:
-        ds = data.train_dataset(source, plan, cfg.data, cfg.run.seed)
+        ds = data.distribute(strat, source, plan, cfg.data, cfg.run.seed)
         manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model),
                                              tempfile.mkdtemp(), 1)
         callbacks = [cb.NaNGuard(10**9), cb.Checkpointer(manager, 10**9, 10**9),
                      cb.Throughput(plan.global_batch), cb.LearningRateLogger()]
     else:
-        ds = (source.train.cache().shuffle(source.num_train, seed=0).repeat()
+        ds = (source.calibration(source.num_train).cache().shuffle(source.num_train, seed=0).repeat()
               .batch(plan.global_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
         callbacks = []
     return model, ds, callbacks

@@ -5,7 +5,7 @@
 import tftrain  # noqa: F401  (first: sets TF_USE_LEGACY_KERAS)
 import tf_keras as keras
 from tftrain import build_model, build_strategy, load_config
-from tftrain.data import load_source, plan_batches, train_dataset, val_dataset
+from tftrain.data import distribute, epoch_layout, load_source, plan_batches, val_dataset
 from tftrain.strategy import device_table
 from tftrain.train_step import TrainModel, build_loss
 
@@ -19,7 +19,8 @@ with strategy.scope():
     model = TrainModel.wrap(build_model(cfg.model, source.spec), plan.accumulation)
     model.compile(keras.optimizers.Adam(0.003), build_loss("sparse_categorical_crossentropy"),
                   metrics=["accuracy"])
-model.fit(train_dataset(source, plan, cfg.data, seed=0), epochs=15,
-          steps_per_epoch=plan.steps_per_epoch(source.num_train),
+# one input pipeline per worker, each replica its share of every update
+model.fit(distribute(strategy, source, plan, cfg.data, seed=0), epochs=15,
+          steps_per_epoch=epoch_layout(source, plan, cfg.data).steps(),
           validation_data=val_dataset(source, plan), verbose=2)
 print("global batch per update:", plan.global_batch)

@@ -20,7 +20,7 @@ def trained():
     source = load_source(load_config().data, 0)
     model = TrainModel.wrap(MODELS.get("mlp")(source.spec, hidden=[32]))
     model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    model.fit(source.train.batch(64), epochs=3, verbose=0)
+    model.fit(source.calibration(source.num_train).batch(64), epochs=3, verbose=0)
     return model, source
 
 

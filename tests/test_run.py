@@ -52,6 +52,48 @@ def test_bad_input_exits_2_naming_the_key(tmp_path, capsys, sets, pattern):
     assert list(tmp_path.iterdir()) == []          # no run directory left behind
 
 
+def _bad_data(root):
+    """Data files with one problem each, for the bad-data cases."""
+    import tensorflow as tf
+    rng = np.random.default_rng(0)
+    x = rng.random((60, 8, 8, 1)).astype(np.float32)
+    np.savez(root / "ok.npz", x=x, y=np.arange(60) % 10, short=np.arange(59) % 10,
+             big=np.arange(60) % 10 + 5)
+    np.save(root / "arr.npy", x)
+    for label in ("a", "b"):
+        (root / "imgs" / label).mkdir(parents=True)
+        for i in range(3):
+            tf.io.write_file(str(root / "imgs" / label / f"{i}.png"),
+                             tf.io.encode_png(np.zeros((8, 8, 1), np.uint8)))
+    (root / "imgs" / "b" / "3.png").write_bytes(b"garbage, not a png")
+
+
+BAD_DATA = [
+    (["data.params.x_key=nope"], r"data\.params: key 'nope' not in .*ok\.npz \(it has x, y, short, big\)"),
+    (["data.params.y_key=short"], r"ok\.npz: x has 60 examples but y has 59"),
+    (["data.params.y_key=big", "data.params.num_classes=10"], r"ok\.npz: label 10 is outside \[0, 10\)"),
+    (["data.params.path={root}/arr.npy"], r"arr\.npy holds a single array \(\.npy\), not a \.npz"),
+    (["data.per_replica_batch_size=64"], r"data\.per_replica_batch_size: global batch 128 .* exceeds the 51 training examples"),
+    (["data={name: image_folder, params: {path: {root}/imgs}}"], r"data: .*imgs/b/3\.png is not a PNG/JPEG/BMP/GIF image; remove it or set data\.on_bad_record: skip"),
+]
+
+
+@pytest.mark.parametrize("sets,pattern", BAD_DATA, ids=[s[0][0] for s in BAD_DATA])
+def test_bad_data_exits_2_naming_the_culprit(tmp_path, capsys, sets, pattern):
+    root = tmp_path / "data"
+    root.mkdir()
+    _bad_data(root)
+    base = ["data.name=npz", f"data.params={{path: {root}/ok.npz}}"]
+    sets = [s.replace("{root}", str(root)) for s in sets]
+    runs = tmp_path / "runs"
+    args = [str(QUICKSTART), "--run-dir", str(runs)] + [a for s in base + sets for a in ("--set", s)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert __import__("re").search(pattern, err), err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not runs.exists()
+
+
 @pytest.mark.parametrize("text,pattern", [
     ("train:\n  epochs: [1\n", r"malformed YAML"),
     ("model:\n  name: !!python/object/apply:os.system ['echo hi']\n", r"key 'name'\): tag not allowed"),
@@ -169,7 +211,9 @@ def test_schema_flag_prints_json_schema():
 
 # --- resume ------------------------------------------------------------------------------
 RESUME_SETS = ["train.epochs=16", "train.checkpoint.every=10", "export.tflite=none",
-               "run.deterministic=true", "model.params={filters: [32, 64], dense: [128], dropout: 0.3}"]
+               "run.deterministic=true", "model.params={filters: [32, 64], dense: [128], dropout: 0.3}",
+               # augmented: each example's crop and affine draw depend on (seed, epoch, position)
+               "data.augment=[{random_crop: {padding: 1}}, {random_affine: {rotation: 0.03, zoom: 0.05}}]"]
 
 
 def _start(tmp_path, *sets):
@@ -180,7 +224,7 @@ def _start(tmp_path, *sets):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig,code", [(signal.SIGKILL, -signal.SIGKILL), (signal.SIGTERM, 42)])
-def test_killed_run_resumes_to_planned_steps(tmp_path, uninterrupted, sig, code):
+def test_killed_augmented_run_resumes_exactly(tmp_path, uninterrupted, sig, code):
     proc = _start(tmp_path)
     saved = wait_for_checkpoint(tmp_path / "quickstart" / "checkpoints", proc)
     proc.send_signal(sig)
@@ -197,7 +241,8 @@ def test_killed_run_resumes_to_planned_steps(tmp_path, uninterrupted, sig, code)
     summary = json.loads((tmp_path / "quickstart" / "summary.json").read_text())
     assert summary["steps"] == planned
     assert summary["metrics"]["val_accuracy"] >= 0.95
-    # Weights, optimizer, schedule, data position and dropout RNG all resumed exactly.
+    # Weights, optimizer, schedule, data position, augmentation and dropout RNG all resumed
+    # exactly.
     ours, reference = model_weights(tmp_path / "quickstart"), model_weights(uninterrupted)
     for name in reference:
         np.testing.assert_allclose(ours[name], reference[name], rtol=0, atol=1e-6)
