@@ -162,7 +162,8 @@ class Throughput(keras.callbacks.Callback):
 class InputWait(keras.callbacks.Callback):
     """Adds `input_wait` to the epoch logs: the fraction of the training calls' wall time
     not spent inside train steps, i.e. waiting for the next batch (plus the call's own
-    dispatch, well under a millisecond). Warns once when an epoch exceeds 20%."""
+    dispatch, well under a millisecond). Warns once when an epoch exceeds 20%. Not
+    measured with `run.deterministic` (TensorFlow refuses clocks in deterministic graphs)."""
 
     _supports_tf_logs = True
     threshold = 0.2
@@ -183,7 +184,7 @@ class InputWait(keras.callbacks.Callback):
         self._calls += time.perf_counter() - self._began
 
     def on_epoch_end(self, epoch, logs=None):
-        if logs is None or not self._calls:
+        if logs is None or not self._calls or not self.model.time_steps:
             return
         inside = float(self.model.step_seconds.numpy()) - self._steps_before
         wait = min(1.0, max(0.0, 1.0 - inside / self._calls))
@@ -195,10 +196,11 @@ class InputWait(keras.callbacks.Callback):
                   "cache decoded data (data.cache), lighten data.augment, or add tf.data service "
                   "workers (data.service)", flush=True)
 
-    def fraction(self) -> float:
-        """Median over epochs, leaving out the first (it includes tracing)."""
+    def fraction(self) -> float | None:
+        """Median over epochs, leaving out the first (it includes tracing); None when
+        nothing was measured."""
         values = sorted(self.per_epoch[1:] or self.per_epoch)
-        return values[len(values) // 2] if values else 0.0
+        return values[len(values) // 2] if values else None
 
 
 class FlopsLogger(keras.callbacks.Callback):

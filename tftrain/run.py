@@ -195,7 +195,7 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
                        "flops_per_example": flops,
                        "model_flops_per_sec": results["train"].get("model_flops_per_sec", 0.0),
                        "mfu": results["train"].get("mfu", 0.0),
-                       "input_wait": results["train"].get("input_wait", 0.0)},
+                       "input_wait": results["train"].get("input_wait")},
         "placement": None if placed is None else {
             "devices": list(placed.devices), "microbatches": placed.microbatches,
             "balance": placed.balance, "stage_costs": list(placed.costs),

@@ -89,7 +89,9 @@ def report_table(summary: dict) -> str:
             ("global batch", summary["global_batch_size"]), ("epochs", summary["epochs"]),
             ("optimizer updates", summary["steps"]),
             ("examples/s", f"{summary['throughput']['examples_per_sec']:.1f}"),
-            ("input wait", f"{summary['throughput'].get('input_wait', 0.0):.1%} of step time")]
+            ("input wait", "not measured (run.deterministic)"
+             if summary["throughput"].get("input_wait") is None
+             else f"{summary['throughput']['input_wait']:.1%} of step time")]
     flops = summary["throughput"].get("model_flops_per_sec")
     if flops:
         rows.append(("model FLOP/s", f"{flops / 1e9:.2f} GFLOP/s, utilisation "

@@ -83,8 +83,9 @@ class TrainModel(keras.Model):
 
     def __init__(self, *args, accumulation_steps: int = 1, all_reduce_dtype: str = "float32",
                  update_hooks=(), unroll: bool = False, colocate_gradients: bool = False,
-                 **kwargs):
+                 time_steps: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
+        self.time_steps = time_steps     # TensorFlow refuses clocks under op determinism
         self.colocate_gradients = colocate_gradients
         self.accumulation_steps = int(accumulation_steps)
         self.all_reduce_dtype = tf.as_dtype(all_reduce_dtype)
@@ -101,7 +102,7 @@ class TrainModel(keras.Model):
     @classmethod
     def wrap(cls, model, accumulation_steps: int = 1, all_reduce_dtype: str = "float32",
              update_hooks=(), unroll: bool = False,
-             colocate_gradients: bool = False) -> "TrainModel":
+             colocate_gradients: bool = False, time_steps: bool = True) -> "TrainModel":
         """The same layers and weights as `model`, trained by this step.
 
         `update_hooks`: objects with `before_update(iterations)` and `after_update()`, run
@@ -109,11 +110,13 @@ class TrainModel(keras.Model):
         Python loop (for models that synchronise replicas in their forward pass, and for
         pipelined model parallelism, where independent micro-batches overlap across
         stages). `colocate_gradients`: each gradient op on its forward op's device (model
-        parallelism: the backward pass of a stage runs on the stage's device)."""
+        parallelism: the backward pass of a stage runs on the stage's device). `time_steps`:
+        measure the time inside steps for the input-wait figure (not under op determinism,
+        where TensorFlow refuses clocks)."""
         return cls(inputs=model.inputs, outputs=model.outputs, name=model.name,
                    accumulation_steps=accumulation_steps, all_reduce_dtype=all_reduce_dtype,
                    update_hooks=update_hooks, unroll=unroll,
-                   colocate_gradients=colocate_gradients)
+                   colocate_gradients=colocate_gradients, time_steps=time_steps)
 
     def _run_hooks(self, method: str) -> None:
         context = tf.distribute.get_replica_context()
@@ -152,8 +155,10 @@ class TrainModel(keras.Model):
         return loss
 
     def train_step(self, data):
-        # Stateful ops run in program order: this stamp follows the batch's arrival.
-        began = tf.timestamp()
+        timed = self.time_steps
+        if timed:           # clocks are ordered by data dependencies only: after the batch
+            with tf.control_dependencies(tf.nest.flatten(data)):
+                began = tf.timestamp()
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         variables = self.trainable_variables
         n = self.accumulation_steps
@@ -201,5 +206,9 @@ class TrainModel(keras.Model):
             skipped = optimizer.loss_scale < scale_before
             optimizer.iterations.assign_sub(tf.cast(skipped, tf.int64))
         self._run_hooks("after_update")
-        self.step_seconds.assign_add(tf.timestamp() - began)
-        return self.get_metrics_result()
+        results = self.get_metrics_result()
+        if timed:           # ... and after the update (the iterations read follows it)
+            done = [optimizer.iterations.read_value(), *tf.nest.flatten(results)]
+            with tf.control_dependencies(done):
+                self.step_seconds.assign_add(tf.timestamp() - began)
+        return results

@@ -28,7 +28,7 @@ import tensorflow as tf
 from tftrain.config import ConfigError
 from tftrain.data.batching import EpochLayout
 from tftrain.data.source import (DATASETS, InputSpec, Source, padded, permutation,
-                                 window_shuffle)
+                                 shard_updates, window_shuffle)
 
 CACHE = Path(os.environ.get("TFTRAIN_CACHE", Path.home() / ".cache" / "tftrain"))
 
@@ -128,7 +128,7 @@ class RecordSource(Source):
 
     def _read(self, files: Files) -> tf.data.Dataset:
         return tf.data.Dataset.from_tensor_slices(
-            (list(files.paths), list(files.skips), [c if c >= 0 else -1 for c in files.counts]))
+            (list(files.paths), np.array(files.skips, np.int64), np.array(files.counts, np.int64)))
 
     def _group(self, paths, skips, counts):
         cycle = self.cycle_length
@@ -185,19 +185,17 @@ class RecordSource(Source):
                               "data.shard_policy: auto or data")
         return len(self.train_files) >= workers
 
-    def epoch(self, seed, epoch, layout, worker, start_update, shuffle):
+    def epoch(self, seed, epoch, layout, worker, start_update, shuffle, batch):
         share, slots = layout.share, layout.slots()
         if not layout.shared_stream:           # FILE: this worker's files only
             files = self.train_files.take(slice(worker, None, layout.workers))
             files = Files(files.paths, files.skips, self.counts[worker::layout.workers])
             stream = self._stream(files, seed, epoch, start_update * share, shuffle)
-            return self._padded(stream, slots - start_update * share)
+            return self._padded(stream, slots - start_update * share).batch(batch)
         files = Files(self.train_files.paths, self.train_files.skips, self.counts)
         stream = self._stream(files, seed, epoch, start_update * layout.global_batch, shuffle)
         stream = self._padded(stream, (layout.steps() - start_update) * layout.global_batch)
-        if layout.workers == 1:
-            return stream
-        return stream.batch(share).shard(layout.workers, worker).unbatch()
+        return shard_updates(stream, layout, worker, batch)
 
     def _padded(self, stream, slots: int):
         parsed = stream.map(self.parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)

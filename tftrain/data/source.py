@@ -71,8 +71,9 @@ class Source:
         return EpochLayout((self.num_train,), workers, global_batch, pad)
 
     def epoch(self, seed: int, epoch, layout: EpochLayout, worker: int, start_update,
-              shuffle: bool) -> tf.data.Dataset:
-        """Pipeline `worker`'s slots of epoch `epoch` from update `start_update` on, as
+              shuffle: bool, batch: int) -> tf.data.Dataset:
+        """Pipeline `worker`'s slots of epoch `epoch` from update `start_update` on, in
+        batches of `batch` (which divides the pipeline's share of an update) as
         `(x, y, real)`; `real` is False for padding slots (x zeros, y 0)."""
         raise NotImplementedError
 
@@ -111,13 +112,15 @@ class IndexedSource(Source):
         order = tf.concat([order, -tf.ones([max(slots - n, 0)], tf.int32)], 0)[:slots]
         return tf.reshape(tf.reshape(order, [steps, layout.workers, share])[:, worker], [-1])
 
-    def epoch(self, seed, epoch, layout, worker, start_update, shuffle):
+    def epoch(self, seed, epoch, layout, worker, start_update, shuffle, batch):
         idx = self.slot_indices(seed, epoch, layout, worker, shuffle)[start_update * layout.share:]
         ds = tf.data.Dataset.from_tensor_slices(idx)
         if self.elementwise:   # one file per example: decode in parallel, order kept
             return ds.map(self._load_padded, num_parallel_calls=tf.data.AUTOTUNE,
-                          deterministic=True)
-        return ds.batch(64).map(self._load_padded).unbatch()   # gather 64 at a time
+                          deterministic=True).batch(batch)
+        if not layout.pad:                                   # no padding slots
+            return ds.batch(batch).map(lambda i: (*self.load(i), tf.ones_like(i, tf.bool)))
+        return ds.batch(batch).map(self._load_padded)        # one gather per batch
 
     def _load_padded(self, idx):
         real = idx >= 0
@@ -180,6 +183,14 @@ def window_shuffle(stream, seed, epoch, position: int, window: int):
     first = position // window
     return (stream.batch(window).enumerate(first).map(permute).unbatch()
             .skip(position - first * window))
+
+
+def shard_updates(stream, layout: EpochLayout, worker: int, batch: int):
+    """Pipeline `worker`'s share of every update of a stream shared by all pipelines,
+    in batches of `batch`."""
+    if layout.workers == 1:
+        return stream.batch(batch)
+    return stream.batch(layout.share).shard(layout.workers, worker).unbatch().batch(batch)
 
 
 def padded(stream, spec: InputSpec, slots: int):

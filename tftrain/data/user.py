@@ -21,7 +21,8 @@ import numpy as np
 import tensorflow as tf
 
 from tftrain.config import ConfigError, DataConfig
-from tftrain.data.source import InputSpec, Source, import_function, padded, window_shuffle
+from tftrain.data.source import (InputSpec, Source, import_function, padded, shard_updates,
+                                 window_shuffle)
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class UserSource(Source):
     def calibration(self, n):
         return self.data.train.take(n)
 
-    def epoch(self, seed, epoch, layout, worker, start_update, shuffle):
+    def epoch(self, seed, epoch, layout, worker, start_update, shuffle, batch):
         position = start_update * layout.global_batch
         aligned = (position // self.window) * self.window if shuffle else position
         stream = self.data.train.skip(aligned)
@@ -54,9 +55,7 @@ class UserSource(Source):
             stream = window_shuffle(stream, seed, epoch, position, self.window)
         stream = stream.map(lambda x, y: (x, tf.cast(y, tf.int32)))
         stream = padded(stream, self.spec, (layout.steps() - start_update) * layout.global_batch)
-        if layout.workers == 1:
-            return stream
-        return stream.batch(layout.share).shard(layout.workers, worker).unbatch()
+        return shard_updates(stream, layout, worker, batch)
 
     def describe(self, layout, cfg) -> str:
         how = f"windows of {self.window} permuted per epoch" if cfg.shuffle else "your order"
