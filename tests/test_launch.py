@@ -19,8 +19,9 @@ SETS = ["distribute.strategy=auto", f"train.epochs={EPOCHS}", "export.tflite=non
 PLANNED = EPOCHS * (1527 // 64)
 
 
-def launch(run_dir, *sets, workers=2):
-    args = [sys.executable, "-m", "tftrain.launch", "--workers", str(workers), str(QUICKSTART),
+def launch(run_dir, *sets, workers=2, data_workers=0):
+    args = [sys.executable, "-m", "tftrain.launch", "--workers", str(workers),
+            "--data-workers", str(data_workers), str(QUICKSTART),
             "--run-dir", str(run_dir), *[a for s in (*SETS, *sets) for a in ("--set", s)]]
     return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -93,6 +94,14 @@ def test_two_workers_agree_and_equal_one_worker_with_two_replicas(two_workers, t
     assert ours.keys() == reference.keys() and ours
     for name in ours:
         np.testing.assert_allclose(ours[name], reference[name], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_data_workers_feed_the_same_batches(two_workers, tmp_path):
+    code, out = finish(launch(tmp_path, data_workers=2))
+    assert code == 0, out[-3000:]
+    assert out.count("[data ") >= 2 and "tf.data service: dispatcher grpc://localhost:" in out
+    assert digests(out) == digests(two_workers[1])        # bit-identical training
 
 
 def test_only_the_chief_writes(two_workers):

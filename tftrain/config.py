@@ -145,11 +145,14 @@ class ModelConfig(Strict):
 
 
 class ServiceConfig(Strict):
-    """tf.data service: preprocessing on its workers (`python -m tftrain.launch
-    --data-workers N` starts a local dispatcher and N workers)."""
-    dispatcher: str                      # e.g. grpc://localhost:5050
-    processing_mode: Literal["parallel_epochs", "distributed_epoch"] = "parallel_epochs"
-    job_name: str = "tftrain"
+    """tf.data service: the input pipeline runs on data workers, one per dispatcher
+    (`python -m tftrain.launch --data-workers N` starts N locally)."""
+    dispatchers: list[str] = Field(min_length=1)     # e.g. [grpc://host-a:5050, ...]
+
+    @field_validator("dispatchers", mode="before")
+    @classmethod
+    def _one_or_more(cls, v):
+        return [v] if isinstance(v, str) else v
 
 
 class DataConfig(Strict):

@@ -1,9 +1,12 @@
-"""`python -m tftrain.launch --workers N CONFIG [--set ...]`: N local workers.
+"""`python -m tftrain.launch --workers N [--data-workers M] CONFIG [--set ...]`: N local
+workers (and M tf.data service workers).
 
 Starts N `python -m tftrain.run` processes with TF_CONFIG describing a cluster on free
 localhost ports (TensorFlow's collective runtime over gRPC, as on a real cluster),
 prefixes their output with the worker index, forwards SIGINT/SIGTERM, and when one
-worker fails stops the others and exits with its code (42 when preempted).
+worker fails stops the others and exits with its code (42 when preempted). With
+`--data-workers M` it first starts M tf.data service data workers (each with its
+dispatcher) and points `data.service` at them; they are stopped when training ends.
 """
 from __future__ import annotations
 
@@ -60,6 +63,8 @@ def parse_args(argv):
     p.add_argument("--workers", type=int, required=True, help="number of local workers")
     p.add_argument("--cpus-per-worker", type=int, default=None,
                    help="pin each worker to this many CPUs")
+    p.add_argument("--data-workers", type=int, default=0,
+                   help="tf.data service workers to run the input pipelines on")
     p.add_argument("config")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--run-dir")
@@ -71,9 +76,35 @@ def main(argv=None) -> int:
     if args.workers < 1:
         print("tftrain.launch: --workers must be >= 1", file=sys.stderr)
         return EXIT_CONFIG
+    services, sets = start_data_workers(args.data_workers), list(args.set)
+    if services:
+        sets.append("data.service={dispatchers: [%s]}" % ", ".join(a for a, _ in services))
     command = [sys.executable, "-m", "tftrain.run", args.config,
-               *[a for s in args.set for a in ("--set", s)],
+               *[a for s in sets for a in ("--set", s)],
                *(["--run-dir", args.run_dir] if args.run_dir else [])]
+    try:
+        return _train(command, args)
+    finally:
+        for _, proc in services:
+            proc.terminate()
+        _join([p for _, p in services], 10, kill=True)
+
+
+def start_data_workers(n: int) -> list[tuple[str, subprocess.Popen]]:
+    """n tf.data service data workers, each with its dispatcher: (address, process)."""
+    started = []
+    for k in range(n):
+        port, worker_port = free_ports(2)
+        proc = subprocess.Popen([sys.executable, "-m", "tftrain.data.service", "--port", str(port),
+                                 "--worker-port", str(worker_port)], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        threading.Thread(target=_pump, args=(proc.stdout, f"[data {k}] ", sys.stdout),
+                         daemon=True).start()
+        started.append((f"grpc://localhost:{port}", proc))
+    return started
+
+
+def _train(command, args) -> int:
     ports = free_ports(args.workers)
     procs, pumps = [], []
     for index, cpus in enumerate(cpu_sets(args.workers, args.cpus_per_worker)):

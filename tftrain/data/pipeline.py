@@ -80,8 +80,12 @@ def train_dataset(source: Source, plan: BatchPlan, cfg: DataConfig, seed: int,
             x, y, w = op.fn(x, y, w, tf.random.experimental.stateless_fold_in(s[0], 100 + i))
         return (x, y, w) if pad else (x, y)
 
-    def epoch(e, start):
-        ds = source.epoch(seed, e, layout, worker, start, cfg.shuffle, b).enumerate(start * share // b)
+    def epoch(e, start, part, parts):
+        items = source.epoch(seed, e, layout, worker, start, cfg.shuffle, b)
+        if parts > 1:              # a tf.data service part: every parts-th batch, undecoded
+            items = items.shard(parts, part)
+        ds = tf.data.Dataset.zip(tf.data.Dataset.range(start * share // b + part, 2**62, parts),
+                                 source.decode(items, b))
         if not example_ops:        # one map per batch
             return ds.map(lambda k, batch: finish(*label(e, k, *batch)))
         ds = ds.map(lambda k, batch: label(e, k, *batch)).unbatch()
@@ -89,10 +93,17 @@ def train_dataset(source: Source, plan: BatchPlan, cfg: DataConfig, seed: int,
             .batch(b).map(finish)
 
     first, skip = divmod(start_update, steps)
-    ds = epoch(first, skip).concatenate(
-        tf.data.Dataset.range(first + 1, 2**62).flat_map(lambda e: epoch(e, 0)))
-    if cfg.service is not None:
-        ds = _service(ds, cfg, worker)
+
+    def stream(part=0, parts=1):
+        return epoch(first, skip, part, parts).concatenate(tf.data.Dataset.range(
+            first + 1, 2**62).flat_map(lambda e: epoch(e, 0, part, parts))).with_options(_options())
+
+    if cfg.service is None:
+        ds = stream()
+    else:           # the same batches, decoded and augmented on tf.data service workers
+        from tftrain.data.service import spread
+        per_epoch = steps * share // b
+        ds = spread(stream, cfg.service.dispatchers, per_epoch, per_epoch - skip * share // b)
     return ds.prefetch(tf.data.AUTOTUNE).with_options(_options())
 
 
@@ -199,14 +210,3 @@ def cached(source: Source, cfg: DataConfig) -> Source:
     x, y = (np.concatenate(p) for p in zip(*parts))
     return array_source(x, y, source.validation(), source.num_val, source.spec,
                         kind=f"{getattr(source, 'kind', 'data')}, decoded once into memory")
-
-
-# --- tf.data service ------------------------------------------------------------------
-def _service(ds: tf.data.Dataset, cfg: DataConfig, worker: int) -> tf.data.Dataset:
-    """Run this pipeline on tf.data service workers. `parallel_epochs` with one job per
-    training worker keeps the order exact when each job has one data worker;
-    `distributed_epoch` spreads it over all of them (every element once, order not fixed)."""
-    service = cfg.service
-    return ds.apply(tf.data.experimental.service.distribute(
-        processing_mode=service.processing_mode, service=service.dispatcher,
-        job_name=f"{service.job_name}-{worker}"))

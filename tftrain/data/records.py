@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from tftrain.config import ConfigError
 from tftrain.data.batching import EpochLayout
-from tftrain.data.source import (DATASETS, InputSpec, Source, padded, permutation,
+from tftrain.data.source import (DATASETS, InputSpec, Source, parsed, permutation,
                                  shard_updates, window_shuffle)
 
 CACHE = Path(os.environ.get("TFTRAIN_CACHE", Path.home() / ".cache" / "tftrain"))
@@ -197,9 +197,14 @@ class RecordSource(Source):
         stream = self._padded(stream, (layout.steps() - start_update) * layout.global_batch)
         return shard_updates(stream, layout, worker, batch)
 
-    def _padded(self, stream, slots: int):
-        parsed = stream.map(self.parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        return padded(parsed, self.spec, slots)
+    @staticmethod
+    def _padded(stream, slots: int):
+        """Raw records, then empty records (padding slots), `slots` in all."""
+        return stream.concatenate(tf.data.Dataset.from_tensors(tf.constant(b"")).repeat()).take(slots)
+
+    def decode(self, items, batch):
+        return items.unbatch().map(parsed(self.parse, self.spec), num_parallel_calls=tf.data.AUTOTUNE,
+                                   deterministic=True).batch(batch)
 
     def validation(self):
         return self._read(self.val_files).flat_map(

@@ -72,9 +72,14 @@ class Source:
 
     def epoch(self, seed: int, epoch, layout: EpochLayout, worker: int, start_update,
               shuffle: bool, batch: int) -> tf.data.Dataset:
-        """Pipeline `worker`'s slots of epoch `epoch` from update `start_update` on, in
-        batches of `batch` (which divides the pipeline's share of an update) as
-        `(x, y, real)`; `real` is False for padding slots (x zeros, y 0)."""
+        """Pipeline `worker`'s slots of epoch `epoch` from update `start_update` on, as
+        batches of `batch` items (which divides the pipeline's share of an update): cheap
+        references to examples (indices, raw records) that `decode` turns into them."""
+        raise NotImplementedError
+
+    def decode(self, items: tf.data.Dataset, batch: int) -> tf.data.Dataset:
+        """Batches of items -> batches of `(x, y, real)`; `real` is False for padding
+        slots (x zeros, y 0)."""
         raise NotImplementedError
 
     def describe(self, layout: EpochLayout, cfg: DataConfig) -> str:
@@ -114,13 +119,13 @@ class IndexedSource(Source):
 
     def epoch(self, seed, epoch, layout, worker, start_update, shuffle, batch):
         idx = self.slot_indices(seed, epoch, layout, worker, shuffle)[start_update * layout.share:]
-        ds = tf.data.Dataset.from_tensor_slices(idx)
+        return tf.data.Dataset.from_tensor_slices(idx).batch(batch)
+
+    def decode(self, items, batch):
         if self.elementwise:   # one file per example: decode in parallel, order kept
-            return ds.map(self._load_padded, num_parallel_calls=tf.data.AUTOTUNE,
-                          deterministic=True).batch(batch)
-        if not layout.pad:                                   # no padding slots
-            return ds.batch(batch).map(lambda i: (*self.load(i), tf.ones_like(i, tf.bool)))
-        return ds.batch(batch).map(self._load_padded)        # one gather per batch
+            return items.unbatch().map(self._load_padded, num_parallel_calls=tf.data.AUTOTUNE,
+                                       deterministic=True).batch(batch)
+        return items.map(self._load_padded)                  # one gather per batch
 
     def _load_padded(self, idx):
         real = idx >= 0
@@ -198,6 +203,15 @@ def padded(stream, spec: InputSpec, slots: int):
     x = tf.zeros(spec.shape, spec.dtype)
     padding = tf.data.Dataset.from_tensors((x, tf.constant(0, tf.int32), False)).repeat()
     return stream.map(lambda x, y: (x, y, True)).concatenate(padding).take(slots)
+
+
+def parsed(parse: Callable, spec: InputSpec):
+    """A record parser that maps the empty record (a padding slot) to `(0, 0, False)`."""
+    def parse_or_pad(record):
+        return tf.cond(tf.strings.length(record) > 0,
+                       lambda: (*parse(record), True),
+                       lambda: (tf.zeros(spec.shape, spec.dtype), tf.constant(0, tf.int32), False))
+    return parse_or_pad
 
 
 def import_function(name: str, key: str):

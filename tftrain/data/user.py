@@ -57,6 +57,9 @@ class UserSource(Source):
         stream = padded(stream, self.spec, (layout.steps() - start_update) * layout.global_batch)
         return shard_updates(stream, layout, worker, batch)
 
+    def decode(self, items, batch):
+        return items           # your pipeline decodes; its examples are the items
+
     def describe(self, layout, cfg) -> str:
         how = f"windows of {self.window} permuted per epoch" if cfg.shuffle else "your order"
         return f"{self.name} (your tf.data pipeline); shuffle: {how}"
