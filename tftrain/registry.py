@@ -70,3 +70,20 @@ def check_params(fn: Callable, params: dict, key: str, skip: int = 0,
             problems.append(f"{key}.{name}: unknown parameter; {tail}")
     if problems:
         raise ConfigError(*problems)
+
+
+def import_function(name: str, key: str) -> Callable:
+    """`package.module:function` -> the function; a ConfigError naming `key` when the
+    module cannot be imported or has no such function (the user's code is imported as
+    is: an error raised while importing it is theirs)."""
+    import importlib
+
+    module_name, _, attr = name.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        raise ConfigError(f"{key}: cannot import module '{module_name}' ({err}); check the "
+                          "module is on PYTHONPATH") from None
+    if not callable(getattr(module, attr, None)):
+        raise ConfigError(f"{key}: module '{module_name}' has no function '{attr}'")
+    return getattr(module, attr)

@@ -16,7 +16,6 @@ distribution are the pipeline's (`pipeline.py`).
 """
 from __future__ import annotations
 
-import importlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -212,19 +211,6 @@ def parsed(parse: Callable, spec: InputSpec):
                        lambda: (*parse(record), True),
                        lambda: (tf.zeros(spec.shape, spec.dtype), tf.constant(0, tf.int32), False))
     return parse_or_pad
-
-
-def import_function(name: str, key: str):
-    """`package.module:function` -> the function (ConfigError when it is not there)."""
-    module_name, _, attr = name.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ConfigError(f"{key}: cannot import module '{module_name}' ({err}); check the "
-                          "module is on PYTHONPATH") from None
-    if not callable(getattr(module, attr, None)):
-        raise ConfigError(f"{key}: module '{module_name}' has no function '{attr}'")
-    return getattr(module, attr)
 
 
 def check_labels(y: np.ndarray, num_classes: int, where: str) -> None:

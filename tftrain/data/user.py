@@ -21,8 +21,8 @@ import numpy as np
 import tensorflow as tf
 
 from tftrain.config import ConfigError, DataConfig
-from tftrain.data.source import (InputSpec, Source, import_function, padded, shard_updates,
-                                 window_shuffle)
+from tftrain.data.source import InputSpec, Source, padded, shard_updates, window_shuffle
+from tftrain.registry import import_function
 
 
 @dataclass(frozen=True)

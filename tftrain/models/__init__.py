@@ -4,11 +4,9 @@ precision, placement or compression: those wrap them from outside.
 """
 from __future__ import annotations
 
-import importlib
-
 from tftrain._keras import ensure_tf_keras_model
 from tftrain.config import ConfigError, ModelConfig
-from tftrain.registry import Registry, check_params
+from tftrain.registry import Registry, check_params, import_function
 
 MODELS = Registry("model", "model.name")
 
@@ -19,15 +17,7 @@ def resolve_builder(name: str):
     """A registered builder, or `package.module:function`."""
     if ":" not in name:
         return MODELS.get(name)
-    module_name, _, attr = name.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ConfigError(f"model.name: cannot import module '{module_name}' ({err}); "
-                          "check the module is on PYTHONPATH") from None
-    if not hasattr(module, attr):
-        raise ConfigError(f"model.name: module '{module_name}' has no function '{attr}'")
-    return getattr(module, attr)
+    return import_function(name, "model.name")
 
 
 def build_model(cfg: ModelConfig, spec):
