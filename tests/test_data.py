@@ -361,3 +361,14 @@ def test_keras_datasets_fail_clearly_offline(monkeypatch, tmp_path):
     monkeypatch.setattr(urllib.request, "urlretrieve", offline)
     with pytest.raises(ConfigError, match=r"data\.name: could not load keras:mnist .*~/.keras/datasets/.*data\.name: npz"):
         DATASETS.get("keras:mnist")(0.1, 0)
+
+
+def test_tfrecord_resume_where_a_worker_has_only_padding_left(tmp_path):
+    pattern = write_records(tmp_path / "r", shards=2, sizes=[30, 6])
+    data = record_cfg(pattern, "data.validation_fraction=0", "data.remainder=pad", "data.shuffle_buffer=4")
+    source = load_source(data, 0)
+    plan = BatchPlan(3, 2, 1)              # worker 1: 6 examples, then padding to 15 slots
+    full = ids(train_dataset(source, plan, data, 0, worker=1, workers=2).take(8))
+    assert full[6:15] == [(0, 0)] * 9
+    resumed = ids(train_dataset(source, plan, data, 0, start_update=3, worker=1, workers=2).take(5))
+    assert resumed == full[9:]

@@ -139,6 +139,8 @@ class RecordSource(Source):
     def _stream(self, files: Files, seed, epoch, position: int, shuffle: bool):
         """Raw records of `files` in epoch order, from `position` on."""
         cycle, window = self.cycle_length, self.window
+        if position >= sum(files.counts):       # only padding is left in this epoch
+            return tf.data.Dataset.from_tensor_slices(tf.constant([], tf.string))
         order = permutation(len(files), seed, epoch) if shuffle else tf.range(len(files))
         first = 0
         if position:
