@@ -101,18 +101,22 @@ def baseline(root: Path):
             .batch(BATCH, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
 
 
-def rate(iterator, batches: int) -> float:
-    next(iterator)
+def rate(dataset, batches: int) -> float:
+    """Examples/s of a fresh iterator after 5 warm-up batches (one iterator alive at a
+    time: an idle one would fill its buffers in the background and flatter itself)."""
+    iterator = iter(dataset)
+    for _ in range(5):
+        next(iterator)
     began = time.perf_counter()
     for _ in range(batches):
         next(iterator)
-    return batches * BATCH / (time.perf_counter() - began)
+    elapsed = time.perf_counter() - began
+    del iterator
+    return batches * BATCH / elapsed
 
 
 def throughput(root: Path, rounds: int, batches: int):
-    sides = [iter(ours(root)), iter(baseline(root))]
-    for it in sides:
-        rate(it, 5)                                  # warm up
+    sides = [ours(root), baseline(root)]
     results = [[], []]
     for r in range(rounds):
         for i in ([0, 1] if r % 2 == 0 else [1, 0]):

@@ -372,3 +372,13 @@ def test_tfrecord_resume_where_a_worker_has_only_padding_left(tmp_path):
     assert full[6:15] == [(0, 0)] * 9
     resumed = ids(train_dataset(source, plan, data, 0, start_update=3, worker=1, workers=2).take(5))
     assert resumed == full[9:]
+
+
+def user_digits(scale: float = 16.0):
+    """A user dataset function: scikit-learn's digits through a tf.data map."""
+    from sklearn.datasets import load_digits
+    d = load_digits()
+    x, y = d.images.astype(np.float32)[..., None], d.target.astype(np.int64)
+    ds = tf.data.Dataset.from_tensor_slices
+    prep = lambda a, b: (a / scale, b)   # noqa: E731
+    return UserData(ds((x[270:], y[270:])).map(prep), ds((x[:270], y[:270])).map(prep))

@@ -320,7 +320,7 @@ def test_accumulation_through_the_cli_equals_large_batch(tmp_path, capsys):
     assert steps == [1527 // 64] * 2
 
 
-DIVERGING = ["train.optimizer={name: sgd, learning_rate: 1.0e+6}", "train.schedule={name: constant}",
+DIVERGING = ["train.optimizer={name: sgd, learning_rate: 1.0e+12}", "train.schedule={name: constant}",
              "train.epochs=2", "export.tflite=none", "export.saved_model=false"]
 
 
@@ -335,9 +335,9 @@ def test_non_finite_loss_stops_with_a_clear_error(tmp_path, capsys):
 
 def test_non_finite_loss_rolls_back_with_a_lower_rate(tmp_path, capsys):
     summary = run(quick_config(tmp_path, *DIVERGING, "train.on_nan=rollback",
-                               "train.nan_lr_factor=1.0e-7"))
+                               "train.nan_lr_factor=1.0e-13"))
     out = capsys.readouterr().out
-    assert "rolled back to update 0, learning rate x 1e-07 (retry 1/3)" in out
+    assert "rolled back to update 0, learning rate x 1e-13 (retry 1/3)" in out
     assert summary["steps"] == 2 * 23
     assert np.isfinite(summary["metrics"]["val_loss"]) and summary["metrics"]["val_accuracy"] > 0.3
 
@@ -440,3 +440,30 @@ def test_sigterm_in_the_prune_stage_resumes_there(tmp_path):
         for name in ours:
             np.testing.assert_allclose(ours[name], theirs[name], rtol=0, atol=1e-6)
 
+
+
+USER_SETS = ["data.name=tests.test_data:user_digits", "train.epochs=6", "train.checkpoint.every=10",
+             "export.tflite=none", "run.deterministic=true", "data.remainder=pad",
+             "model={name: mlp, params: {hidden: [64], dropout: 0.2}}"]
+
+
+@pytest.mark.slow
+def test_user_dataset_trains_and_resumes_after_sigkill(tmp_path):
+    args = lambda out: [QUICKSTART, "--run-dir", out, *[a for s in USER_SETS for a in ("--set", s)]]  # noqa: E731
+    whole = cli(*args(tmp_path / "whole"))
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    assert "(your tf.data pipeline)" in whole.stdout
+    proc = subprocess.Popen([sys.executable, "-m", "tftrain.run", *map(str, args(tmp_path / "cut"))],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    wait_for_checkpoint(tmp_path / "cut" / "quickstart" / "checkpoints", proc, at_least=30)
+    proc.kill()
+    proc.communicate(timeout=60)
+    again = cli(*args(tmp_path / "cut"))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming from" in again.stdout
+    summary = json.loads((tmp_path / "cut" / "quickstart" / "summary.json").read_text())
+    assert summary["steps"] == 6 * 24 and summary["metrics"]["val_accuracy"] > 0.9
+    ours, reference = model_weights(tmp_path / "cut" / "quickstart"), model_weights(tmp_path / "whole" / "quickstart")
+    for name in reference:
+        np.testing.assert_allclose(ours[name], reference[name], rtol=0, atol=1e-6)

@@ -184,7 +184,9 @@ class InputWait(keras.callbacks.Callback):
         self._calls += time.perf_counter() - self._began
 
     def on_epoch_end(self, epoch, logs=None):
-        if logs is None or not self._calls or not self.model.time_steps:
+        from tftrain.train_step import op_determinism
+
+        if logs is None or not self._calls or not self.model.time_steps or op_determinism():
             return
         inside = float(self.model.step_seconds.numpy()) - self._steps_before
         wait = min(1.0, max(0.0, 1.0 - inside / self._calls))

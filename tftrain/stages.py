@@ -60,8 +60,7 @@ def compile_stage(cfg, net, plan, policy, stage, steps_per_epoch, hooks=(), unro
     model = train_step.TrainModel.wrap(net, plan.accumulation * micro,
                                        cfg.distribute.all_reduce_dtype, update_hooks=hooks,
                                        unroll=unroll or micro > 1,
-                                       colocate_gradients=placed is not None,
-                                       time_steps=not cfg.run.deterministic)
+                                       colocate_gradients=placed is not None)
     if stage.learning_rate is None:
         lr = optim.build_schedule(cfg.train.schedule, cfg.train.optimizer.learning_rate,
                                   steps_per_epoch, stage.updates)

@@ -56,6 +56,12 @@ LOSSES.register("binary_crossentropy")(lambda: keras.losses.BinaryCrossentropy(f
 LOSSES.register("mse")(lambda: keras.losses.MeanSquaredError())
 
 
+def op_determinism() -> bool:
+    """Whether op determinism is on in this process (TensorFlow then refuses clocks)."""
+    from tensorflow.python.framework import config as tf_config   # no public getter
+    return tf_config.is_op_determinism_enabled()
+
+
 def build_loss(name: str):
     """A Keras loss object; classification losses take logits."""
     return LOSSES.get(name)()
@@ -85,7 +91,7 @@ class TrainModel(keras.Model):
                  update_hooks=(), unroll: bool = False, colocate_gradients: bool = False,
                  time_steps: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
-        self.time_steps = time_steps     # TensorFlow refuses clocks under op determinism
+        self.time_steps = time_steps     # not under op determinism (TensorFlow refuses clocks)
         self.colocate_gradients = colocate_gradients
         self.accumulation_steps = int(accumulation_steps)
         self.all_reduce_dtype = tf.as_dtype(all_reduce_dtype)
@@ -155,7 +161,7 @@ class TrainModel(keras.Model):
         return loss
 
     def train_step(self, data):
-        timed = self.time_steps
+        timed = self.time_steps and not op_determinism()
         if timed:           # clocks are ordered by data dependencies only: after the batch
             with tf.control_dependencies(tf.nest.flatten(data)):
                 began = tf.timestamp()

@@ -2,9 +2,8 @@
 
 The file list is read once; each epoch is a permutation of file indices and every image
 is read, decoded and resized in a parallel `map` when its slot comes, so memory holds a
-bounded window of images whatever the folder's size. Decoded images are uint8 at
-`image_size` (rounded after resizing), then scaled to [0, 1]: the same values whether
-they come from disk or from a cache.
+bounded window of images whatever the folder's size. Images are resized to
+`image_size` (bilinear) and scaled to [0, 1], as `image_dataset_from_directory` does.
 """
 from __future__ import annotations
 
@@ -50,15 +49,10 @@ def list_images(root: Path, on_bad_record: str):
     return files, np.array(labels, np.int32), classes, skipped
 
 
-def decode(path, size, channels: int):
-    """One image file -> uint8 [h, w, channels] at `size`."""
-    image = tf.io.decode_image(tf.io.read_file(path), channels=channels, expand_animations=False)
-    image = tf.image.resize(image, size)
-    return tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
-
-
-def to_float(image):
-    return tf.cast(image, tf.float32) / 255.0
+def decode(data, size, channels: int):
+    """Encoded image bytes -> float32 [h, w, channels] in [0, 1] at `size`."""
+    image = tf.io.decode_image(data, channels=channels, expand_animations=False)
+    return tf.image.resize(image, size) * (1.0 / 255.0)
 
 
 @DATASETS.register("image_folder")
@@ -77,10 +71,10 @@ def image_folder(fraction: float, seed: int, path: str = "", image_size: tuple =
     train_labels = tf.constant(labels[train])
 
     def load(i):
-        return to_float(decode(train_files[i], size, channels)), train_labels[i]
+        return decode(tf.io.read_file(train_files[i]), size, channels), train_labels[i]
 
     val_ds = tf.data.Dataset.from_tensor_slices((np.array(files)[val], labels[val])).map(
-        lambda f, y: (to_float(decode(f, size, channels)), y),
+        lambda f, y: (decode(tf.io.read_file(f), size, channels), y),
         num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     spec = InputSpec((*size, channels), "float32", len(classes))
     return IndexedSource(spec, len(train), len(val), load, val_ds,

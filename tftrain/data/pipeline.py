@@ -58,20 +58,15 @@ def train_dataset(source: Source, plan: BatchPlan, cfg: DataConfig, seed: int,
     pad = cfg.remainder == "pad"
     seeded = bool(ops)
 
-    def label(e, k, x, y, real):
-        """Weights and example seeds of replica batch k of epoch e, vectorised (only
-        what is used: weights with padding, seeds with augmentation)."""
-        j = k * b + tf.range(b, dtype=tf.int64)               # slots in the epoch
-        w = tf.where(real, tf.gather(weights, j // share), 0.0) if pad else None
-        hi = example_seed(seed, e, worker, 0)[0]
-        s = tf.stack([tf.fill([b], hi), tf.cast(worker, tf.int64) * (1 << 40) + j], axis=1) \
-            if seeded else None
+    def label(e, j, x, y, real):
+        """Weights and example seeds of the slots j of epoch e (a batch or one example;
+        only what is used: weights with padding, seeds with augmentation)."""
+        w = tf.where(real, tf.gather(weights, tf.minimum(j // share, steps - 1)), 0.0) if pad else None
+        s = None
+        if seeded:
+            hi = example_seed(seed, e, worker, 0)[0] + tf.zeros_like(j)
+            s = tf.stack([hi, tf.cast(worker, tf.int64) * (1 << 40) + j], axis=-1)
         return x, tf.one_hot(y, classes) if batch_ops else y, w, s
-
-    def augment(x, y, w, s):
-        for i, op in enumerate(example_ops):
-            x = op.fn(x, tf.random.experimental.stateless_fold_in(s, i))
-        return x, y, w, s
 
     def finish(x, y, w, s):
         if batch_ops and w is None:
@@ -84,13 +79,30 @@ def train_dataset(source: Source, plan: BatchPlan, cfg: DataConfig, seed: int,
         items = source.epoch(seed, e, layout, worker, start, cfg.shuffle, b)
         if parts > 1:              # a tf.data service part: every parts-th batch, undecoded
             items = items.shard(parts, part)
-        ds = tf.data.Dataset.zip(tf.data.Dataset.range(start * share // b + part, 2**62, parts),
-                                 source.decode(items, b))
-        if not example_ops:        # one map per batch
-            return ds.map(lambda k, batch: finish(*label(e, k, *batch)))
-        ds = ds.map(lambda k, batch: label(e, k, *batch)).unbatch()
-        return ds.map(augment, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True) \
-            .batch(b).map(finish)
+        first = start * share // b + part          # index of the first batch in the epoch
+        if not example_ops:        # vectorised: decode, weigh and finish whole batches
+            ds = tf.data.Dataset.zip(tf.data.Dataset.range(first, 2**62, parts),
+                                     source.decode(items, b))
+            slots = lambda k: k * b + tf.range(b, dtype=tf.int64)  # noqa: E731
+            return ds.map(lambda k, batch: finish(*label(e, slots(k), *batch)))
+        # per example: decoding and augmentation fused in one parallel map, order kept;
+        # each slot's weight and seed computed a batch at a time beforehand
+        def slot_info(k):
+            _, _, w, seeds = label(e, k * b + tf.range(b, dtype=tf.int64), 0, 0, True)
+            return (w if pad else tf.ones([b])), seeds
+
+        def one(info, item):
+            w, seeds = info
+            x, y, real = source.decode_one(item)
+            for i, op in enumerate(example_ops):
+                x = op.fn(x, tf.random.experimental.stateless_fold_in(seeds, i))
+            w = tf.where(real, w, 0.0) if pad else None
+            return x, tf.one_hot(y, classes) if batch_ops else y, w, seeds
+
+        info = tf.data.Dataset.range(first, 2**62, parts).map(slot_info).unbatch()
+        ds = tf.data.Dataset.zip(info, items.unbatch()).map(
+            one, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return ds.batch(b).map(finish)
 
     first, skip = divmod(start_update, steps)
 
@@ -118,7 +130,10 @@ def distribute(strategy, source: Source, plan: BatchPlan, cfg: DataConfig, seed:
 
     # Prefetching onto accelerators overlaps the host-to-device copy with the step; for
     # CPU devices it only adds a copy (measured: about 10% of the quickstart's step).
-    devices = getattr(strategy.extended, "worker_devices", ())
+    try:
+        devices = strategy.extended.worker_devices
+    except RuntimeError:        # the default strategy: the default device
+        devices = [d.name for d in tf.config.list_logical_devices("GPU")[:1]]
     on_gpu = any("GPU" in d.upper() or "TPU" in d.upper() for d in devices)
     options = tf.distribute.InputOptions(experimental_fetch_to_device=on_gpu)
     return strategy.distribute_datasets_from_function(per_worker, options)

@@ -204,9 +204,8 @@ class RecordSource(Source):
         """Raw records, then empty records (padding slots), `slots` in all."""
         return stream.concatenate(tf.data.Dataset.from_tensors(tf.constant(b"")).repeat()).take(slots)
 
-    def decode(self, items, batch):
-        return items.unbatch().map(parsed(self.parse, self.spec), num_parallel_calls=tf.data.AUTOTUNE,
-                                   deterministic=True).batch(batch)
+    def decode_one(self, record):
+        return parsed(self.parse, self.spec)(record)
 
     def validation(self):
         return self._read(self.val_files).flat_map(
@@ -261,20 +260,13 @@ def example_parser(features: dict, x: str, y: str, image: Optional[dict]):
     def parse(record):
         ex = tf.io.parse_single_example(record, spec)
         if image:
-            from tftrain.data.images import decode, to_float
-            inputs = to_float(decode_bytes(ex[x], image))
+            from tftrain.data.images import decode
+            inputs = decode(ex[x], [int(v) for v in image.get("size", (32, 32))],
+                            int(image.get("channels", 3)))
         else:
             inputs = tf.cast(ex[x], tf.float32)
         return inputs, tf.cast(ex[y], tf.int32)
     return parse
-
-
-def decode_bytes(data, image: dict):
-    size = [int(s) for s in image.get("size", (32, 32))]
-    decoded = tf.io.decode_image(data, channels=int(image.get("channels", 3)),
-                                 expand_animations=False)
-    decoded = tf.image.resize(decoded, size)
-    return tf.cast(tf.clip_by_value(tf.round(decoded), 0, 255), tf.uint8)
 
 
 @DATASETS.register("tfrecord")

@@ -79,6 +79,11 @@ class Source:
     def decode(self, items: tf.data.Dataset, batch: int) -> tf.data.Dataset:
         """Batches of items -> batches of `(x, y, real)`; `real` is False for padding
         slots (x zeros, y 0)."""
+        return items.unbatch().map(self.decode_one, num_parallel_calls=tf.data.AUTOTUNE,
+                                   deterministic=True).batch(batch)
+
+    def decode_one(self, item):
+        """One item -> `(x, y, real)` (for per-example work fused with decoding)."""
         raise NotImplementedError
 
     def describe(self, layout: EpochLayout, cfg: DataConfig) -> str:
@@ -122,9 +127,17 @@ class IndexedSource(Source):
 
     def decode(self, items, batch):
         if self.elementwise:   # one file per example: decode in parallel, order kept
-            return items.unbatch().map(self._load_padded, num_parallel_calls=tf.data.AUTOTUNE,
-                                       deterministic=True).batch(batch)
+            return super().decode(items, batch)
         return items.map(self._load_padded)                  # one gather per batch
+
+    def decode_one(self, i):
+        def load():
+            if self.elementwise:
+                return (*self.load(i), True)
+            x, y = self.load(tf.reshape(i, [1]))
+            return x[0], y[0], True
+        zeros = (tf.zeros(self.spec.shape, self.spec.dtype), tf.constant(0, tf.int32), False)
+        return tf.cond(i >= 0, load, lambda: zeros)
 
     def _load_padded(self, idx):
         real = idx >= 0

@@ -71,12 +71,11 @@ def tfds_source(cfg: DataConfig, seed: int) -> RecordSource:
     def parse(record):
         example = features.deserialize_example(record)
         inputs = example[x]
+        scale = 1.0 / 255.0 if inputs.dtype == tf.uint8 else 1.0     # images to [0, 1]
+        inputs = tf.cast(inputs, tf.float32)
         if size is not None:
-            inputs = tf.cast(tf.clip_by_value(tf.round(tf.image.resize(inputs, size)), 0, 255),
-                             inputs.dtype)
-        if inputs.dtype == tf.uint8:
-            inputs = tf.cast(inputs, tf.float32) / 255.0
-        return tf.cast(inputs, tf.float32), tf.cast(example[y], tf.int32)
+            inputs = tf.image.resize(inputs, size)
+        return inputs * scale, tf.cast(example[y], tf.int32)
 
     train = _files(builder, p.get("split", "train"))
     if p.get("validation_split"):

@@ -60,6 +60,9 @@ class UserSource(Source):
     def decode(self, items, batch):
         return items           # your pipeline decodes; its examples are the items
 
+    def decode_one(self, item):
+        return item
+
     def describe(self, layout, cfg) -> str:
         how = f"windows of {self.window} permuted per epoch" if cfg.shuffle else "your order"
         return f"{self.name} (your tf.data pipeline); shuffle: {how}"
