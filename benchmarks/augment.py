@@ -16,6 +16,7 @@ import tensorflow as tf
 from tftrain.config import load_config
 from tftrain.run import run
 
+QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
 AUGMENT = "[{random_affine: {rotation: 0.04, zoom: 0.1, translation: 0.08}}]"
 
 
@@ -39,8 +40,7 @@ def accuracy(data: Path, out: str, epochs: int, seed: int, augment: bool) -> flo
             "export.tflite=none", "distribute.strategy=mirrored"]
     if augment:
         sets.append(f"data.augment={AUGMENT}")
-    return run(load_config(Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml",
-                           sets))["metrics"]["val_accuracy"]
+    return run(load_config(QUICKSTART, sets))["metrics"]["val_accuracy"]
 
 
 def main():
@@ -48,6 +48,8 @@ def main():
     p.add_argument("--epochs", type=int, default=60)
     p.add_argument("--seeds", type=int, default=3)
     args = p.parse_args()
+    from tftrain.strategy import configure_devices
+    configure_devices(load_config(QUICKSTART))      # before the first TensorFlow op
     with tempfile.TemporaryDirectory() as out:
         data = digits_32(Path(out) / "digits32.npz")
         plain, aug = [], []

@@ -81,9 +81,12 @@ def train_dataset(source: Source, plan: BatchPlan, cfg: DataConfig, seed: int,
             items = items.shard(parts, part)
         first = start * share // b + part          # index of the first batch in the epoch
         if not example_ops:        # vectorised: decode, weigh and finish whole batches
+            slots = lambda k: k * b + tf.range(b, dtype=tf.int64)  # noqa: E731
+            if source.vectorised:  # in memory: one function per batch, from index to batch
+                return tf.data.Dataset.zip(tf.data.Dataset.range(first, 2**62, parts), items).map(
+                    lambda k, i: finish(*label(e, slots(k), *source.decode_batch(i, pad))))
             ds = tf.data.Dataset.zip(tf.data.Dataset.range(first, 2**62, parts),
                                      source.decode(items, b))
-            slots = lambda k: k * b + tf.range(b, dtype=tf.int64)  # noqa: E731
             return ds.map(lambda k, batch: finish(*label(e, slots(k), *batch)))
         # per example: decoding and augmentation fused in one parallel map, order kept;
         # each slot's weight and seed computed a batch at a time beforehand

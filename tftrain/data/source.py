@@ -86,6 +86,13 @@ class Source:
         """One item -> `(x, y, real)` (for per-example work fused with decoding)."""
         raise NotImplementedError
 
+    vectorised = False      # `decode_batch` exists: a batch decodes in one function
+
+    def decode_batch(self, items, padded: bool):
+        """A batch of items -> `(x, y, real)` in one function (in-memory sources);
+        `padded`: the batch may hold padding slots."""
+        raise NotImplementedError
+
     def describe(self, layout: EpochLayout, cfg: DataConfig) -> str:
         raise NotImplementedError
 
@@ -129,6 +136,15 @@ class IndexedSource(Source):
         if self.elementwise:   # one file per example: decode in parallel, order kept
             return super().decode(items, batch)
         return items.map(self._load_padded)                  # one gather per batch
+
+    @property
+    def vectorised(self) -> bool:
+        return not self.elementwise
+
+    def decode_batch(self, items, padded):
+        if not padded:
+            return (*self.load(items), True)
+        return self._load_padded(items)
 
     def decode_one(self, i):
         def load():
