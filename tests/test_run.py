@@ -463,7 +463,7 @@ def test_user_dataset_trains_and_resumes_after_sigkill(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resuming from" in again.stdout
     summary = json.loads((tmp_path / "cut" / "quickstart" / "summary.json").read_text())
-    assert summary["steps"] == 6 * 24 and summary["metrics"]["val_accuracy"] > 0.9
+    assert summary["steps"] == 6 * 24 and summary["metrics"]["val_accuracy"] > 0.75
     ours, reference = model_weights(tmp_path / "cut" / "quickstart"), model_weights(tmp_path / "whole" / "quickstart")
     for name in reference:
         np.testing.assert_allclose(ours[name], reference[name], rtol=0, atol=1e-6)

@@ -161,9 +161,10 @@ class Throughput(keras.callbacks.Callback):
 
 class InputWait(keras.callbacks.Callback):
     """Adds `input_wait` to the epoch logs: the fraction of the training calls' wall time
-    not spent inside train steps, i.e. waiting for the next batch (plus the call's own
-    dispatch, well under a millisecond). Warns once when an epoch exceeds 20%. Not
-    measured with `run.deterministic` (TensorFlow refuses clocks in deterministic graphs)."""
+    spent outside the train step itself, i.e. waiting for the next batch plus the call's
+    own host overhead (dispatch, the distributed iterator, logs), which is large next to a
+    tiny step and shrinks with `train.steps_per_execution`. Warns once when an epoch
+    exceeds 20%. Not measured under op determinism (TensorFlow refuses clocks there)."""
 
     _supports_tf_logs = True
     threshold = 0.2
@@ -194,9 +195,10 @@ class InputWait(keras.callbacks.Callback):
         logs["input_wait"] = wait
         if wait > self.threshold and not self._warned:
             self._warned = True
-            print(f"tftrain: warning: input-bound: {wait:.0%} of step time waits for input; "
-                  "cache decoded data (data.cache), lighten data.augment, or add tf.data service "
-                  "workers (data.service)", flush=True)
+            print(f"tftrain: warning: {wait:.0%} of the training time is spent outside the "
+                  "step, waiting for input or in per-step host overhead; cache decoded data "
+                  "(data.cache), lighten data.augment, add tf.data service workers "
+                  "(data.service), or raise train.steps_per_execution", flush=True)
 
     def fraction(self) -> float | None:
         """Median over epochs, leaving out the first (it includes tracing); None when

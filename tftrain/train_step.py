@@ -162,9 +162,11 @@ class TrainModel(keras.Model):
 
     def train_step(self, data):
         timed = self.time_steps and not op_determinism()
-        if timed:           # clocks are ordered by data dependencies only: after the batch
-            with tf.control_dependencies(tf.nest.flatten(data)):
+        if timed:           # clocks are ordered by data dependencies only: after the batch,
+            with tf.control_dependencies(tf.nest.flatten(data)):     # before any compute
                 began = tf.timestamp()
+            with tf.control_dependencies([began]):
+                data = tf.nest.map_structure(tf.identity, data)
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         variables = self.trainable_variables
         n = self.accumulation_steps
