@@ -16,6 +16,8 @@ distribution are the pipeline's (`pipeline.py`).
 """
 from __future__ import annotations
 
+import abc
+
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,30 +53,30 @@ def permutation(n: int, seed, epoch):
     return tf.argsort(keys, stable=True)
 
 
-class Source:
+class Source(abc.ABC):
     """Base of every source: its input spec, sizes, validation examples and epochs."""
 
     spec: InputSpec
     num_train: int
     num_val: int
 
+    @abc.abstractmethod
     def validation(self) -> tf.data.Dataset:
         """Validation examples `(x, y)`, unbatched, in a fixed order."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def calibration(self, n: int) -> tf.data.Dataset:
         """The first n training examples in file order (int8 calibration)."""
-        raise NotImplementedError
 
     def layout(self, global_batch: int, workers: int, pad: bool, policy: str) -> EpochLayout:
         return EpochLayout((self.num_train,), workers, global_batch, pad)
 
+    @abc.abstractmethod
     def epoch(self, seed: int, epoch, layout: EpochLayout, worker: int, start_update,
               shuffle: bool, batch: int) -> tf.data.Dataset:
         """Pipeline `worker`'s slots of epoch `epoch` from update `start_update` on, as
         batches of `batch` items (which divides the pipeline's share of an update): cheap
         references to examples (indices, raw records) that `decode` turns into them."""
-        raise NotImplementedError
 
     def decode(self, items: tf.data.Dataset, batch: int) -> tf.data.Dataset:
         """Batches of items -> batches of `(x, y, real)`; `real` is False for padding
@@ -82,19 +84,21 @@ class Source:
         return items.unbatch().map(self.decode_one, num_parallel_calls=tf.data.AUTOTUNE,
                                    deterministic=True).batch(batch)
 
+    @abc.abstractmethod
     def decode_one(self, item):
         """One item -> `(x, y, real)` (for per-example work fused with decoding)."""
-        raise NotImplementedError
 
     vectorised = False      # `decode_batch` exists: a batch decodes in one function
 
     def decode_batch(self, items, padded: bool):
         """A batch of items -> `(x, y, real)` in one function (in-memory sources);
-        `padded`: the batch may hold padding slots."""
-        raise NotImplementedError
+        `padded`: the batch may hold padding slots. By default, item by item."""
+        return tf.map_fn(self.decode_one, items, fn_output_signature=(
+            tf.TensorSpec(self.spec.shape, self.spec.dtype), tf.int32, tf.bool))
 
+    @abc.abstractmethod
     def describe(self, layout: EpochLayout, cfg: DataConfig) -> str:
-        raise NotImplementedError
+        """The plan's line about this source and its order."""
 
 
 @dataclass(frozen=True, eq=False)
