@@ -1,0 +1,152 @@
+"""Reading configs: YAML in (safe_load), `--set` overrides, validation against the schema
+in `tftrain.config`, one line per problem out (a `ConfigError`)."""
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from tftrain.config import Config, ConfigError
+
+
+# --- loading -------------------------------------------------------------------------
+def _yaml_problem(source: str, text: str, err: yaml.YAMLError) -> str:
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    where = "file"
+    if mark:
+        lines = text.splitlines()
+        line = lines[mark.line].strip() if mark.line < len(lines) else ""
+        key = line.split(":", 1)[0].strip("- ") if ":" in line else ""
+        where = f"line {mark.line + 1}" + (f" (key '{key}')" if key else "")
+    if isinstance(err, yaml.constructor.ConstructorError):
+        return (f"{source}: {where}: tag not allowed ({err.problem}); "
+                "tftrain configs are plain YAML (maps, lists, numbers, strings)")
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    return f"{source}: {where}: malformed YAML: {problem}; fix the syntax at that line"
+
+
+def read_yaml(path: Union[str, Path]) -> dict:
+    """Read a YAML mapping with safe_load; raise ConfigError on any problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found; pass the path of a YAML file "
+                          "(e.g. configs/quickstart.yaml)")
+    text = path.read_text()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(_yaml_problem(str(path), text, err)) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections "
+                          f"(run, distribute, model, ...); got {type(data).__name__}")
+    return data
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply `a.b.c=value` overrides; values are parsed as YAML scalars or lists."""
+    data = _deep_copy(data)
+    problems = []
+    for item in overrides or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            problems.append(f"--set {item!r}: expected KEY=VALUE, e.g. train.epochs=5")
+            continue
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError as err:
+            problems.append(f"--set {key}: value {raw!r} is not valid YAML ({err.__class__.__name__})")
+            continue
+        node = data
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[parts[-1]] = value
+    if problems:
+        raise ConfigError(*problems)
+    return data
+
+
+def _deep_copy(d):
+    if isinstance(d, dict):
+        return {k: _deep_copy(v) for k, v in d.items()}
+    if isinstance(d, list):
+        return [_deep_copy(v) for v in d]
+    return d
+
+
+def _fields_at(loc: tuple) -> list[str]:
+    """Names of the fields of the schema section at `loc` (for 'did you mean')."""
+    model: Any = Config
+    for part in loc:
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        ann = field.annotation
+        for candidate in (ann, *getattr(ann, "__args__", ())):
+            if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+                model = candidate
+                break
+        else:
+            return []
+    return list(getattr(model, "model_fields", {}))
+
+
+def _format_error(source: str, err: dict) -> str:
+    loc = tuple(err["loc"])
+    path = ".".join(str(p) for p in loc) or "(top level)"
+    value = err.get("input")
+    if err["type"] == "extra_forbidden":
+        hint = difflib.get_close_matches(str(loc[-1]), _fields_at(loc[:-1]), n=1, cutoff=0.6)
+        tail = f"did you mean {hint[0]}?" if hint else \
+            f"valid keys: {', '.join(_fields_at(loc[:-1]))}"
+        return f"{source}: {path}: unknown key; {tail}"
+    msg = err["msg"].removeprefix("Value error, ")
+    if msg.startswith(tuple(f"{s}." for s in Config.model_fields)):
+        return f"{source}: {msg}"     # a cross-field check that names its own key
+    shown = repr(value) if not isinstance(value, dict) else "a mapping"
+    return f"{source}: {path}: {msg} (got {shown})"
+
+
+def validate(data: dict, source: str = "config") -> Config:
+    """Validate a plain dict against the schema."""
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(*[_format_error(source, e) for e in exc.errors()]) from None
+
+
+def load_config(path: Union[str, Path, None] = None, overrides: Optional[list[str]] = None) -> Config:
+    """Load, override and validate a config. `path=None` starts from the defaults."""
+    data = read_yaml(path) if path is not None else {}
+    data = apply_overrides(data, overrides or [])
+    return validate(data, str(path) if path is not None else "config")
+
+
+def dump_config(cfg: Config) -> str:
+    """The resolved config as YAML (durations written back in their short form)."""
+    return yaml.safe_dump(_plain(cfg.model_dump()), sort_keys=False)
+
+
+def _plain(v):
+    if isinstance(v, dict):
+        if set(v) == {"value", "unit"}:
+            if v["unit"] == "fraction":
+                return float(v["value"])
+            n = int(v["value"]) if float(v["value"]).is_integer() else v["value"]
+            return n if v["unit"] == "steps" else f"{n} epochs"
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    return v
+
+
+def json_schema() -> dict:
+    """JSON Schema of the config (for editor completion of YAML files)."""
+    return Config.model_json_schema()
