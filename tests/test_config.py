@@ -111,6 +111,57 @@ def test_file_errors(tmp_path):
         load_config(write(tmp_path, "- 1\n- 2\n"))
 
 
+def test_duplicate_keys_are_refused(tmp_path):
+    path = write(tmp_path, "train:\n  epochs: 3\n  optimizer: {name: sgd}\n  epochs: 5\n")
+    with pytest.raises(ConfigError, match=r"line 4: key 'epochs' is given twice in the same "
+                                          r"mapping \(first at line 2\); keep one of them"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=r"key 'run' is given twice"):
+        load_config(write(tmp_path, "run: {seed: 1}\nrun: {seed: 2}\n"))
+    # the same key in different mappings is fine
+    assert load_config(write(tmp_path, "run: {seed: 1}\ntrain: {optimizer: {name: sgd}}\n")).run.seed == 1
+
+
+def test_binary_and_non_utf8_files_are_config_errors(tmp_path):
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes("run:\n  name: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"latin\.yaml: not a UTF-8 text file \(byte 16 is 0xe9\)"):
+        load_config(latin)
+    blob = tmp_path / "model.bin"
+    blob.write_bytes(b"run: {}\n\x00\x01\x02")
+    with pytest.raises(ConfigError, match=r"model\.bin: binary file \(it contains NUL bytes\)"):
+        load_config(blob)
+
+
+@pytest.mark.parametrize("override", ["train.optimizer.learning_rate=.inf",
+                                      "train.optimizer.learning_rate=.nan",
+                                      "train.schedule.gamma=.inf"])
+def test_infinities_and_nans_are_refused(override):
+    with pytest.raises(ConfigError, match=rf"{override.split('=')[0]}: .*finite number"):
+        load_config(None, [override])
+
+
+def test_milestones_must_increase():
+    with pytest.raises(ConfigError, match=r"train\.schedule\.milestones: \[20, 10\] must be "
+                                          r"increasing"):
+        load_config(None, ["train.schedule={name: multistep, milestones: [20, 10]}"])
+    with pytest.raises(ConfigError, match=r"milestones: \[5, 5\] must be increasing"):
+        load_config(None, ["train.schedule={name: multistep, milestones: [5, 5]}"])
+    ok = load_config(None, ["train.schedule={name: multistep, milestones: [10, '3 epochs']}"])
+    assert len(ok.train.schedule.milestones) == 2   # mixed units: checked once resolved (optim)
+
+
+@pytest.mark.parametrize("override,key", [
+    ("train.early_stopping={monitor: val_acc}", "train.early_stopping.monitor"),
+    ("train.schedule={name: plateau, monitor: vall_loss}", "train.schedule.monitor"),
+])
+def test_monitor_must_name_a_logged_metric(override, key):
+    with pytest.raises(ConfigError, match=rf"{key}: '.*' is not a logged metric; use one of "
+                                          r"loss, accuracy, val_loss, val_accuracy"):
+        load_config(None, [override])
+    assert load_config(None, ["train.metrics=[acc]", "train.early_stopping={monitor: val_acc}"])
+
+
 def test_file_name_in_messages(tmp_path):
     path = write(tmp_path, "train:\n  epochz: 3\n")
     with pytest.raises(ConfigError, match=rf"{path}: train\.epochz: unknown key; did you mean epochs\?"):

@@ -54,6 +54,18 @@ def test_custom_builder_by_module_path(monkeypatch):
         build_model(mcfg("model.name=no_such_mod:f"), IMAGES)
 
 
+def test_a_bug_in_a_user_builder_is_not_a_config_error(monkeypatch):
+    def buggy(spec, units=4):
+        return keras.layers.Dense(units)(None, "oops")    # TypeError inside user code
+    module = types.ModuleType("buggy_models")
+    module.buggy = buggy
+    monkeypatch.setitem(sys.modules, "buggy_models", module)
+    with pytest.raises(TypeError) as info:
+        build_model(mcfg("model.name=buggy_models:buggy"), IMAGES)
+    assert not isinstance(info.value, ConfigError)
+    assert info.traceback[-1].name != "build_model"   # raised in the user's code, kept as is
+
+
 def test_unknown_param_and_transformer_needs_tokens():
     with pytest.raises(ConfigError, match=r"model\.params\.widht: unknown parameter; did you mean width\?"):
         build_model(mcfg("model.name=resnet", "model.params={widht: 3}"), IMAGES)

@@ -32,6 +32,10 @@ BAD_SETS = [
     (["data.per_replica_batch_size=2000"], r"data\.per_replica_batch_size: global batch 4000"),
     (["train.optimizer.params.momentun=0.9", "train.optimizer.name=sgd"], r"train\.optimizer\.params\.momentun: unknown parameter; did you mean momentum\?"),
     (["model.params.pool=median"], r"model\.params: cnn rejected"),
+    (["train.optimizer.learning_rate=.inf"], r"train\.optimizer\.learning_rate: .*finite number"),
+    (["data.validation_fraction=0"], r"data\.validation_fraction: 0\.0 leaves no validation examples"),
+    (["train.schedule={name: multistep, milestones: ['2 epochs', 5]}"], r"train\.schedule\.milestones: they fall at updates \[\d+, 5\], which must be increasing"),
+    (["train.early_stopping={monitor: val_acuracy}"], r"train\.early_stopping\.monitor: 'val_acuracy' is not a logged metric"),
     (["compression.quantization.enabled=true", "export.tflite=float16"], r"export\.tflite: a quantization-aware trained model exports as int8"),
     (["compression.pruning={enabled: true, layers: [conv_0, nope]}"], r"compression\.pruning\.layers\[1\]: rule 'nope' matches no layer"),
     (["compression.pruning={enabled: true, epochs: 1, end: 50}"], r"compression\.pruning\.end: update 50 is after the last update"),
@@ -104,6 +108,35 @@ def test_bad_yaml_files_exit_2(tmp_path, capsys, text, pattern):
     assert main([str(path), "--run-dir", str(tmp_path / "runs")]) == 2
     assert __import__("re").search(pattern, capsys.readouterr().err)
     assert not (tmp_path / "runs").exists()
+
+
+def test_duplicate_key_and_binary_files_exit_2(tmp_path, capsys):
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("train:\n  epochs: 1\n  epochs: 2\n")
+    blob = tmp_path / "blob.yaml"
+    blob.write_bytes(bytes(range(256)))
+    for path, pattern in ((dup, r"key 'epochs' is given twice"),
+                          (blob, r"not a UTF-8 text file|binary file")):
+        assert main([str(path), "--run-dir", str(tmp_path / "runs")]) == 2
+        err = capsys.readouterr().err
+        assert __import__("re").search(pattern, err) and "Traceback" not in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_bug_in_a_user_builder_exits_1_with_its_traceback(tmp_path, capsys, monkeypatch):
+    import types
+    module = types.ModuleType("buggy_user_models")
+
+    def build(spec):
+        raise TypeError("unsupported operand in the user's builder")
+    module.build = build
+    monkeypatch.setitem(sys.modules, "buggy_user_models", module)
+    assert main([str(QUICKSTART), "--run-dir", str(tmp_path / "runs"),
+                 "--set", "model={name: 'buggy_user_models:build'}"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and 'in build\n    raise TypeError' in err
+    assert err.strip().splitlines()[-1] == ("tftrain: error: TypeError: unsupported operand "
+                                            "in the user's builder")
 
 
 def test_missing_config_file_exits_2(tmp_path, capsys):

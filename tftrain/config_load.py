@@ -28,15 +28,40 @@ def _yaml_problem(source: str, text: str, err: yaml.YAMLError) -> str:
     return f"{source}: {where}: malformed YAML: {problem}; fix the syntax at that line"
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a key given twice in one mapping (YAML keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise ConfigError(f"line {key_node.start_mark.line + 1}: key '{key}' is given "
+                                  f"twice in the same mapping (first at line {seen[key]}); "
+                                  "keep one of them")
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: Union[str, Path]) -> dict:
-    """Read a YAML mapping with safe_load; raise ConfigError on any problem."""
+    """Read a YAML mapping (safe loader, duplicate keys refused); raise ConfigError on any
+    problem."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found; pass the path of a YAML file "
                           "(e.g. configs/quickstart.yaml)")
-    text = path.read_text()
+    raw = path.read_bytes()
     try:
-        data = yaml.safe_load(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not a UTF-8 text file (byte {err.start} is "
+                          f"{raw[err.start]:#04x}); pass a YAML config file") from None
+    if "\0" in text:
+        raise ConfigError(f"{path}: binary file (it contains NUL bytes); pass a YAML config file")
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)   # a SafeLoader: no tags, no objects
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
     except yaml.YAMLError as err:
         raise ConfigError(_yaml_problem(str(path), text, err)) from None
     if data is None:

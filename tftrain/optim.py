@@ -104,7 +104,11 @@ def _step(cfg, lr, h):
 
 @SCHEDULES.register("multistep")
 def _multistep(cfg, lr, h):
-    bounds = sorted(m.steps(h.steps_per_epoch, h.total_steps) - h.warmup_steps for m in (cfg.milestones or []))
+    bounds = [m.steps(h.steps_per_epoch, h.total_steps) - h.warmup_steps for m in (cfg.milestones or [])]
+    if any(b <= a for a, b in zip(bounds, bounds[1:])):
+        raise ConfigError(f"train.schedule.milestones: they fall at updates "
+                          f"{[b + h.warmup_steps for b in bounds]}, which must be increasing; "
+                          "list them in order, each at a later update")
     return _piecewise(lr, [max(b, 1) for b in bounds] or [h.decay_steps], cfg.gamma)
 
 

@@ -89,6 +89,9 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
     policy = precision.choose_policy(cfg.precision)
     precision.apply_policy(policy)
     source = data.load_source(cfg.data, cfg.run.seed)
+    if source.num_val == 0:
+        raise ConfigError(f"data.validation_fraction: {cfg.data.validation_fraction} leaves no "
+                          "validation examples; raise it (e.g. 0.15) or give a validation split")
     placed, memory_plan = None, None
     if planned_here:        # one machine: the planner chooses data or model parallelism
         strat, placed, memory_plan = _parallelism(cfg, policy, source)

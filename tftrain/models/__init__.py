@@ -24,9 +24,11 @@ def build_model(cfg: ModelConfig, spec):
     """Build the configured model for `spec` (params checked against the builder)."""
     builder = resolve_builder(cfg.name)
     check_params(builder, cfg.params, "model.params", skip=1)
+    if ":" in cfg.name:      # user code: whatever it raises is a bug in it (exit 1, traceback)
+        return ensure_tf_keras_model(builder(spec, **cfg.params), f"model '{cfg.name}'")
     try:
         model = builder(spec, **cfg.params)
-    except (ValueError, TypeError) as err:
+    except ValueError as err:     # the bundled builders' own checks of their params
         raise ConfigError(f"model.params: {cfg.name} rejected {cfg.params} ({err})") from None
     return ensure_tf_keras_model(model, f"model '{cfg.name}'")
 
