@@ -48,7 +48,7 @@ def build(micro: int | None):
                                  f"microbatches: {micro}}}"]).model.placement
         layout = placement.plan(make(), cfg)
         net = placement.build_placed(make, layout)
-        model = train_step.TrainModel.wrap(net, micro, unroll=micro > 1, colocate_gradients=True)
+        model = train_step.TrainModel.wrap(net, micro, unroll=micro > 1, placed=True)
     model.compile(keras.optimizers.SGD(0.01), train_step.build_loss("sparse_categorical_crossentropy"))
     rng = np.random.default_rng(0)
     x = rng.normal(size=(BATCH * STEPS, *SPEC.shape)).astype(np.float32)

@@ -94,3 +94,75 @@ def test_nan_guard_raises_with_the_update():
     with pytest.raises(NonFiniteLoss) as info:
         fit(model, [NaNGuard(steps_per_epoch=5)], epochs=3, steps=5)
     assert 1 <= info.value.update <= 15
+
+
+def test_a_non_finite_update_on_a_checkpoint_boundary_is_never_saved(tmp_path):
+    from tftrain.callbacks import NaNGuard, NonFiniteLoss
+    model = tiny()
+    ckpt = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+    manager = tf.train.CheckpointManager(ckpt, str(tmp_path), max_to_keep=10)
+    fit(model, [Checkpointer(manager, every=1, steps_per_epoch=5)], epochs=1, steps=2)
+    # The loss of update 3 is finite (it is computed with the weights before the update);
+    # the update itself makes every weight infinite, and update 3 is a checkpoint boundary.
+    model.optimizer.learning_rate.assign(np.float32(3e38))
+    model.optimizer.learning_rate.assign(model.optimizer.learning_rate * 10)      # inf
+    guard, saver = NaNGuard(steps_per_epoch=5), Checkpointer(manager, every=1, steps_per_epoch=5,
+                                                             start_update=2)
+    with pytest.raises(NonFiniteLoss, match="the weights or optimizer state became non-finite "
+                                            "at update 3"):
+        fit(model, [guard, saver], epochs=1, steps=5, start=2)
+    assert not np.isfinite(model.get_weights()[0]).all()
+    numbers = sorted(int(p.name.split("-")[1].split(".")[0]) for p in tmp_path.glob("ckpt-*.index"))
+    assert numbers == [1, 2]
+    for number in numbers:
+        reader = tf.train.load_checkpoint(str(tmp_path / f"ckpt-{number}"))
+        assert all(np.isfinite(reader.get_tensor(n)).all()
+                   for n in reader.get_variable_to_shape_map() if n.startswith("model/"))
+
+
+def test_restore_skips_a_checkpoint_holding_non_finite_weights(tmp_path):
+    from tftrain.callbacks import restore_latest
+    model = tiny()
+    ckpt = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+    manager = tf.train.CheckpointManager(ckpt, str(tmp_path), max_to_keep=5)
+    good = manager.save(checkpoint_number=1)
+    kept = [w.copy() for w in model.get_weights()]
+    model.layers[0].kernel.assign(tf.fill(model.layers[0].kernel.shape, np.nan))
+    manager.save(checkpoint_number=2)               # written by something other than tftrain
+    fresh = tiny()
+    with pytest.warns(UserWarning, match=r"ckpt-2 is unreadable \(ValueError\)"):
+        assert restore_latest(tf.train.Checkpoint(model=fresh, optimizer=fresh.optimizer),
+                              tmp_path) == good
+    for a, b in zip(fresh.get_weights(), kept):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("make", ["early_stopping", "plateau"])
+def test_plateau_and_early_stopping_counters_survive_a_restart(tmp_path, make):
+    from tftrain.callbacks import EarlyStopping, ReduceLROnPlateau
+
+    def callback(model):
+        if make == "early_stopping":
+            return EarlyStopping(model, monitor="loss", patience=50, min_delta=10.0,
+                                 restore_best_weights=True)
+        return ReduceLROnPlateau(monitor="loss", patience=50, min_delta=10.0)
+
+    model = tiny()
+    first = callback(model)
+    fit(model, [first], epochs=3)          # min_delta 10: no epoch improves after the first
+    assert first.wait == 2 and np.isfinite(first.best)
+    ckpt = tf.train.Checkpoint(model=model, callbacks=[first.state])
+    path = ckpt.save(str(tmp_path / "ckpt"))
+    again = tiny()
+    second = callback(again)
+    tf.train.Checkpoint(model=again, callbacks=[second.state]).restore(path)
+    second.set_model(again)
+    second.on_train_begin()                    # Keras resets here; the saved state wins
+    assert (second.wait, second.best) == (first.wait, pytest.approx(first.best))
+    if make == "early_stopping":
+        for a, b in zip(second.best_weights, first.best_weights):
+            np.testing.assert_array_equal(a, b)
+    fresh = callback(tiny())
+    fresh.set_model(again)
+    fresh.on_train_begin()
+    assert fresh.wait == 0                     # nothing saved: Keras' own reset

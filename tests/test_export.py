@@ -35,8 +35,41 @@ def test_tflite_modes_match_the_model(tmp_path, trained, mode):
         assert lite["max_abs_logit_diff"] < 1e-4
     assert abs(lite["accuracy"] - saved["accuracy"]) <= 0.01
     assert (tmp_path / "model.tflite").stat().st_size == lite["size_bytes"]
+    assert saved["verified"] and lite["verified"], (saved["check"], lite["check"])
     if mode == "int8":
         assert lite["size_bytes"] < report["saved_model"]["size_bytes"] / 3
+
+
+def test_verification_has_teeth():
+    from tftrain.export import failures, verify
+    cfg = load_config(None, ["export.max_logit_diff=1e-3", "export.max_accuracy_drop=0.01"]).export
+    report = verify({"saved_model": {"max_abs_logit_diff": 2e-3, "accuracy": 0.95},
+                     "tflite_float": {"max_abs_logit_diff": 1e-3, "accuracy": 0.95},
+                     "tflite_int8": {"max_abs_logit_diff": 0.4, "accuracy": 0.939}}, cfg, 0.95)
+    assert [name for name, e in report.items() if e["verified"]] == ["tflite_float"]
+    assert report["saved_model"]["check"] == ("largest logit difference 0.002 > "
+                                              "export.max_logit_diff 0.001")
+    assert report["tflite_int8"]["check"] == ("accuracy 0.9390 vs 0.9500 in memory: drop 0.0110 "
+                                              "> export.max_accuracy_drop 0.01")
+    assert failures(report) == [f"{n}: {report[n]['check']}" for n in ("saved_model", "tflite_int8")]
+    within = verify({"tflite_int8": {"max_abs_logit_diff": 0.4, "accuracy": 0.94}}, cfg, 0.95)
+    assert within["tflite_int8"]["verified"]                      # exactly one point: allowed
+
+
+def test_a_failed_export_check_exits_1_and_marks_the_artifact(tmp_path, capsys):
+    import json
+    from conftest import ROOT
+    from tftrain.run import main
+    code = main([str(ROOT / "configs" / "quickstart.yaml"), "--run-dir", str(tmp_path),
+                 "--set", "train.epochs=1", "--set", "train.verbose=0",
+                 "--set", "export.max_logit_diff=1e-12"])   # float TFLite rounds differently
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "export verification failed: " in err and "tflite_float: largest logit difference" in err
+    summary = json.loads((tmp_path / "quickstart" / "summary.json").read_text())
+    assert summary["status"] == "export verification failed"
+    assert summary["artifacts"]["tflite_float"]["verified"] is False
+    assert (tmp_path / "quickstart" / "export" / "model.tflite").exists()
 
 
 @pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])

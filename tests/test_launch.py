@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, model_weights, quick_config, wait_for_checkpoint
-from tftrain.launch import _wait, cpu_sets, free_ports, worker_env
+from tftrain.launch import _wait, cpu_sets, free_ports, gpu_sets, local_gpus, worker_env
 from tftrain.run import run
 
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
@@ -50,6 +50,19 @@ def test_helpers():
     cpus = sorted(os.sched_getaffinity(0))
     assert cpu_sets(2, 1) == [{cpus[0]}, {cpus[1 % len(cpus)]}]
     assert cpu_sets(2, None) == [None, None]
+
+
+def test_each_worker_gets_its_own_gpus(monkeypatch):
+    assert gpu_sets(2, ["0", "1", "2", "3"]) == ["0,1", "2,3"]
+    assert gpu_sets(2, ["4", "6"]) == ["4", "6"]
+    assert gpu_sets(3, []) == [None, None, None]
+    with pytest.raises(ValueError, match="3 workers for 2 GPUs"):
+        gpu_sets(3, ["0", "1"])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert local_gpus() == ["2", "3"]
+    assert worker_env(1, [1, 2], "3")["CUDA_VISIBLE_DEVICES"] == "3"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert local_gpus() == []
 
 
 def _worker(code, after=0.0):
@@ -116,7 +129,7 @@ def _children(pid):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["sigkill-worker", "sigterm-launcher"])
+@pytest.mark.parametrize("how", ["sigkill-worker", "sigterm-launcher", "sigterm-one-worker"])
 def test_interrupted_run_relaunches_to_the_same_weights(two_workers, tmp_path, how):
     proc = launch(tmp_path)
     saved = wait_for_checkpoint(tmp_path / "quickstart" / "checkpoints", proc)
@@ -124,6 +137,12 @@ def test_interrupted_run_relaunches_to_the_same_weights(two_workers, tmp_path, h
         os.kill(_children(proc.pid)[1], signal.SIGKILL)          # worker 1, mid-epoch
         code, out = finish(proc)
         assert code != 0
+    elif how == "sigterm-one-worker":                             # a scheduler evicts one task
+        os.kill(_children(proc.pid)[1], signal.SIGTERM)
+        code, out = finish(proc)
+        assert code == 42, out[-3000:]
+        assert "[worker 1] tftrain: stopped by SIGTERM" in out
+        assert "[worker 0] tftrain: stopped by a signal to another worker" in out
     else:
         proc.send_signal(signal.SIGTERM)                          # forwarded to both workers
         code, out = finish(proc)

@@ -205,7 +205,119 @@ def test_float16_placed_gradients_equal_unplaced():
     check(equivalence("cnn", VIRTUAL_CPUS))
 
 
-if __name__ == "__main__":       # python tests/test_placement.py N: reports on N devices
+# Ops that need no device of ours: the step's inputs and its grouping of updates, and
+# variable reads, which TensorFlow's placer always puts beside their variable (a resource
+# op runs on its resource's device).
+HOST_SIDE = ("Placeholder", "NoOp", "ReadVariableOp")
+
+
+def placed_step(devices: int, policy: str = "float32", accumulation: int = 2) -> dict:
+    """Trace a placed model's whole train step (forward, loss, backward, accumulation,
+    unscaling, optimizer update) and report ops without a device, and the device of each
+    gradient sum next to its variable's."""
+    from tftrain.config import load_config as load
+    from tftrain.stages import Stage, compile_stage
+    from tftrain.data import BatchPlan
+
+    precision.apply_policy(policy)
+    cfg = load(None, [f"model.placement={{devices: {[f'/cpu:{i}' for i in range(devices)]}}}",
+                      f"precision.policy={policy}", "train.optimizer.name=adam"])
+    net = placement.build(builder("cnn"))
+    layout = placement.plan(net, cfg.model.placement, 6)
+    placed = placement.build_placed(builder("cnn"), layout)
+    model, _ = compile_stage(cfg, placed, BatchPlan(6, 1, accumulation), policy,
+                             Stage("train", 1, 10), 10, placed=layout)
+    spec = (tf.TensorSpec((6 * accumulation, 8, 8, 1), tf.float32), tf.TensorSpec((6 * accumulation,), tf.int32))
+    graph = tf.function(model.train_step).get_concrete_function(spec).graph
+    definition = graph.as_graph_def()   # the step and every function it calls (conditions)
+    nodes = [*definition.node, *(n for f in definition.library.function for n in f.node_def)]
+    returned = {t.op.name for t in graph.outputs}       # the function's own output copies
+    unplaced = sorted({f"{n.op} {n.name}" for n in nodes
+                       if not n.device and n.op not in HOST_SIDE and n.name not in returned})
+    variables = model.trainable_variables
+    sums = {n.name: (_device(n.device), _device(variables[int(m.group(1))].device))
+            for n in nodes for m in [re.search(r"gradient_sum_(\d+)$", n.name)] if m}
+    # the optimizer's update of a weight ends in AssignSubVariableOp (w -= step) on it
+    updates = {n.name: _device(n.device) for n in nodes if n.op == "AssignSubVariableOp"
+               and "iterations" not in n.name}
+    precision.apply_policy("float32")
+    return {"unplaced": unplaced, "sums": sums, "stages": len(set(layout.stage)),
+            "update_devices": sorted(set(updates.values())),
+            "owners": sorted({_device(v.device) for v in variables})}
+
+
+def check_step(report: dict, devices: int) -> None:
+    assert report["unplaced"] == [], report["unplaced"]
+    assert len(report["sums"]) >= 1 and report["stages"] == devices
+    for name, (device, owner) in report["sums"].items():
+        assert device == owner, (name, device, owner)
+    assert len(report["owners"]) >= 2
+    assert sorted({owner for _, owner in report["sums"].values()}) == report["owners"]
+    assert report["update_devices"] == report["owners"]       # each update beside its variable
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
+def test_every_op_of_the_placed_train_step_has_a_device(policy):
+    check_step(placed_step(VIRTUAL_CPUS, policy), VIRTUAL_CPUS)
+
+
+def test_the_step_check_catches_an_op_without_a_device():
+    report = placed_step(VIRTUAL_CPUS)
+    report["unplaced"] = ["AddV2"]
+    with pytest.raises(AssertionError):
+        check_step(report, VIRTUAL_CPUS)
+    report = placed_step(VIRTUAL_CPUS)
+    name = next(iter(report["sums"]))
+    report["sums"][name] = ("CPU:7", report["sums"][name][1])
+    with pytest.raises(AssertionError):
+        check_step(report, VIRTUAL_CPUS)
+
+
+def anonymous(spec):
+    """A user builder whose layers Keras names (conv2d, conv2d_1, dense, ...)."""
+    inputs = keras.Input(spec.shape)
+    x = keras.layers.Conv2D(8, 3, activation="relu")(inputs)
+    x = keras.layers.Conv2D(8, 3, activation="relu")(x)
+    x = keras.layers.Flatten()(x)
+    x = keras.layers.Dense(16, activation="relu")(x)
+    return keras.Model(inputs, keras.layers.Dense(spec.num_classes)(x))
+
+
+def test_a_builder_with_auto_named_layers_is_placed():
+    build = lambda: anonymous(SPECS["cnn"])  # noqa: E731
+    keras.layers.Dense(3)             # names taken before: the builds must not depend on it
+    base = placement.build(build)
+    cfg = load_config(None, ["model.placement={devices: ['/cpu:0', '/cpu:1']}"]).model.placement
+    layout = placement.plan(base, cfg)
+    keras.layers.Conv2D(1, 1)         # ... nor on names taken between them
+    placed = placement.build_placed(build, layout)
+    assert [l.name for l in placed.layers[1:]] == list(layout.layers)
+    for layer in placed.layers[1:]:
+        for variable in layer.weights:
+            assert _device(variable.device) == _device(layout.device_of(layer.name))
+    assert {_device(layout.device_of(n)) for n in layout.layers} == {"CPU:0", "CPU:1"}
+
+
+def test_a_placement_that_matches_nothing_fails_loudly():
+    cfg = load_config(None, ["model.placement={devices: ['/cpu:0', '/cpu:1']}"]).model.placement
+    layout = placement.plan(placement.build(lambda: anonymous(SPECS["cnn"])), cfg)
+    renamed = lambda: keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(name="f"),  # noqa: E731
+                                        keras.layers.Dense(10, name="d")])
+    with pytest.raises(RuntimeError, match="model placement matched nothing for layers conv2d"):
+        placement.build_placed(renamed, layout)
+
+
+def test_placed_step_on_four_devices():
+    proc = subprocess.run([sys.executable, __file__, "4", "step"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={"PYTHONPATH": str(ROOT), "PATH": ""})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    check_step(json.loads(proc.stdout.strip().splitlines()[-1]), 4)
+
+
+if __name__ == "__main__":       # python tests/test_placement.py N [step]: reports on N devices
     from tftrain.strategy import configure_devices
     configure_devices(load_config(None, [f"distribute.virtual_cpus={sys.argv[1]}"]))
-    print(json.dumps({name: equivalence(name, int(sys.argv[1])) for name in SPECS}))
+    if sys.argv[2:] == ["step"]:
+        print(json.dumps(placed_step(int(sys.argv[1]))))
+    else:
+        print(json.dumps({name: equivalence(name, int(sys.argv[1])) for name in SPECS}))

@@ -58,3 +58,40 @@ def test_mixed_variables_and_outputs_are_float32(policy, compute, name):
 def test_float32_outputs_is_noop_for_float32():
     model = MODELS.get("mlp")(SPEC)
     assert precision.float32_outputs(model) is model
+
+
+def _dist(*sets):
+    return load_config(None, list(sets)).distribute
+
+
+def test_bfloat16_all_reduce_travels_as_float16_on_nccl():
+    # NcclAllReduce can be configured on CPU devices; only running it needs GPUs.
+    nccl = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"],
+                                          cross_device_ops=tf.distribute.NcclAllReduce())
+    plan = precision.all_reduce_plan(_dist("distribute.all_reduce_dtype=bfloat16"), nccl, "float32")
+    assert (plan.dtype, plan.loss_scaled, plan.nccl) == ("float16", True, True)
+    assert "NCCL has no bfloat16 all-reduce" in plan.describe()
+    ring = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])       # reduction to one device
+    plan = precision.all_reduce_plan(_dist("distribute.all_reduce_dtype=bfloat16"), ring, "float32")
+    assert (plan.dtype, plan.loss_scaled, plan.nccl) == ("bfloat16", False, False)
+
+
+@pytest.mark.parametrize("policy,wire,scaled", [
+    ("float32", "float16", True),            # float16 on the wire: scaled whatever the policy
+    ("mixed_bfloat16", "float16", True),
+    ("mixed_float16", "float32", True),
+    ("float32", "float32", False),
+    ("mixed_bfloat16", "bfloat16", False),
+])
+def test_float16_on_the_wire_is_always_loss_scaled(policy, wire, scaled):
+    from tftrain.data import BatchPlan
+    from tftrain.stages import Stage, compile_stage
+    cfg = load_config(None, [f"distribute.all_reduce_dtype={wire}", f"precision.policy={policy}"])
+    precision.apply_policy(policy)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        net = precision.float32_outputs(MODELS.get("mlp")(InputSpec((4,), "float32", 3)))
+        model, optimizer = compile_stage(cfg, net, BatchPlan(4, 2, 1), policy,
+                                         Stage("train", 1, 4), 4)
+    assert isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer) is scaled
+    assert model.all_reduce_dtype == tf.as_dtype(wire)

@@ -1,6 +1,7 @@
 """The CLI end to end: exit codes, run directory contract, resume after a kill."""
 import csv
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -500,3 +501,145 @@ def test_user_dataset_trains_and_resumes_after_sigkill(tmp_path):
     ours, reference = model_weights(tmp_path / "cut" / "quickstart"), model_weights(tmp_path / "whole" / "quickstart")
     for name in reference:
         np.testing.assert_allclose(ours[name], reference[name], rtol=0, atol=1e-6)
+
+
+# --- SIGTERM at any moment: exit 42, and the rerun ends as if nothing happened ------------
+def _signal_during(monkeypatch, owner, name, call=1, after=False):
+    """Send this process SIGTERM during (or right after) the `call`-th call of
+    owner.name: a real signal at a chosen moment of an in-process run."""
+    import os
+    original, calls = getattr(owner, name), []
+
+    def wrapped(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == call and not after:
+            os.kill(os.getpid(), signal.SIGTERM)
+        result = original(*args, **kwargs)
+        if len(calls) == call and after:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return result
+    monkeypatch.setattr(owner, name, wrapped)
+
+
+STAGED = ["train.epochs=1", "compression.pruning.epochs=1", "compression.quantization.epochs=1",
+          "model.params.dense=[64]", "train.checkpoint.every=7", "export.tflite=none",
+          "train.verbose=0"]
+
+
+def _staged(run_dir):
+    return [str(COMPRESS), "--run-dir", str(run_dir), *[a for s in STAGED for a in ("--set", s)]]
+
+
+@pytest.fixture(scope="module")
+def staged_reference(tmp_path_factory):
+    out = tmp_path_factory.mktemp("staged")
+    assert main(_staged(out)) == 0
+    return out / "compress"
+
+
+@pytest.mark.parametrize("moment", ["validation", "between_stages", "export"])
+def test_sigterm_at_any_moment_exits_42_and_the_rerun_ends_equal(
+        tmp_path, capsys, monkeypatch, staged_reference, moment):
+    from tftrain import export, stages
+    from tftrain.train_step import TrainModel
+    where = {"validation": (TrainModel, "evaluate", 3, False),    # prune's validation
+             "between_stages": (stages.StageRunner, "run_stage", 1, True),  # after train
+             "export": (export, "export_all", 1, False)}[moment]
+    with monkeypatch.context() as patch:
+        _signal_during(patch, *where)
+        assert main(_staged(tmp_path)) == 42
+    err = capsys.readouterr().err
+    assert "stopped by SIGTERM" in err and "Traceback" not in err, err[-2000:]
+    run_path = tmp_path / "compress"
+    assert not (run_path / "summary.json").exists()
+    expected = {"validation": "in stage prune at update 23/23", "between_stages": "before stage prune",
+                "export": "after the export"}[moment]
+    assert expected in err, err[-2000:]
+    assert main(_staged(tmp_path)) == 0
+    out = capsys.readouterr().out
+    if moment == "validation":
+        assert "at update 23/23 of stage prune" in out       # the epoch's checkpoint, validated
+    summary = json.loads((run_path / "summary.json").read_text())
+    reference = json.loads((staged_reference / "summary.json").read_text())
+    assert [s["updates"] for s in summary["stages"].values()] == [23, 23, 23]
+    assert summary["metrics"] == pytest.approx(reference["metrics"], abs=1e-6)
+    # (tfmot's auto-named quantize layer gets a suffix in the second run of a process)
+    named = lambda w: {re.sub(r"quantize_layer_\d+", "quantize_layer", n): v for n, v in w.items()}  # noqa: E731
+    ours, theirs = named(model_weights(run_path, "qat")), named(model_weights(staged_reference, "qat"))
+    assert ours.keys() == theirs.keys()
+    for name in theirs:
+        np.testing.assert_allclose(ours[name], theirs[name], rtol=0, atol=1e-6)
+    assert (run_path / "export" / "saved_model" / "saved_model.pb").exists()
+
+
+STATEFUL = ["train.epochs=7", "export.tflite=none", "export.saved_model=false",
+            # min_delta: small gains do not count, so the plateau lowers the rate on its own
+            # clock across the restart
+            "train.schedule={name: plateau, patience: 1, factor: 0.5, min_delta: 0.2}",
+            # min_delta 0.5: after the first epochs nothing counts as better, so the stop
+            # comes `patience` epochs after the last improvement, counted across the restart
+            "train.early_stopping={monitor: val_loss, patience: 3, min_delta: 0.5}",
+            "train.verbose=0"]
+
+
+def test_plateau_and_early_stopping_resume_equal_to_an_uninterrupted_run(
+        tmp_path, capsys, monkeypatch):
+    from tftrain.train_step import TrainModel
+    args = lambda d: [str(QUICKSTART), "--run-dir", str(d), *[a for s in STATEFUL for a in ("--set", s)]]  # noqa: E731
+    assert main(args(tmp_path / "reference")) == 0
+    reference = json.loads((tmp_path / "reference" / "quickstart" / "summary.json").read_text())
+    assert reference["epochs"] < 7                          # early stopping ended it
+    with monkeypatch.context() as patch:
+        _signal_during(patch, TrainModel, "evaluate", 3)    # during epoch 3's validation
+        assert main(args(tmp_path / "resumed")) == 42
+    saved = tf_checkpoint_values(tmp_path / "resumed" / "quickstart" / "checkpoints", "callbacks")
+    assert any(v > 0 for k, v in saved.items() if "/wait/" in k), saved     # state to carry
+    assert main(args(tmp_path / "resumed")) == 0
+    capsys.readouterr()
+    summary = json.loads((tmp_path / "resumed" / "quickstart" / "summary.json").read_text())
+    assert summary["epochs"] == reference["epochs"] and summary["steps"] == reference["steps"]
+    ours, theirs = (model_weights(tmp_path / d / "quickstart") for d in ("resumed", "reference"))
+    for name in theirs:
+        np.testing.assert_allclose(ours[name], theirs[name], rtol=0, atol=1e-6)
+    rates = [[row["lr"] for row in csv.DictReader(open(tmp_path / d / "quickstart" / "metrics.csv"))]
+             for d in ("resumed", "reference")]
+    assert rates[0] == rates[1] and len(set(rates[1])) > 1          # the plateau lowered it
+
+
+def tf_checkpoint_values(directory, prefix):
+    """Scalar values under `prefix` in the newest checkpoint of `directory`."""
+    import tensorflow as tf
+    reader = tf.train.load_checkpoint(str(directory))
+    return {n: float(reader.get_tensor(n)) for n in reader.get_variable_to_shape_map()
+            if n.startswith(prefix) and not reader.get_variable_to_shape_map()[n]}
+
+
+def test_rollback_learning_rate_cut_survives_a_restart(tmp_path, capsys, monkeypatch):
+    from tftrain.train_step import TrainModel
+    sets = [*DIVERGING, "train.epochs=3", "train.on_nan=rollback", "train.nan_lr_factor=1.0e-13",
+            "train.verbose=0"]
+    args = lambda d: [str(QUICKSTART), "--run-dir", str(d), *[a for s in sets for a in ("--set", s)]]  # noqa: E731
+    assert main(args(tmp_path / "reference")) == 0
+    assert "rolled back to update 0" in capsys.readouterr().out
+    with monkeypatch.context() as patch:
+        _signal_during(patch, TrainModel, "evaluate", 1)    # after the rollback, in epoch 1
+        assert main(args(tmp_path / "resumed")) == 42
+    assert "rolled back to update 0" in capsys.readouterr().out
+    assert main(args(tmp_path / "resumed")) == 0
+    out = capsys.readouterr().out
+    assert "resuming from" in out and "rolled back" not in out   # the lowered rate was kept
+    ours, theirs = (model_weights(tmp_path / d / "quickstart") for d in ("resumed", "reference"))
+    for name in theirs:
+        np.testing.assert_allclose(ours[name], theirs[name], rtol=0, atol=1e-6)
+
+
+def test_steps_count_updates_made_when_loss_scaling_skips_some(tmp_path):
+    import math
+    summary = run(quick_config(tmp_path, "precision={policy: mixed_float16, initial_scale: 268435456}",
+                               "train.epochs=1", "export.tflite=none", "export.saved_model=false"))
+    scale = tf_checkpoint_values(tmp_path / "quickstart" / "checkpoints", "optimizer")
+    final, = [v for k, v in scale.items() if "current_loss_scale" in k]
+    skipped = round(math.log2(2**28 / final))     # each skipped update halves the scale
+    assert skipped >= 5
+    assert summary["stages"]["train"]["batches"] == 23
+    assert summary["steps"] == 23 - skipped == summary["stages"]["train"]["updates"]

@@ -37,9 +37,18 @@ def test_auto_picks_multi_worker_from_slurm(monkeypatch, no_cluster):
     monkeypatch.setenv("SLURM_JOB_ID", "7")
     monkeypatch.setenv("SLURM_NTASKS", "4")
     monkeypatch.setenv("SLURM_PROCID", "0")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
+    monkeypatch.setenv("SLURM_JOB_TASKS_PER_NODE", "2(x2)")
     assert cluster_spec() == ("SLURM", 4, 0)
     assert resolve_kind(dist(), ["/cpu:0"]) == "multi_worker"
     assert is_chief()
+
+
+def test_devices_are_refused_under_multi_worker(monkeypatch, no_cluster):
+    with pytest.raises(ConfigError, match=r"distribute\.devices: a multi-worker task trains on "
+                                          r"all the GPUs it sees"):
+        resolve_kind(dist("distribute.strategy=multi_worker", "distribute.devices=['/cpu:0']"),
+                     ["/cpu:0"])
 
 
 def test_bad_tf_config_is_a_config_error(monkeypatch):

@@ -6,10 +6,10 @@ reading it back from the device every step.
 """
 from __future__ import annotations
 
-import signal
 import time
 import warnings
 
+import numpy as np
 import tensorflow as tf
 
 from tftrain._keras import keras
@@ -31,10 +31,13 @@ def random_generators(model) -> list:
 
 
 def restore_latest(checkpoint: tf.train.Checkpoint, directory) -> str | None:
-    """Restore the newest readable checkpoint in `directory`; returns its path or None.
+    """Restore the newest readable, finite checkpoint in `directory`; returns its path or
+    None.
 
     A checkpoint that cannot be read (truncated or corrupt files, e.g. from a crash
-    mid-save) is skipped with a warning and the previous one is used.
+    mid-save) or that holds a NaN or infinity (none is written by tftrain, but a
+    checkpoint may come from elsewhere) is skipped with a warning and the previous one is
+    used.
     """
     state = tf.train.get_checkpoint_state(str(directory))
     paths = list(state.all_model_checkpoint_paths) if state else []
@@ -55,7 +58,10 @@ def restore_latest(checkpoint: tf.train.Checkpoint, directory) -> str | None:
 def _read_every_tensor(path: str) -> None:
     reader = tf.train.load_checkpoint(path)
     for name in reader.get_variable_to_shape_map():
-        reader.get_tensor(name)
+        value = reader.get_tensor(name)
+        if isinstance(value, np.ndarray) and value.dtype.kind == "f" and \
+                not np.isfinite(value).all():
+            raise ValueError(f"{name} is not finite")
 
 
 class ResumePoint:
@@ -74,55 +80,81 @@ class ResumePoint:
 
 
 class Checkpointer(keras.callbacks.Callback):
-    """Saves every `every` updates, on SIGTERM (then stops training) and at the end."""
+    """Saves every `every` training batches, when a stop is asked for (then stops training)
+    and at the end; never saves non-finite weights or optimizer state.
+
+    Positions count training batches of the stage (`position`, kept in the checkpoint):
+    an update skipped by loss scaling still consumed its batch. A save due on an epoch's
+    last batch waits for the epoch's end, after validation and the callbacks before this
+    one (plateau, early stopping) have updated their state, so the checkpoint holds it; a
+    stop asked for during validation is honoured there too."""
 
     _supports_tf_logs = True   # reads no logs: batch hooks add no host sync
 
     def __init__(self, manager: tf.train.CheckpointManager, every: int, steps_per_epoch: int,
-                 start_update: int = 0, agree=None):
-        """`agree(flag) -> bool`, given for multi-worker runs, tells every worker at the same
-        update whether any worker was asked to stop, so all save and stop together."""
+                 start_update: int = 0, agree=None, stop=None, position=None):
+        """`stop`: the run's `Preemption`. `agree(flag) -> bool`, given for multi-worker
+        runs, tells every worker at the same batch whether any worker was asked to stop,
+        so all save and stop together. `position`: the int64 variable saved as the
+        stage's batch count."""
         super().__init__()
-        self.agree = agree
+        self.agree, self.stop, self.position = agree, stop, position
         self.manager, self.every, self.steps_per_epoch = manager, max(1, every), steps_per_epoch
         self.update = self.last_saved = start_update
-        self.preempted = self._signaled = False
+        self.preempted = False
         self._epoch = 0
-        self._previous_handler = None
-
-    def on_train_begin(self, logs=None):
-        previous = signal.signal(signal.SIGTERM, self._on_sigterm)
-        if self._previous_handler is None:     # a retried fit keeps the original one
-            self._previous_handler = previous
+        self._finite = None
 
     def resume_at(self, update: int) -> None:
         """Continue counting from `update` (after a rollback)."""
         self.update = self.last_saved = update
 
-    def _on_sigterm(self, signum, frame):
-        self._signaled = True    # only the handler writes it, so no signal is lost
-
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
 
+    def _stop_asked(self) -> bool:
+        return self.stop.due(self.agree) if self.stop is not None else False
+
     def on_train_batch_end(self, batch, logs=None):
         self.update = self._epoch * self.steps_per_epoch + batch + 1
-        self.preempted = self.agree(self._signaled) if self.agree else self._signaled
+        if batch + 1 >= self.steps_per_epoch:      # the epoch's end decides (after validation)
+            return
+        self.preempted = self._stop_asked()
         if self.preempted:
             self.save()
             self.model.stop_training = True
         elif self.update // self.every > self.last_saved // self.every:
             self.save()
 
+    def on_epoch_end(self, epoch, logs=None):
+        self.preempted = self._stop_asked()
+        if self.preempted or self.update // self.every > self.last_saved // self.every:
+            self.save()
+        if self.preempted:
+            self.model.stop_training = True
+
     def on_train_end(self, logs=None):
         if self.update != self.last_saved:
             self.save()
-        if self._previous_handler is not None:
-            signal.signal(signal.SIGTERM, self._previous_handler)
 
     def save(self):
+        if not self._all_finite():
+            raise NonFiniteLoss(self.update, "the weights or optimizer state")
+        if self.position is not None:
+            self.position.assign(self.update)
         self.manager.save(checkpoint_number=self.update)
         self.last_saved = self.update
+
+    def _all_finite(self) -> bool:
+        if self._finite is None:
+            floats = [v for v in self.model.variables + list(self.model.optimizer.variables)
+                      if v.dtype.is_floating]
+
+            @tf.function
+            def finite():
+                return tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in floats])
+            self._finite = finite
+        return bool(self._finite())
 
 
 class Throughput(keras.callbacks.Callback):
@@ -237,10 +269,10 @@ class LearningRateLogger(keras.callbacks.Callback):
 
 
 class NonFiniteLoss(Exception):
-    """The training loss became NaN or infinite at `update`."""
+    """The training loss (or, found before a save, the weights) became NaN or infinite."""
 
-    def __init__(self, update: int):
-        super().__init__(f"loss became non-finite at update {update}")
+    def __init__(self, update: int, what: str = "loss"):
+        super().__init__(f"{what} became non-finite at update {update}")
         self.update = update
 
 
@@ -261,3 +293,63 @@ class NaNGuard(keras.callbacks.Callback):
         bad = not bool(tf.math.is_finite(tf.cast(logs["loss"], tf.float32)))
         if self.agree(bad) if self.agree else bad:
             raise NonFiniteLoss(self._epoch * self.steps_per_epoch + batch + 1)
+
+
+class CheckpointedState:
+    """Mixin for a Keras callback whose counters must survive a restart: the attributes
+    named in `fields` are copied into variables at each epoch's end (before `Checkpointer`,
+    which comes after it, saves them with the stage's checkpoint) and back at the start
+    of training, after Keras' own reset. `state` is what goes into the checkpoint."""
+
+    fields: tuple[str, ...] = ()
+
+    def _make_state(self, weights=()) -> None:
+        with tf.init_scope():
+            self.state = {name: tf.Variable(0.0, dtype=tf.float64, trainable=False, name=name)
+                          for name in self.fields}
+            self.state["saved"] = tf.Variable(False, trainable=False, name="saved")
+            # restore_best_weights: the best weights so far, beside the counters
+            self.state["weights"] = [tf.Variable(tf.zeros(w.shape, w.dtype), trainable=False)
+                                     for w in weights]
+            self.state["has_weights"] = tf.Variable(False, trainable=False)
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        if bool(self.state["saved"].numpy()):
+            for name in self.fields:
+                value = float(self.state[name].numpy())
+                setattr(self, name, int(value) if isinstance(getattr(self, name), int) else value)
+            if bool(self.state["has_weights"].numpy()):
+                self.best_weights = [v.numpy() for v in self.state["weights"]]
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)
+        for name in self.fields:
+            self.state[name].assign(float(getattr(self, name)))
+        self.state["saved"].assign(True)
+        best = getattr(self, "best_weights", None)
+        if best is not None and self.state["weights"]:
+            for variable, value in zip(self.state["weights"], best):
+                variable.assign(value)
+            self.state["has_weights"].assign(True)
+
+
+class EarlyStopping(CheckpointedState, keras.callbacks.EarlyStopping):
+    """Keras' EarlyStopping with its counters (and best weights) in the checkpoint."""
+
+    fields = ("wait", "best", "stopped_epoch", "best_epoch")
+
+    def __init__(self, model, **kwargs):
+        super().__init__(**kwargs)
+        self._make_state(model.get_weights() if self.restore_best_weights else ())
+
+
+class ReduceLROnPlateau(CheckpointedState, keras.callbacks.ReduceLROnPlateau):
+    """Keras' ReduceLROnPlateau with its counters in the checkpoint (the learning rate it
+    lowers is the optimizer's, saved with it)."""
+
+    fields = ("wait", "best", "cooldown_counter")
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._make_state()

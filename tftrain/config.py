@@ -122,7 +122,7 @@ SCHEDULE_FIELDS = {
     "exponential": {"decay_steps", "decay_rate", "staircase"},
     "polynomial": {"decay_steps", "end_learning_rate", "power"},
     "cosine": {"decay_steps", "alpha"},
-    "plateau": {"factor", "patience", "min_lr", "monitor"},
+    "plateau": {"factor", "patience", "min_lr", "monitor", "min_delta"},
 }
 
 
@@ -141,6 +141,7 @@ class ScheduleConfig(Strict):
     factor: float = Field(0.5, gt=0, lt=1)
     patience: int = Field(3, ge=0)
     min_lr: float = Field(0.0, ge=0)
+    min_delta: float = Field(1e-4, ge=0)      # plateau: smaller changes are no improvement
     monitor: str = "val_loss"
 
     @field_validator("warmup_steps", "decay_steps", "step_size", mode="before")
@@ -293,6 +294,8 @@ class ExportConfig(Strict):
     saved_model: bool = True
     tflite: Literal["none", "float", "dynamic", "float16", "int8"] = "float"
     calibration_examples: int = Field(200, ge=1)
+    max_logit_diff: float = Field(1e-3, gt=0)     # float artifacts vs the in-memory model
+    max_accuracy_drop: float = Field(0.01, ge=0, le=1)   # reduced-precision artifacts
 
 
 class Config(Strict):

@@ -167,4 +167,32 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None) 
     if not cfg.saved_model:   # it was only the conversion's source
         shutil.rmtree(saved)
         del report["saved_model"]
+    return verify(report, cfg, _accuracy(reference, y_val))
+
+
+FLOAT_ARTIFACTS = ("saved_model", "tflite_float")
+
+
+def verify(report: dict, cfg, accuracy: float) -> dict:
+    """Mark each artifact verified or failed: float artifacts must give the in-memory
+    model's logits within `export.max_logit_diff`; reduced-precision ones (dynamic,
+    float16, int8) its accuracy within `export.max_accuracy_drop`."""
+    for name, entry in report.items():
+        if name in FLOAT_ARTIFACTS:
+            ok = entry["max_abs_logit_diff"] <= cfg.max_logit_diff
+            entry["check"] = (f"largest logit difference {entry['max_abs_logit_diff']:.2g} "
+                              f"{'<=' if ok else '>'} export.max_logit_diff {cfg.max_logit_diff:g}")
+        else:
+            drop = accuracy - entry["accuracy"]
+            ok = drop <= cfg.max_accuracy_drop + 1e-9
+            entry["check"] = (f"accuracy {entry['accuracy']:.4f} vs {accuracy:.4f} in memory: "
+                              f"drop {drop:.4f} {'<=' if ok else '>'} export.max_accuracy_drop "
+                              f"{cfg.max_accuracy_drop:g}")
+        entry["verified"] = ok
     return report
+
+
+def failures(report: dict) -> list[str]:
+    """One line per artifact that failed its check."""
+    return [f"{name}: {entry['check']}" for name, entry in report.items()
+            if not entry.get("verified", True)]

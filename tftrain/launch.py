@@ -3,7 +3,9 @@ workers (and M tf.data service workers).
 
 Starts N `python -m tftrain.run` processes with TF_CONFIG describing a cluster on free
 localhost ports (TensorFlow's collective runtime over gRPC, as on a real cluster),
-prefixes their output with the worker index, forwards SIGINT/SIGTERM, and when one
+gives each worker its own share of the machine's GPUs (CUDA_VISIBLE_DEVICES, set before
+the worker starts TensorFlow), prefixes their output with the worker index, forwards
+SIGINT/SIGTERM, and when one
 worker fails stops the others and exits with its code (42 when preempted). With
 `--data-workers M` it first starts M tf.data service data workers (each with its
 dispatcher) and points `data.service` at them; they are stopped when training ends.
@@ -37,10 +39,36 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def worker_env(index: int, ports: list[int]) -> dict:
+def worker_env(index: int, ports: list[int], gpus: str | None = None) -> dict:
     cluster = {"worker": [f"localhost:{p}" for p in ports]}
     tf_config = {"cluster": cluster, "task": {"type": "worker", "index": index}}
-    return {**os.environ, "TF_CONFIG": json.dumps(tf_config)}
+    return {**os.environ, "TF_CONFIG": json.dumps(tf_config),
+            **({"CUDA_VISIBLE_DEVICES": gpus} if gpus is not None else {})}
+
+
+def local_gpus() -> list[str]:
+    """The GPU ids this machine offers (CUDA_VISIBLE_DEVICES, else `nvidia-smi -L`), read
+    without starting TensorFlow, which would claim them in the launcher."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [g for g in visible.split(",") if g.strip() and g.strip() != "-1"]
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [str(i) for i, line in enumerate(listing.stdout.splitlines()) if line.startswith("GPU ")]
+
+
+def gpu_sets(workers: int, gpus: list[str]) -> list[str | None]:
+    """Each worker's CUDA_VISIBLE_DEVICES: an equal, disjoint share of the GPUs (every
+    worker would otherwise see, and allocate on, every GPU). None without GPUs."""
+    if not gpus:
+        return [None] * workers
+    if len(gpus) < workers:
+        raise ValueError(f"{workers} workers for {len(gpus)} GPUs; start at most one worker "
+                         "per GPU (--workers)")
+    share = len(gpus) // workers
+    return [",".join(gpus[w * share:(w + 1) * share]) for w in range(workers)]
 
 
 def cpu_sets(workers: int, per_worker: int | None) -> list[set[int] | None]:
@@ -76,6 +104,11 @@ def main(argv=None) -> int:
     if args.workers < 1:
         print("tftrain.launch: --workers must be >= 1", file=sys.stderr)
         return EXIT_CONFIG
+    try:
+        gpu_sets(args.workers, local_gpus())
+    except ValueError as err:
+        print(f"tftrain.launch: {err}", file=sys.stderr)
+        return EXIT_CONFIG
     services, sets = start_data_workers(args.data_workers), list(args.set)
     if services:
         sets.append("data.service={dispatchers: [%s]}" % ", ".join(a for a, _ in services))
@@ -107,9 +140,11 @@ def start_data_workers(n: int) -> list[tuple[str, subprocess.Popen]]:
 def _train(command, args) -> int:
     ports = free_ports(args.workers)
     procs, pumps = [], []
+    gpus = gpu_sets(args.workers, local_gpus())
     for index, cpus in enumerate(cpu_sets(args.workers, args.cpus_per_worker)):
         pin = (lambda c=cpus: os.sched_setaffinity(0, c)) if cpus else None
-        proc = subprocess.Popen(command, env=worker_env(index, ports), stdout=subprocess.PIPE,
+        proc = subprocess.Popen(command, env=worker_env(index, ports, gpus[index]),
+                                stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, preexec_fn=pin)
         pump = threading.Thread(target=_pump, args=(proc.stdout, f"[worker {index}] ", sys.stdout),
                                 daemon=True)

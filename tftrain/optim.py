@@ -149,11 +149,14 @@ def build_schedule(cfg: ScheduleConfig, lr: float, steps_per_epoch: int, total_s
 
 
 def plateau_callback(cfg: ScheduleConfig):
-    """ReduceLROnPlateau for the `plateau` schedule, else None."""
+    """ReduceLROnPlateau (its state kept in checkpoints) for the `plateau` schedule, else
+    None."""
+    from tftrain.callbacks import ReduceLROnPlateau
+
     if cfg.name != "plateau":
         return None
-    return keras.callbacks.ReduceLROnPlateau(monitor=cfg.monitor, factor=cfg.factor,
-                                             patience=cfg.patience, min_lr=cfg.min_lr, verbose=1)
+    return ReduceLROnPlateau(monitor=cfg.monitor, factor=cfg.factor, patience=cfg.patience,
+                             min_lr=cfg.min_lr, min_delta=cfg.min_delta, verbose=1)
 
 
 def current_lr(optimizer) -> float:
@@ -167,25 +170,36 @@ def current_lr(optimizer) -> float:
 
 @keras.utils.register_keras_serializable("tftrain")
 class Scaled(keras.optimizers.schedules.LearningRateSchedule):
-    """`schedule` times a constant factor (a lowered learning rate after a rollback)."""
+    """`schedule` times a factor held in a variable: the rollback after a non-finite loss
+    lowers it, and the stage's checkpoint keeps it (`learning_rate_factor`)."""
 
-    def __init__(self, schedule, factor: float):
-        self.schedule, self.factor = schedule, float(factor)
+    def __init__(self, schedule, factor=1.0):
+        self.schedule = schedule
+        with tf.init_scope():
+            self.factor = tf.Variable(float(factor), trainable=False, name="lr_factor")
 
     def __call__(self, step):
         return self.schedule(step) * self.factor
 
     def get_config(self):
         return {"schedule": keras.optimizers.schedules.serialize(self.schedule),
-                "factor": self.factor}
+                "factor": float(self.factor.numpy())}
+
+
+def learning_rate_state(optimizer):
+    """The variable that scales the learning rate (the schedule's factor, or a plain
+    rate itself): what `scale_learning_rate` changes and a checkpoint must keep."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    lr = inner._learning_rate
+    return lr.factor if isinstance(lr, Scaled) else lr
 
 
 def scale_learning_rate(model, factor: float) -> None:
     """Multiply the learning rate from now on by `factor` (schedules keep their shape)."""
-    optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
-    lr = optimizer._learning_rate
-    if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
-        optimizer._learning_rate = Scaled(lr, factor)
-        model.train_function = None           # retrace with the new schedule
-    else:
-        lr.assign(lr * factor)
+    state = learning_rate_state(model.optimizer)
+    if isinstance(state, tf.Variable) or hasattr(state, "assign"):
+        state.assign(state * factor)
+        return
+    inner = getattr(model.optimizer, "inner_optimizer", model.optimizer)
+    inner._learning_rate = Scaled(state, factor)     # a schedule built without a factor
+    model.train_function = None                      # retrace with it

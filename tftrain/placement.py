@@ -213,9 +213,19 @@ def plan(model, cfg: PlacementConfig, batch: int = 1, devices=None) -> Placement
                      cfg.microbatches)
 
 
+def build(builder):
+    """`builder()` with Keras' automatic layer names counted from zero, so that building
+    the same model twice (once to plan, once placed) names its layers alike."""
+    keras.backend.reset_uids()
+    return builder()
+
+
 def build_placed(builder, placement: Placement):
     """Build the model again with each layer's variables on its stage's device, and its
-    calls pinned there. `builder()` must build the same functional model."""
+    calls pinned there. `builder()` must build the same functional model (auto-named
+    layers included: both builds go through `build`). A layer of the plan missing from
+    the build, or a variable off its stage's device, is an error, never a silent
+    unplaced model."""
     top = set(placement.layers)
 
     def creator(next_creator, **kwargs):
@@ -226,8 +236,29 @@ def build_placed(builder, placement: Placement):
         return next_creator(**kwargs)
 
     with tf.variable_creator_scope(creator):
-        model = builder()
+        model = build(builder)
+    _check_built(model, placement)
     return pin(model, placement)
+
+
+def _check_built(model, placement: Placement) -> None:
+    built = {layer.name: layer for layer in model.layers}
+    missing = [name for name in placement.layers if name not in built]
+    if missing:
+        raise RuntimeError(f"model placement matched nothing for layers {', '.join(missing[:5])}: "
+                           f"the model built for training names its layers "
+                           f"{', '.join(list(built)[:8])}...; the builder must build the same "
+                           "model each time it is called (name its layers)")
+    for name in placement.layers:
+        wanted = tf.DeviceSpec.from_string(placement.device_of(name))
+        for variable in built[name].weights:
+            found = tf.DeviceSpec.from_string(variable.device)
+            if (found.device_type, found.device_index) != (wanted.device_type.upper(),
+                                                            wanted.device_index):
+                raise RuntimeError(f"model placement: variable {variable.name} of layer {name} "
+                                   f"is on {variable.device or 'no device'}, not on "
+                                   f"{placement.device_of(name)}; create the layer's variables "
+                                   "inside the layer (in build), not before")
 
 
 def pin(model, placement: Placement):
@@ -236,7 +267,22 @@ def pin(model, placement: Placement):
         if layer.name in placement.layers and not getattr(layer, "_tftrain_pinned", False):
             layer.call = _on_device(layer.call, placement.device_of(layer.name))
             layer._tftrain_pinned = True
+            layer._tftrain_device = placement.device_of(layer.name)
     return model
+
+
+def pin_updates(optimizer) -> None:
+    """Run the optimizer's update of each variable on the variable's device (the default
+    strategy's `extended.update` does not colocate it, so a placed model's updates would
+    all land on one device)."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    for name in ("_update_step", "_update_step_xla"):
+        step = getattr(inner, name)
+
+        def on_variable_device(gradient, variable, *rest, _step=step):
+            with tf.device(variable.device):
+                return _step(gradient, variable, *rest)
+        setattr(inner, name, on_variable_device)
 
 
 def _on_device(call, device: str):

@@ -164,13 +164,14 @@ def _stage_estimates(costs, stages, micro, slots, policy) -> list[Estimate]:
             for k in range(stages)]
 
 
-def matmul_peak_flops(device: str = "/cpu:0", n: int = 1024, repeats: int = 5) -> float:
-    """Measured float32 matmul FLOP/s on `device` (the peak model FLOP utilisation is
+def matmul_peak_flops(device: str = "/cpu:0", n: int = 1024, repeats: int = 5,
+                      dtype: str = "float32") -> float:
+    """Measured matmul FLOP/s on `device` in `dtype` (what model FLOP utilisation is
     quoted against)."""
     with tf.device(device):
-        a = tf.random.normal((n, n))
-        b = tf.random.normal((n, n))
-        matmul = tf.function(lambda: tf.reduce_sum(tf.matmul(a, b)))
+        a = tf.cast(tf.random.normal((n, n)), dtype)
+        b = tf.cast(tf.random.normal((n, n)), dtype)
+        matmul = tf.function(lambda: tf.reduce_sum(tf.cast(tf.matmul(a, b), tf.float32)))
         matmul()
         best = np.inf
         for _ in range(repeats):
@@ -178,3 +179,42 @@ def matmul_peak_flops(device: str = "/cpu:0", n: int = 1024, repeats: int = 5) -
             matmul().numpy()
             best = min(best, time.perf_counter() - start)
     return 2.0 * n**3 / best
+
+
+@dataclass(frozen=True)
+class Peak:
+    """The FLOP/s the training devices could reach, measured, for MFU."""
+    flops: float
+    dtype: str
+    description: str       # e.g. "2 x NVIDIA A100 (bfloat16 matmul, measured) x 2 workers"
+
+
+def compute_dtype(policy: str) -> str:
+    return {"mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}.get(policy, "float32")
+
+
+def peak_flops(devices, policy: str, workers: int = 1) -> Peak:
+    """Peak of the devices that train, in the policy's compute dtype: a matmul measured
+    on one device of each kind (GPUs by model name, times their count; logical CPU
+    devices share one processor, so the CPU counts once), times the workers (alike)."""
+    dtype = compute_dtype(policy)
+    gpus = [d for d in devices if "GPU" in d.upper()]
+    if gpus:
+        kinds: dict[str, list[str]] = {}
+        for device in gpus:
+            kinds.setdefault(_gpu_name(device), []).append(device)
+        flops = sum(matmul_peak_flops(group[0], n=4096, dtype=dtype) * len(group)
+                    for group in kinds.values())
+        what = " + ".join(f"{len(g)} x {name}" for name, g in kinds.items())
+    else:
+        flops, what = matmul_peak_flops("/cpu:0", dtype=dtype), "the CPU"
+    workers_text = f" x {workers} workers" if workers > 1 else ""
+    return Peak(flops * workers, dtype, f"{what} ({dtype} matmul, measured){workers_text}")
+
+
+def _gpu_name(device: str) -> str:
+    index = int(device.rsplit(":", 1)[-1])
+    gpus = tf.config.list_physical_devices("GPU")
+    if index < len(gpus):
+        return tf.config.experimental.get_device_details(gpus[index]).get("device_name", "GPU")
+    return "GPU"

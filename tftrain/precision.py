@@ -7,12 +7,13 @@ outputs are not already float32.
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import tensorflow as tf
 
 from tftrain._keras import keras
-from tftrain.config import PrecisionConfig
+from tftrain.config import DistributeConfig, PrecisionConfig
 
 
 def cpu_has_bf16() -> bool:
@@ -55,9 +56,51 @@ def apply_policy(name: str) -> None:
     keras.mixed_precision.set_global_policy(name)
 
 
-def wrap_optimizer(optimizer, policy: str, cfg: PrecisionConfig):
-    """Loss scaling for float16: dynamic (grows/halves) or a fixed scale."""
-    if policy != "mixed_float16":
+@dataclass(frozen=True)
+class AllReduce:
+    """How the gradients of one update travel between replicas."""
+    dtype: str            # on the wire
+    loss_scaled: bool     # float16 on the wire: scaled so small gradients do not flush to 0
+    nccl: bool
+    note: str = ""
+
+    def describe(self) -> str:
+        return (f"all-reduce: {self.dtype}{', loss-scaled' if self.loss_scaled else ''}"
+                f"{' over NCCL' if self.nccl else ''}{'; ' + self.note if self.note else ''}")
+
+
+def reduces_with_nccl(strategy) -> bool:
+    """Whether the strategy's gradient all-reduce runs on NCCL: MirroredStrategy with
+    NcclAllReduce, or a multi-worker strategy on GPUs whose collectives are NCCL or AUTO
+    (which picks NCCL on GPUs)."""
+    ext = strategy.extended
+    if isinstance(getattr(ext, "_cross_device_ops", None), tf.distribute.NcclAllReduce):
+        return True
+    options = getattr(ext, "_communication_options", None)
+    if options is None:
+        return False
+    impl = tf.distribute.experimental.CommunicationImplementation
+    on_gpu = any("GPU" in d.upper() for d in getattr(ext, "worker_devices", ()))
+    return on_gpu and options.implementation in (impl.NCCL, impl.AUTO)
+
+
+def all_reduce_plan(d: DistributeConfig, strategy, policy: str) -> AllReduce:
+    """The wire dtype for `distribute.all_reduce_dtype` on this strategy. NCCL's all-reduce
+    takes half, float32/64 and int32/64 but no bfloat16, so bfloat16 travels as float16
+    there; float16 on the wire is always loss-scaled, whatever the policy (a float32 run
+    gets a dynamic loss scale of its own)."""
+    nccl = reduces_with_nccl(strategy)
+    dtype, note = d.all_reduce_dtype, ""
+    if dtype == "bfloat16" and nccl:
+        dtype, note = "float16", "NCCL has no bfloat16 all-reduce, so gradients travel as float16"
+    return AllReduce(dtype, dtype == "float16" and strategy.num_replicas_in_sync > 1
+                     or policy == "mixed_float16", nccl, note)
+
+
+def wrap_optimizer(optimizer, policy: str, cfg: PrecisionConfig, loss_scaled: bool | None = None):
+    """Loss scaling for float16 compute or a float16 all-reduce: dynamic (grows/halves) or a
+    fixed scale."""
+    if not (policy == "mixed_float16" if loss_scaled is None else loss_scaled):
         return optimizer
     if cfg.loss_scale == "dynamic":
         return keras.mixed_precision.LossScaleOptimizer(

@@ -16,7 +16,8 @@ import traceback
 
 import tftrain  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)
 from tftrain.config import Config, ConfigError, json_schema, load_config
-from tftrain.stages import Preempted, StageRunner, compile_stage, plan_stages
+from tftrain.preemption import Preempted, Preemption
+from tftrain.stages import StageRunner, compile_stage, plan_stages
 
 EXIT_CONFIG, EXIT_RUNTIME, EXIT_PREEMPTED = 2, 1, 42
 
@@ -50,7 +51,8 @@ def main(argv=None) -> int:
                               "configs/quickstart.yaml")
         overrides = args.set + ([f"run.dir={args.run_dir}"] if args.run_dir else [])
         cfg = load_config(args.config, overrides)
-        run(cfg, dry_run=args.dry_run, smoke=args.smoke)
+        with Preemption() as stop:      # SIGTERM/SIGINT from here on: stop at a safe point
+            run(cfg, dry_run=args.dry_run, smoke=args.smoke, stop=stop)
         return 0
     except ConfigError as err:
         for problem in err.problems:
@@ -68,8 +70,18 @@ def main(argv=None) -> int:
         return EXIT_RUNTIME
 
 
-def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
-    """Run the pipeline for `cfg`; returns the summary (None for a dry run)."""
+def run(cfg: Config, dry_run: bool = False, smoke: bool = False,
+        stop: Preemption | None = None) -> dict | None:
+    """Run the pipeline for `cfg`; returns the summary (None for a dry run). `stop`: the
+    flag SIGTERM/SIGINT set (`with Preemption() as stop`); the run raises `Preempted` at
+    the next safe point after it is set; by default one is installed for the run."""
+    if stop is None:
+        with Preemption() as stop:
+            return _pipeline(cfg, dry_run, smoke, stop)
+    return _pipeline(cfg, dry_run, smoke, stop)
+
+
+def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption) -> dict | None:
     # TensorFlow is imported only once the config has parsed: a typo costs no TF start-up.
     import tensorflow as tf
 
@@ -83,6 +95,7 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
     planned_here = not (smoke or strategy.cluster_spec()[1] > 1)
     if not planned_here:                             # then the collectives, before all else
         strat = strategy.build_strategy(cfg, force_one_device=smoke)
+        stop.rearm()                                 # (the collectives' own SIGTERM handler)
     keras.backend.experimental.enable_tf_random_generator()   # RNG state checkpointable
     if cfg.run.deterministic:
         tf.config.experimental.enable_op_determinism()
@@ -127,6 +140,9 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
     flops = sum(c.flops for c in placement.layer_costs(net))
     print(_plan_text(strat, info, policy, plan, source, steps_per_epoch, stages, pruning, model),
           flush=True)
+    wire = precision.all_reduce_plan(cfg.distribute, strat, policy)
+    if info.replicas > 1:
+        print(wire.describe(), flush=True)
     print(data.describe(source, layout, cfg.data), flush=True)
     for part in (memory_plan, placed):
         if part is not None:
@@ -143,11 +159,12 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
         print(rundir.report_table(done))
         return done
     run = rundir.open_run_dir(cfg, smoke, write=chief)
-    # Model FLOP utilisation is quoted against a matmul measured here, times the devices.
-    peak = planner.matmul_peak_flops() * (len(placed.devices) if placed else info.replicas)
+    # Model FLOP utilisation is quoted against the training devices' measured peak.
+    peak = planner.peak_flops(placed.devices if placed else strategy.local_devices(strat), policy,
+                              info.workers)
     source = data.cached(source, cfg.data)     # the decoded set in memory when it fits
     runner = StageRunner(cfg, strat, info, plan, source, run, chief, steps_per_epoch, smoke,
-                         flops, peak)
+                         flops, peak.flops, stop)
 
     # -- stages: train -> prune (+ fine-tune) -> QAT, each checkpointed and resumable --------
     results = {"train": runner.run_stage(stages[0], model, optimizer)}
@@ -179,18 +196,21 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
     # -- export, verify, report ------------------------------------------------------------
     final = compression.strip(net) if stages[-1].name == "prune" else net
     qat = stages[-1].name == "qat"
+    runner.stop.check("after the last stage", runner.agree)
     artifacts = export.export_all(final, cfg.export, run.export, source, qat=qat,
                                   data_cfg=cfg.data) if chief else {}
+    runner.stop.check("after the export (the rerun exports again and reports)", runner.agree)
     bubble = {}
     if placed is not None:      # the pipeline's idle fraction, measured on one batch
         from tftrain.train_step import build_loss
         x, y = next(iter(source.calibration(plan.per_replica).batch(plan.per_replica)))
         bubble = placement.measure_bubble(net, placed, x, y, build_loss(cfg.train.loss))
     summary = {
-        "status": "completed", "steps": stages[0].updates,
-        "epochs": stages[0].epochs, "steps_per_epoch": steps_per_epoch,
+        "status": "completed", "steps": results["train"]["updates"],   # updates made
+        "epochs": results["train"]["epochs"], "steps_per_epoch": steps_per_epoch,
         "replicas": info.replicas, "workers": info.workers, "strategy": info.kind,
         "devices": list(info.devices), "precision": policy,
+        "all_reduce": {"dtype": wire.dtype, "loss_scaled": wire.loss_scaled, "nccl": wire.nccl},
         "per_replica_batch_size": plan.per_replica, "accumulation_steps": plan.accumulation,
         "global_batch_size": plan.global_batch,
         "metrics": results[stages[-1].name]["metrics"],
@@ -198,6 +218,7 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
                        "flops_per_example": flops,
                        "model_flops_per_sec": results["train"].get("model_flops_per_sec", 0.0),
                        "mfu": results["train"].get("mfu", 0.0),
+                       "peak_flops_per_sec": peak.flops, "peak_device": peak.description,
                        "input_wait": results["train"].get("input_wait")},
         "placement": None if placed is None else {
             "devices": list(placed.devices), "microbatches": placed.microbatches,
@@ -212,11 +233,18 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False) -> dict | None:
         "stages": results, "sparsity": results.get("prune", {}).get("sparsity", {}),
         "artifacts": artifacts, "smoke": smoke,
     }
+    failed = export.failures(artifacts)
+    if failed:     # the artifacts stay, marked failed; the run is not completed
+        summary["status"] = "export verification failed"
     print(f"final weights sha256: {_weights_digest(model)}")
     if chief:
         rundir.write_summary(run, summary)
     runner.clean_up()
     print(rundir.report_table(summary))
+    if failed:
+        raise RuntimeError(f"export verification failed: {'; '.join(failed)}; the artifact is "
+                           "marked failed in summary.json (loosen export.max_logit_diff or "
+                           "export.max_accuracy_drop only if the difference is expected)")
     return summary
 
 
@@ -259,7 +287,7 @@ def _parallelism(cfg: Config, policy: str, source):
     from tftrain.models import build_model
 
     devices = strategy.resolve_devices(cfg.distribute)
-    base = precision.float32_outputs(build_model(cfg.model, source.spec))   # for its costs
+    base = placement.build(lambda: precision.float32_outputs(build_model(cfg.model, source.spec)))
     costs = placement.layer_costs(base)
     batch, acc = cfg.data.per_replica_batch_size, cfg.train.accumulation_steps
     if cfg.model.placement is not None:

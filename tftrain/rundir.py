@@ -95,7 +95,8 @@ def report_table(summary: dict) -> str:
     flops = summary["throughput"].get("model_flops_per_sec")
     if flops:
         rows.append(("model FLOP/s", f"{flops / 1e9:.2f} GFLOP/s, utilisation "
-                                     f"{summary['throughput'].get('mfu', 0.0):.1%} of measured matmul peak"))
+                                     f"{summary['throughput'].get('mfu', 0.0):.1%} of the peak of "
+                                     f"{summary['throughput'].get('peak_device', 'the devices')}"))
     placed = summary.get("placement")
     if placed:
         rows.append(("placement", f"{len(placed['devices'])} stages x {placed['microbatches']} "
@@ -120,7 +121,8 @@ def report_table(summary: dict) -> str:
         acc = art.get("accuracy")
         rows.append((f"export {name}", f"{art['size_bytes']} B, gzip {art['gzip_bytes']} B"
                      + (f", accuracy {acc:.4f}" if acc is not None else "")
-                     + (f", {art['latency_ms']:.3f} ms/example" if "latency_ms" in art else "")))
+                     + (f", {art['latency_ms']:.3f} ms/example" if "latency_ms" in art else "")
+                     + ("" if art.get("verified", True) else f"  FAILED: {art['check']}")))
     width = max(len(k) for k, _ in rows)
     line = "-" * (width + 40)
     return "\n".join([line] + [f"{k:<{width}}  {v}" for k, v in rows] + [line])

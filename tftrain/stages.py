@@ -16,10 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tftrain.config import Config, ConfigError
-
-
-class Preempted(Exception):
-    """Training stopped by SIGTERM after a checkpoint was saved."""
+from tftrain.preemption import Preempted, Preemption  # noqa: F401  (Preempted: re-exported)
 
 
 @dataclass(frozen=True)
@@ -54,20 +51,29 @@ def compile_stage(cfg, net, plan, policy, stage, steps_per_epoch, hooks=(), unro
     train's schedule for `train`, a constant rate of its own for the later stages. A
     placed model splits each batch into its pipeline's micro-batches (an unrolled loop,
     so stage k can work on micro-batch i while stage k+1 works on i-1)."""
+    import tensorflow as tf
+
     from tftrain import optim, precision, train_step
 
     micro = placed.microbatches if placed else 1
-    model = train_step.TrainModel.wrap(net, plan.accumulation * micro,
-                                       cfg.distribute.all_reduce_dtype, update_hooks=hooks,
-                                       unroll=unroll or micro > 1,
-                                       colocate_gradients=placed is not None)
+    wire = precision.all_reduce_plan(cfg.distribute, tf.distribute.get_strategy(), policy)
+    # A placed model's step is unrolled: every op of every micro-batch in the step's own
+    # graph, each on its stage's device (none hidden in a while loop's body).
+    model = train_step.TrainModel.wrap(net, plan.accumulation * micro, wire.dtype,
+                                       update_hooks=hooks, unroll=unroll or placed is not None,
+                                       placed=placed is not None)
     if stage.learning_rate is None:
         lr = optim.build_schedule(cfg.train.schedule, cfg.train.optimizer.learning_rate,
                                   steps_per_epoch, stage.updates)
     else:
         lr = optim.Constant(stage.learning_rate)
+    if not isinstance(lr, float):     # a factor the rollback can lower (and checkpoints keep)
+        lr = optim.Scaled(lr)
     optimizer = precision.wrap_optimizer(optim.build_optimizer(cfg.train.optimizer, lr),
-                                         policy, cfg.precision)
+                                         policy, cfg.precision, loss_scaled=wire.loss_scaled)
+    if placed is not None:
+        from tftrain.placement import pin_updates
+        pin_updates(optimizer)         # each variable's update on the variable's device
     model.compile(optimizer=optimizer, loss=train_step.build_loss(cfg.train.loss),
                   metrics=metrics(cfg.train.metrics),
                   steps_per_execution=cfg.train.steps_per_execution)
@@ -81,9 +87,10 @@ class StageRunner:
     `stages.json` so a resumed run reports the stages it does not redo."""
 
     def __init__(self, cfg, strat, info, plan, source, run, chief, steps_per_epoch, smoke,
-                 flops_per_example=0.0, peak_flops=0.0):
+                 flops_per_example=0.0, peak_flops=0.0, stop: Preemption | None = None):
         from tftrain import data, strategy
 
+        self.stop = stop or Preemption()
         self.flops_per_example, self.peak_flops = flops_per_example, peak_flops
         self.cfg, self.strat, self.plan, self.source = cfg, strat, plan, source
         self.run, self.chief, self.steps_per_epoch, self.smoke = run, chief, steps_per_epoch, smoke
@@ -109,18 +116,26 @@ class StageRunner:
         from tftrain._keras import keras
 
         cfg, spe = self.cfg, self.steps_per_epoch
+        self.stop.rearm()
+        self.stop.check("before stage " + stage.name, self.agree)
         with self.strat.scope():
             generators = cb.random_generators(model)
-        ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, rng=generators)
+        # Keras' own callbacks whose counters a resumed run needs (their state is saved)
+        stateful = [c for c in [optim.plateau_callback(cfg.train.schedule),
+                                early_stopping(cfg, model)] if c] if stage.name == "train" else []
+        position = tf.Variable(0, dtype=tf.int64, trainable=False)   # training batches done
+        ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, rng=generators,
+                                   position=position,
+                                   learning_rate=optim.learning_rate_state(optimizer),
+                                   callbacks=[c.state for c in stateful])
         directory = self.checkpoints(stage)
         save_dir = directory if self.chief else self.scratch / stage.name
         manager = tf.train.CheckpointManager(ckpt, str(save_dir), cfg.train.checkpoint.keep)
         restored = cb.restore_latest(ckpt, directory)
-        start = int(optimizer.iterations.numpy())
-        if start >= stage.updates:                   # done before: nothing to redo
-            missing = stage.name not in self.results
-            if not (self.agree(missing) if self.agree else missing):   # every worker agrees
-                return self.results[stage.name]
+        missing = stage.name not in self.results   # a stage that ended (early or not) is done
+        if not (self.agree(missing) if self.agree else missing):    # on every worker
+            return self.results[stage.name]
+        start = int(position.numpy())
         if restored:
             print(f"resuming from {restored} at update {start}/{stage.updates} of stage {stage.name}")
         elif stage.name != "train":
@@ -128,15 +143,13 @@ class StageRunner:
                   f"{stage.learning_rate:g}", flush=True)
 
         checkpointer = cb.Checkpointer(manager, cfg.train.checkpoint.every.steps(spe, stage.updates),
-                                       spe, start, self.agree)
+                                       spe, start, self.agree, self.stop, position)
         throughput = cb.Throughput(self.plan.global_batch)
         flops = cb.FlopsLogger(self.flops_per_example, self.peak_flops)
         waiting = cb.InputWait()
-        callbacks = [cb.NaNGuard(spe, self.agree), checkpointer, throughput, waiting, flops,
-                     cb.LearningRateLogger(), *extra_callbacks]
-        if stage.name == "train":
-            callbacks += [c for c in [optim.plateau_callback(cfg.train.schedule),
-                                      early_stopping(cfg)] if c]
+        # The checkpointer comes after every callback whose state it saves at an epoch's end.
+        callbacks = [cb.NaNGuard(spe, self.agree), throughput, waiting, flops,
+                     cb.LearningRateLogger(), *extra_callbacks, *stateful, checkpointer]
         if self.chief:
             suffix = "" if stage.name == "train" else f"-{stage.name}"
             logs = self.run.path / "tensorboard" / ("" if stage.name == "train" else stage.name)
@@ -157,21 +170,24 @@ class StageRunner:
                     raise RuntimeError(f"{err}; lower train.optimizer.learning_rate, add clipping "
                                        "(train.optimizer.global_clipnorm) or set train.on_nan: "
                                        "rollback") from None
+                lowered = float(optim.learning_rate_state(optimizer).numpy()) * cfg.train.nan_lr_factor
                 cb.restore_latest(ckpt, directory)
-                start = int(optimizer.iterations.numpy())
+                optim.learning_rate_state(optimizer).assign(lowered)   # cumulative over retries
+                start = int(position.numpy())
                 checkpointer.resume_at(start)
-                optim.scale_learning_rate(model, cfg.train.nan_lr_factor)
                 print(f"tftrain: {err}; rolled back to update {start}, learning rate x "
                       f"{cfg.train.nan_lr_factor} (retry {attempt + 1}/{cfg.train.nan_retries})",
                       flush=True)
         if checkpointer.preempted:
             self.clean_up()
             where = "" if stage.name == "train" else f" in stage {stage.name}"
-            raise Preempted(f"stopped by SIGTERM{where} at update {checkpointer.update}/"
-                            f"{stage.updates}; checkpoint saved, rerun the same command to resume")
+            raise Preempted(f"stopped by {self.stop.requested or 'a signal to another worker'}"
+                            f"{where} at update {checkpointer.update}/{stage.updates}; "
+                            "checkpoint saved, rerun the same command to resume")
         metrics = model.evaluate(self.val, steps=cfg.train.smoke_steps if self.smoke else None,
                                  return_dict=True, verbose=0)
-        result = {"updates": int(optimizer.iterations.numpy()), "epochs": stage.epochs,
+        result = {"updates": int(optimizer.iterations.numpy()),   # made (skipped ones not)
+                  "batches": checkpointer.update, "epochs": -(-checkpointer.update // spe),
                   "metrics": {f"val_{k}": float(v) for k, v in metrics.items()},
                   "examples_per_sec": throughput.steady_rate(),
                   "model_flops_per_sec": flops.rate(throughput.steady_rate()),
@@ -229,12 +245,12 @@ def metrics(names):
     return list(names)
 
 
-def early_stopping(cfg: Config):
-    from tftrain._keras import keras
+def early_stopping(cfg: Config, model):
+    """Keras' EarlyStopping with its counters (and best weights) kept in checkpoints."""
+    from tftrain.callbacks import EarlyStopping
 
     es = cfg.train.early_stopping
     if es is None:
         return None
-    return keras.callbacks.EarlyStopping(monitor=es.monitor, patience=es.patience,
-                                         min_delta=es.min_delta,
-                                         restore_best_weights=es.restore_best_weights, verbose=1)
+    return EarlyStopping(model, monitor=es.monitor, patience=es.patience, min_delta=es.min_delta,
+                         restore_best_weights=es.restore_best_weights, verbose=1)

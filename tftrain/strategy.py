@@ -7,12 +7,11 @@ a run does; asking for a different layout later is an error that says so.
 """
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
 
 import tensorflow as tf
 
+from tftrain.cluster import cluster_resolver, current_task, pin_gpus
 from tftrain.config import Config, ConfigError, DistributeConfig
 
 _configured: tuple | None = None
@@ -23,9 +22,11 @@ def _section(cfg) -> DistributeConfig:
 
 
 def configure_devices(cfg) -> None:
-    """Split the CPU into logical devices and set GPU memory options (once per process)."""
+    """Pin a cluster task to its GPUs, split the CPU into logical devices and set GPU memory
+    options (once per process, before TensorFlow lists devices)."""
     global _configured
     d = _section(cfg)
+    pin_gpus(current_task())
     wanted = (d.virtual_cpus, d.gpu_memory_growth, d.gpu_memory_limit)
     if _configured is not None:
         if _configured != wanted and d.virtual_cpus is not None:
@@ -60,33 +61,13 @@ def configure_devices(cfg) -> None:
 
 def cluster_spec() -> tuple[str, int, int]:
     """(source, number of workers, this worker's index) from TF_CONFIG or SLURM."""
-    tf_config = os.environ.get("TF_CONFIG")
-    if tf_config:
-        try:
-            spec = json.loads(tf_config)
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"TF_CONFIG: not valid JSON ({err}); expected "
-                              '{"cluster": {"worker": [...]}, "task": {...}}') from None
-        cluster = spec.get("cluster", {})
-        workers = len(cluster.get("worker", [])) + len(cluster.get("chief", []))
-        task = spec.get("task", {})
-        index = task.get("index", 0) + (1 if task.get("type") == "worker" and cluster.get("chief") else 0)
-        return "TF_CONFIG", workers, index
-    if int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_JOB_ID" in os.environ:
-        return "SLURM", int(os.environ["SLURM_NTASKS"]), int(os.environ.get("SLURM_PROCID", "0"))
-    return "local", 1, 0
+    task = current_task()
+    return task.source, task.num_workers, task.rank
 
 
 def is_chief() -> bool:
     """True on the worker that writes reports, logs and exports."""
-    source, _, index = cluster_spec()
-    if source == "TF_CONFIG":
-        spec = json.loads(os.environ["TF_CONFIG"])
-        task = spec.get("task", {})
-        if "chief" in spec.get("cluster", {}):
-            return task.get("type") == "chief"
-        return task.get("index", 0) == 0
-    return index == 0
+    return current_task().chief
 
 
 def visible_devices() -> list[str]:
@@ -129,6 +110,11 @@ def resolve_kind(d: DistributeConfig, devices: list[str]) -> str:
         raise ConfigError(
             f"distribute.strategy: '{d.strategy}' trains on one machine, but {source} describes "
             f"{workers} workers; use multi_worker or auto (e.g. --set distribute.strategy=auto)")
+    if (workers > 1 or d.strategy == "multi_worker") and d.devices is not None:
+        raise ConfigError(
+            "distribute.devices: a multi-worker task trains on all the GPUs it sees (or its CPU); "
+            "choose them per task with CUDA_VISIBLE_DEVICES or SLURM (--gpus-per-task), and "
+            "remove distribute.devices")
     if d.strategy != "auto":
         return d.strategy
     if workers > 1:
@@ -157,14 +143,6 @@ def communication_options(d: DistributeConfig):
     return tf.distribute.experimental.CommunicationOptions(implementation=impl)
 
 
-def cluster_resolver():
-    """TFConfigClusterResolver or SlurmClusterResolver, whichever describes this job."""
-    source, _, _ = cluster_spec()
-    if source == "SLURM":
-        return tf.distribute.cluster_resolver.SlurmClusterResolver()
-    return tf.distribute.cluster_resolver.TFConfigClusterResolver()
-
-
 @dataclass(frozen=True)
 class StrategyInfo:
     kind: str
@@ -181,7 +159,8 @@ def build_strategy(cfg, *, force_one_device: bool = False) -> tf.distribute.Stra
         # Decided from the environment alone and created before anything initializes
         # TensorFlow's runtime: collectives can only be configured at start-up.
         return tf.distribute.MultiWorkerMirroredStrategy(
-            cluster_resolver=cluster_resolver(), communication_options=communication_options(d))
+            cluster_resolver=cluster_resolver(current_task()),
+            communication_options=communication_options(d))
     devices = resolve_devices(d)
     kind = "one_device" if force_one_device else resolve_kind(d, devices)
     if kind == "default":
@@ -204,6 +183,14 @@ def describe(strategy: tf.distribute.Strategy) -> StrategyInfo:
         devices = ("default placement",)
     workers = cluster_spec()[1] if kind == "multi_worker" else 1
     return StrategyInfo(kind, devices, strategy.num_replicas_in_sync, workers)
+
+
+def local_devices(strategy: tf.distribute.Strategy) -> list[str]:
+    """The devices this process trains on (the default strategy: TensorFlow's first)."""
+    try:
+        return list(strategy.extended.worker_devices)
+    except RuntimeError:
+        return visible_devices()[:1]
 
 
 def device_table(strategy: tf.distribute.Strategy) -> str:

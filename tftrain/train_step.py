@@ -79,20 +79,35 @@ def _size(x, n: int):
     return tf.shape(tf.nest.flatten(x)[0])[0] // n
 
 
-def _add(total, grads):
-    """Gradient sums (IndexedSlices made dense)."""
-    return [a + tf.convert_to_tensor(g) for a, g in zip(total, grads)]
+def _on(variable, placed: bool):
+    """The device scope of `variable` when each op must run beside its variable."""
+    return tf.device(variable.device) if placed else contextlib.nullcontext()
+
+
+def _add(total, grads, variables, placed: bool = False):
+    """Gradient sums (IndexedSlices made dense), each beside its variable when placed."""
+    sums = []
+    for i, (a, g, v) in enumerate(zip(total, grads, variables)):
+        with _on(v, placed):
+            sums.append(tf.add(a, tf.convert_to_tensor(g), name=f"gradient_sum_{i}"))
+    return sums
+
+
+def _output_device(model) -> str:
+    """The device of the layer producing the model's (first) output."""
+    layer = model.outputs[0]._keras_history.layer
+    return getattr(layer, "_tftrain_device", "")
 
 
 class TrainModel(keras.Model):
     """A functional model with tftrain's train step (gradient accumulation built in)."""
 
     def __init__(self, *args, accumulation_steps: int = 1, all_reduce_dtype: str = "float32",
-                 update_hooks=(), unroll: bool = False, colocate_gradients: bool = False,
+                 update_hooks=(), unroll: bool = False, placed: bool = False,
                  time_steps: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
         self.time_steps = time_steps     # not under op determinism (TensorFlow refuses clocks)
-        self.colocate_gradients = colocate_gradients
+        self.placed = placed
         self.accumulation_steps = int(accumulation_steps)
         self.all_reduce_dtype = tf.as_dtype(all_reduce_dtype)
         self.update_hooks = tuple(update_hooks)
@@ -108,21 +123,25 @@ class TrainModel(keras.Model):
     @classmethod
     def wrap(cls, model, accumulation_steps: int = 1, all_reduce_dtype: str = "float32",
              update_hooks=(), unroll: bool = False,
-             colocate_gradients: bool = False, time_steps: bool = True) -> "TrainModel":
+             placed: bool = False, time_steps: bool = True) -> "TrainModel":
         """The same layers and weights as `model`, trained by this step.
 
         `update_hooks`: objects with `before_update(iterations)` and `after_update()`, run
         once per optimizer update in cross-replica context. `unroll`: accumulate in a
         Python loop (for models that synchronise replicas in their forward pass, and for
         pipelined model parallelism, where independent micro-batches overlap across
-        stages). `colocate_gradients`: each gradient op on its forward op's device (model
-        parallelism: the backward pass of a stage runs on the stage's device). `time_steps`:
+        stages). `placed` (model parallelism): every op of the step on a device chosen
+        here: each gradient op on its forward op's device (a stage's backward pass runs on
+        the stage's device), gradient sums, zero-fills and loss-scale unscaling beside
+        their variable, the loss, metrics and the optimizer's bookkeeping on the device
+        of the model's outputs (the optimizer's per-variable updates are pinned by
+        `placement.pin_updates`). `time_steps`:
         measure the time inside steps for the input-wait figure (not under op determinism,
         where TensorFlow refuses clocks)."""
         return cls(inputs=model.inputs, outputs=model.outputs, name=model.name,
                    accumulation_steps=accumulation_steps, all_reduce_dtype=all_reduce_dtype,
                    update_hooks=update_hooks, unroll=unroll,
-                   colocate_gradients=colocate_gradients, time_steps=time_steps)
+                   placed=placed, time_steps=time_steps)
 
     def _run_hooks(self, method: str) -> None:
         context = tf.distribute.get_replica_context()
@@ -141,14 +160,19 @@ class TrainModel(keras.Model):
         """Gradients of one micro-batch's share of the update's loss."""
         # tf.gradients colocates each gradient op with its forward op; a tape leaves them
         # unplaced (and the placer would not keep a placed stage's backward on its device).
-        colocate = self.colocate_gradients and not tf.executing_eagerly()
+        colocate = self.placed and not tf.executing_eagerly()
         with contextlib.nullcontext() if colocate else tf.GradientTape() as tape:
             y_pred = self(x, training=True)
             loss = self._micro_loss(y, y_pred, sample_weight)
         self.compiled_metrics.update_state(hard_labels(y, y_pred), y_pred, sample_weight)
         grads = tf.gradients(loss, variables) if colocate else tape.gradient(loss, variables)
-        return [g if g is not None else tf.zeros_like(v, tf.float32)
-                for g, v in zip(grads, variables)]
+        filled = []
+        for g, v in zip(grads, variables):
+            if g is None:
+                with _on(v, self.placed):
+                    g = tf.zeros_like(v, tf.float32)
+            filled.append(g)
+        return filled
 
     def _micro_loss(self, y, y_pred, sample_weight):
         # compiled_loss averages over the micro-batch and divides by the number of
@@ -161,6 +185,13 @@ class TrainModel(keras.Model):
         return loss
 
     def train_step(self, data):
+        if not self.placed:
+            return self._step(data)
+        # Whatever no stage owns runs where the outputs (and the loss) are.
+        with tf.device(_output_device(self)):
+            return self._step(data)
+
+    def _step(self, data):
         timed = self.time_steps and not op_determinism()
         if timed:           # clocks are ordered by data dependencies only: after the batch,
             with tf.control_dependencies(tf.nest.flatten(data)):     # before any compute
@@ -178,7 +209,7 @@ class TrainModel(keras.Model):
             grads = self._gradients(*_micro_batch(x, y, sample_weight, 0, size), variables)
             for i in range(1, n):
                 grads = _add(grads, self._gradients(*_micro_batch(x, y, sample_weight, i, size),
-                                                    variables))
+                                                    variables), variables, self.placed)
         else:
             size = _size(x, n)
             # The first micro-batch runs outside the loop: Keras creates its metric
@@ -187,7 +218,7 @@ class TrainModel(keras.Model):
 
             def accumulate(i, acc):
                 return i + 1, _add(acc, self._gradients(
-                    *_micro_batch(x, y, sample_weight, i, size), variables))
+                    *_micro_batch(x, y, sample_weight, i, size), variables), variables)
 
             # parallel_iterations=1: one micro-batch's activations alive at a time.
             _, grads = tf.while_loop(lambda i, _: i < n, accumulate,
@@ -202,8 +233,12 @@ class TrainModel(keras.Model):
             grads = self._reduce_in_low_precision(grads)
         scaled = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
         if scaled:
-            grads = optimizer.get_unscaled_gradients(grads)
             scale_before = tf.identity(optimizer.loss_scale)
+            unscaled = []
+            for g, v in zip(grads, variables):       # each beside its variable when placed
+                with _on(v, self.placed):
+                    unscaled += optimizer.get_unscaled_gradients([g])
+            grads = unscaled
         # A non-finite (reduced) sum makes a dynamic LossScaleOptimizer skip the update
         # on every replica and halve the scale.
         optimizer.apply_gradients(zip(grads, variables), skip_gradients_aggregation=reduce_here)

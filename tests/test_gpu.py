@@ -1,0 +1,107 @@
+"""GPU paths, run where GPUs are visible (marked `gpu`; skipped with the reason elsewhere).
+
+Each test starts a fresh `tftrain.run` process (GPU memory options apply once per
+process) on the bundled digits data, so it runs unchanged on any machine with GPUs:
+`python -m pytest -m gpu`.
+"""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, cli
+
+QUICKSTART = ROOT / "configs" / "quickstart.yaml"
+
+
+def _gpus() -> int:
+    probe = subprocess.run([sys.executable, "-c", "import tensorflow as tf; "
+                            "print(len(tf.config.list_physical_devices('GPU')))"],
+                           capture_output=True, text=True, timeout=120)
+    return int(probe.stdout.strip().splitlines()[-1]) if probe.returncode == 0 else 0
+
+
+GPUS = _gpus()
+pytestmark = pytest.mark.gpu
+needs_gpu = pytest.mark.skipif(GPUS < 1, reason="needs a GPU (none is visible here)")
+needs_two = pytest.mark.skipif(GPUS < 2, reason=f"needs 2 GPUs ({GPUS} visible here)")
+COMMON = ["distribute.virtual_cpus=null", "train.epochs=4", "export.tflite=none"]
+
+
+def _run(tmp_path, *sets):
+    proc = cli(QUICKSTART, "--run-dir", tmp_path, *[a for s in (*COMMON, *sets) for a in ("--set", s)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((tmp_path / "quickstart" / "summary.json").read_text()), proc.stdout
+
+
+@needs_two
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_nccl_all_reduce_in_reduced_precision(tmp_path, dtype):
+    summary, out = _run(tmp_path, "distribute.strategy=mirrored", "distribute.devices=null",
+                        "distribute.cross_device_ops=nccl", f"distribute.all_reduce_dtype={dtype}",
+                        "precision.policy=float32")
+    assert summary["all_reduce"] == {"dtype": "float16", "loss_scaled": True, "nccl": True}
+    if dtype == "bfloat16":
+        assert "NCCL has no bfloat16 all-reduce" in out
+    assert summary["metrics"]["val_accuracy"] > 0.9
+
+
+@needs_gpu
+def test_mixed_float16_trains_with_loss_scaling(tmp_path):
+    summary, _ = _run(tmp_path, "precision.policy=mixed_float16", "distribute.devices=['/gpu:0']",
+                      "distribute.strategy=one_device")
+    assert summary["precision"] == "mixed_float16"
+    assert summary["metrics"]["val_accuracy"] > 0.9
+
+
+@needs_gpu
+def test_mfu_is_below_one_against_the_gpu_peak(tmp_path):
+    summary, _ = _run(tmp_path, "distribute.strategy=auto", "distribute.devices=null")
+    assert 0 < summary["throughput"]["mfu"] < 1
+    assert "GPU" in summary["throughput"]["peak_device"]
+
+
+PLACED = """
+import json, sys
+import tftrain
+from tftrain.config import load_config
+from tftrain.run import run
+cfg = load_config(sys.argv[1], sys.argv[2:])
+summary = run(cfg)
+import tensorflow as tf
+peaks = [tf.config.experimental.get_memory_info(f"GPU:{i}")["peak"] for i in range(2)]
+print(json.dumps({"peaks": peaks, "planned": summary["memory_plan"]["bytes_per_device"]}))
+"""
+
+
+@needs_two
+def test_placement_on_two_gpus_matches_the_planner(tmp_path):
+    sets = [*COMMON, "distribute.strategy=auto", "export.saved_model=false",
+            f"run.dir={tmp_path}", "model={name: mlp, params: {hidden: [4096, 4096, 4096]}, "
+            "placement: {devices: ['/gpu:0', '/gpu:1'], balance: memory}}",
+            "data.per_replica_batch_size=256"]
+    proc = subprocess.run([sys.executable, "-c", PLACED, str(QUICKSTART), *sets], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    for peak, planned in zip(got["peaks"], got["planned"]):
+        assert abs(peak - planned) <= 0.3 * planned, got
+
+
+MEMORY = """
+import tftrain
+from tftrain import strategy
+from tftrain.config import load_config
+strategy.configure_devices(load_config(None, ["distribute.gpu_memory_limit=1GiB"]))
+from tensorflow.python.client import device_lib
+print([d.memory_limit for d in device_lib.list_local_devices() if d.device_type == "GPU"][0])
+"""
+
+
+@needs_gpu
+def test_gpu_memory_limit_takes_effect():
+    proc = subprocess.run([sys.executable, "-c", MEMORY], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert int(proc.stdout.strip().splitlines()[-1]) == 2**30
