@@ -643,3 +643,26 @@ def test_steps_count_updates_made_when_loss_scaling_skips_some(tmp_path):
     assert skipped >= 5
     assert summary["stages"]["train"]["batches"] == 23
     assert summary["steps"] == 23 - skipped == summary["stages"]["train"]["updates"]
+
+
+def test_an_early_stopped_stage_is_never_re_entered(tmp_path, capsys, monkeypatch):
+    from tftrain import stages
+    sets = ["train.epochs=6", "train.early_stopping={monitor: val_loss, patience: 1, min_delta: 5.0}",
+            "compression.pruning.epochs=1", "compression.quantization.enabled=false",
+            "model.params.dense=[64]", "export.tflite=none", "export.saved_model=false",
+            "train.verbose=0"]
+    args = [str(COMPRESS), "--run-dir", str(tmp_path), *[a for s in sets for a in ("--set", s)]]
+    with monkeypatch.context() as patch:
+        _signal_during(patch, stages.StageRunner, "run_stage", 1, after=True)   # after train
+        assert main(args) == 42
+    stopped = json.loads((tmp_path / "compress" / "stages.json").read_text())["train"]
+    assert stopped["updates"] == 2 * 23 < 6 * 23                  # stopped after 2 of 6 epochs
+    capsys.readouterr()
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "of stage train" not in out                          # not resumed, not retrained
+    import tensorflow as tf
+    assert tf.train.latest_checkpoint(str(tmp_path / "compress" / "checkpoints")).endswith("ckpt-46")
+    summary = json.loads((tmp_path / "compress" / "summary.json").read_text())
+    assert summary["steps"] == summary["stages"]["train"]["updates"] == 2 * 23
+    assert summary["epochs"] == 2 and summary["stages"]["prune"]["updates"] == 23
