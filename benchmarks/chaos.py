@@ -2,9 +2,11 @@
 with the planned updates and the weights of an uninterrupted run.
 
 Single process: the compression pipeline (train -> prune -> QAT -> export) is started,
-SIGKILLed after a random delay, restarted, and so on for `--kills` kills, then left to
-finish. Cluster: a 2-worker `tftrain.launch` run has one of its workers SIGKILLed at
-`--worker-kills` random moments (the launcher stops the other, the launch is repeated).
+SIGKILLed at a random moment, restarted, and so on for `--kills` kills spread over the
+three stages (each once the restarted run trains again, up to 0.5 s after its first new
+checkpoint: mid-batch, mid-save or mid-validation), then left to finish. Cluster: a
+2-worker `tftrain.launch` run has one of its workers SIGKILLed at `--worker-kills`
+such moments (the launcher stops the other, the launch is repeated).
 Each ends compared with an uninterrupted run of the same command: planned updates per
 stage, and every weight of the final checkpoint within 1e-6.
 
@@ -27,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STAGED = [f"{ROOT}/configs/compress.yaml",
           "--set", "train.epochs=2", "--set", "compression.pruning.epochs=2",
           "--set", "compression.quantization.epochs=1", "--set", "model.params.dense=[64]",
-          "--set", "train.checkpoint.every=5", "--set", "run.deterministic=true",
+          "--set", "train.checkpoint.every=2", "--set", "run.deterministic=true",
           "--set", "train.verbose=0"]
 CLUSTER = [f"{ROOT}/configs/quickstart.yaml", "--set", "train.epochs=4",
            "--set", "train.checkpoint.every=5", "--set", "run.deterministic=true",
@@ -58,11 +60,14 @@ def timed(command) -> float:
     return time.perf_counter() - began
 
 
+STAGES = (("train", ""), ("prune", "prune"), ("qat", "qat"))
+
+
 def stage_of(run_path: Path) -> str:
     """Where the run was when killed: the newest stage with a checkpoint, or export."""
     if (run_path / "export").exists():
         return "export"
-    for stage, sub in (("qat", "qat"), ("prune", "prune"), ("train", "")):
+    for stage, sub in reversed(STAGES):
         if list((run_path / "checkpoints" / sub).glob("ckpt-*.index")):
             return stage
     return "start-up"
@@ -73,33 +78,44 @@ def children(pid: int) -> list[int]:
     return [int(p) for p in found]
 
 
-def chaos(command, run_path: Path, kills: int, duration: float, rng, kill_worker=False) -> dict:
-    """Kill `kills` times at uniform random delays after each (re)start, then finish.
-    Delays reach a third of an uninterrupted run's time, so that the kills, each after
-    some progress, are spread over the whole run."""
+def progressed(proc, run_path: Path, stages: list[str], since: float) -> bool:
+    """Wait until this attempt writes a checkpoint in one of `stages` (it is training
+    there, past its start-up); False if it ended first."""
+    folders = [run_path / "checkpoints" / sub for stage, sub in STAGES if stage in stages]
+    while proc.poll() is None:
+        for folder in folders:
+            if any(p.stat().st_mtime > since for p in folder.glob("ckpt-*.index")):
+                return True
+        time.sleep(0.05)
+    return False
+
+
+def chaos(command, run_path: Path, kills: int, stages: list[str], rng, kill_worker=False) -> dict:
+    """Kill `kills` times, the i-th once the run trains in stage i * len(stages) // kills
+    (or a later one), at a random moment up to 0.5 s after its first new checkpoint there
+    (mid-batch, mid-save, mid-validation alike); then let it finish."""
     where, attempts = [], 0
     while len(where) < kills:
         attempts += 1
+        target = stages[len(where) * len(stages) // kills]
+        later = stages[stages.index(target):]
+        began = time.time()
         proc = start(command)
-        delay = rng.uniform(2.0, max(10.0, duration / 3))
-        try:
-            proc.wait(timeout=delay)
-        except subprocess.TimeoutExpired:
-            pass
-        if proc.poll() == 0:           # finished before the kill: start again, still killing
-            (run_path / "summary.json").unlink()      # (as if this attempt had not finished)
-            continue
+        if progressed(proc, run_path, later, began):
+            time.sleep(rng.uniform(0.0, 0.5))
         if proc.poll() is None:
             if kill_worker:
-                victims = children(proc.pid)
-                os.kill(rng.choice(victims), signal.SIGKILL) if victims else None
+                os.kill(rng.choice(children(proc.pid)), signal.SIGKILL)
             else:
                 os.kill(proc.pid, signal.SIGKILL)
             where.append(stage_of(run_path))
         proc.communicate()
-    proc = start(command)
-    _, err = proc.communicate()
-    assert proc.returncode == 0, err[-3000:]
+        if proc.returncode == 0:       # finished before the kill: no more to kill
+            break
+    if not (run_path / "summary.json").exists():
+        proc = start(command)
+        _, err = proc.communicate()
+        assert proc.returncode == 0, err[-3000:]
     return {"kills": len(where), "attempts": attempts, "where": where}
 
 
@@ -128,14 +144,15 @@ def main():
     with tempfile.TemporaryDirectory(prefix="tftrain-chaos-") as tmp:
         tmp = Path(tmp)
         seconds = timed(single(tmp / "reference"))
-        report = chaos(single(tmp / "chaos"), tmp / "chaos" / "compress", args.kills, seconds, rng)
+        report = chaos(single(tmp / "chaos"), tmp / "chaos" / "compress", args.kills,
+                       ["train", "prune", "qat"], rng)
         report.update(compare(tmp / "chaos" / "compress", tmp / "reference" / "compress", "qat"))
         results["single"] = {**report, "uninterrupted_seconds": round(seconds, 1)}
         print(json.dumps({"single": results["single"]}), flush=True)
         if args.worker_kills:
             seconds = timed(launched(tmp / "cluster-reference"))
             report = chaos(launched(tmp / "cluster"), tmp / "cluster" / "quickstart",
-                           args.worker_kills, seconds, rng, kill_worker=True)
+                           args.worker_kills, ["train"], rng, kill_worker=True)
             report.update(compare(tmp / "cluster" / "quickstart",
                                   tmp / "cluster-reference" / "quickstart", "train"))
             results["cluster"] = {**report, "uninterrupted_seconds": round(seconds, 1)}
