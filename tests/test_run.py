@@ -443,39 +443,6 @@ def test_compression_after_mixed_bfloat16_with_accumulation(tmp_path):
     assert summary["artifacts"]["tflite_int8"]["accuracy"] > 0.9
 
 
-COMPRESS_RESUME = ["train.epochs=2", "compression.pruning.epochs=4", "compression.quantization.epochs=1",
-                   "model.params.dense=[64]",
-                   "run.deterministic=true", "train.checkpoint.every=5", "export.tflite=none"]
-
-
-@pytest.mark.slow
-def test_sigterm_in_the_prune_stage_resumes_there(tmp_path):
-    args = [sys.executable, "-m", "tftrain.run", str(COMPRESS), "--run-dir", str(tmp_path),
-            *[a for s in COMPRESS_RESUME for a in ("--set", s)]]
-    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    saved = wait_for_checkpoint(tmp_path / "compress" / "checkpoints" / "prune", proc, at_least=5)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 42 and "stopped by SIGTERM in stage prune" in err, err[-2000:]
-    again = cli(COMPRESS, "--run-dir", tmp_path, *[a for s in COMPRESS_RESUME for a in ("--set", s)])
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "of stage prune" in again.stdout and "of stage train" not in again.stdout
-    resumed_line, = [line for line in again.stdout.splitlines() if line.startswith("resuming from")]
-    assert saved <= int(resumed_line.split("at update ")[1].split("/")[0]) < 4 * 23
-    reference = cli(COMPRESS, "--run-dir", tmp_path / "reference",
-                    *[a for s in COMPRESS_RESUME for a in ("--set", s)])
-    assert reference.returncode == 0, reference.stderr[-3000:]
-    resumed = json.loads((tmp_path / "compress" / "summary.json").read_text())
-    assert resumed["stages"]["prune"]["updates"] == 4 * 23 and resumed["stages"]["qat"]["updates"] == 23
-    for stage in ("prune", "qat"):
-        ours = model_weights(tmp_path / "compress", stage)
-        theirs = model_weights(tmp_path / "reference" / "compress", stage)
-        assert ours.keys() == theirs.keys() and ours
-        for name in ours:
-            np.testing.assert_allclose(ours[name], theirs[name], rtol=0, atol=1e-6)
-
-
-
 USER_SETS = ["data.name=tests.test_data:user_digits", "train.epochs=6", "train.checkpoint.every=10",
              "export.tflite=none", "run.deterministic=true", "data.remainder=pad",
              "model={name: mlp, params: {hidden: [64], dropout: 0.2}}"]

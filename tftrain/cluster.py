@@ -156,7 +156,7 @@ def cluster_resolver(task: Task):
     """A resolver for MultiWorkerMirroredStrategy describing `task`'s cluster."""
     import tensorflow as tf
 
-    if task.source == "TF_CONFIG":
+    if task.source != "SLURM":          # TF_CONFIG, or none (a cluster of one worker)
         return tf.distribute.cluster_resolver.TFConfigClusterResolver()
     gpus = 0 if not task.gpus else len(task.gpus.split(","))
     return tf.distribute.cluster_resolver.SimpleClusterResolver(

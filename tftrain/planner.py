@@ -205,7 +205,7 @@ def peak_flops(devices, policy: str, workers: int = 1) -> Peak:
             kinds.setdefault(_gpu_name(device), []).append(device)
         flops = sum(matmul_peak_flops(group[0], n=4096, dtype=dtype) * len(group)
                     for group in kinds.values())
-        what = " + ".join(f"{len(g)} x {name}" for name, g in kinds.items())
+        what = " + ".join(f"{len(g)} x GPU {name}".rstrip() for name, g in kinds.items())
     else:
         flops, what = matmul_peak_flops("/cpu:0", dtype=dtype), "the CPU"
     workers_text = f" x {workers} workers" if workers > 1 else ""
@@ -216,5 +216,5 @@ def _gpu_name(device: str) -> str:
     index = int(device.rsplit(":", 1)[-1])
     gpus = tf.config.list_physical_devices("GPU")
     if index < len(gpus):
-        return tf.config.experimental.get_device_details(gpus[index]).get("device_name", "GPU")
-    return "GPU"
+        return tf.config.experimental.get_device_details(gpus[index]).get("device_name", "")
+    return ""
