@@ -3,8 +3,9 @@
 config -> plan -> strategy -> precision -> data -> model -> optimizer -> fit ->
 evaluate -> export -> verify -> summary.json and a report table.
 
-Exit codes: 0 done, 2 bad config or arguments, 1 runtime failure, 42 stopped by
-SIGTERM after saving a checkpoint (rerun the same command to resume).
+Exit codes: 0 done, 2 bad config or arguments, 1 runtime failure (a failed export check
+included), 42 stopped by SIGTERM or SIGINT at a safe point (rerun the same command to
+resume).
 """
 from __future__ import annotations
 
