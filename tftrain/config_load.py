@@ -28,19 +28,22 @@ def _yaml_problem(source: str, text: str, err: yaml.YAMLError) -> str:
     return f"{source}: {where}: malformed YAML: {problem}; fix the syntax at that line"
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """safe_load that refuses a key given twice in one mapping (YAML keeps the last)."""
-
-    def construct_mapping(self, node, deep=False):
+def _refuse_duplicate_keys(node) -> None:
+    """A key given twice in one mapping (YAML would keep the last) is a ConfigError. Walks
+    the composed node tree: nothing is constructed, so nothing can run."""
+    if isinstance(node, yaml.MappingNode):
         seen = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            if key in seen:
-                raise ConfigError(f"line {key_node.start_mark.line + 1}: key '{key}' is given "
-                                  f"twice in the same mapping (first at line {seen[key]}); "
-                                  "keep one of them")
-            seen[key] = key_node.start_mark.line + 1
-        return super().construct_mapping(node, deep=deep)
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode):
+                if key.value in seen:
+                    raise ConfigError(f"line {key.start_mark.line + 1}: key '{key.value}' is given "
+                                      f"twice in the same mapping (first at line "
+                                      f"{seen[key.value]}); keep one of them")
+                seen[key.value] = key.start_mark.line + 1
+            _refuse_duplicate_keys(value)
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            _refuse_duplicate_keys(item)
 
 
 def read_yaml(path: Union[str, Path]) -> dict:
@@ -59,7 +62,8 @@ def read_yaml(path: Union[str, Path]) -> dict:
     if "\0" in text:
         raise ConfigError(f"{path}: binary file (it contains NUL bytes); pass a YAML config file")
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)   # a SafeLoader: no tags, no objects
+        _refuse_duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader))
+        data = yaml.safe_load(text)
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None
     except yaml.YAMLError as err:
