@@ -89,13 +89,13 @@ def test_current_lr_follows_iterations():
     assert current_lr(opt) == pytest.approx(0.75)
 
 
-def test_scale_learning_rate_keeps_the_schedule_shape():
-    from tftrain.optim import scale_learning_rate
-    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-    model.compile(keras.optimizers.SGD(sched("train.schedule.warmup_steps=4")), "mse")
-    scale_learning_rate(model, 0.1)
-    assert current_lr(model.optimizer) == pytest.approx(0.025)
-    plain = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-    plain.compile(keras.optimizers.SGD(0.5), "mse")
-    scale_learning_rate(plain, 0.5)
-    assert current_lr(plain.optimizer) == pytest.approx(0.25)
+def test_the_rollback_factor_scales_the_schedule_and_a_plain_rate():
+    from tftrain.optim import Scaled, learning_rate_state
+    opt = keras.optimizers.SGD(Scaled(sched("train.schedule.warmup_steps=4")))
+    learning_rate_state(opt).assign(0.1)
+    assert current_lr(opt) == pytest.approx(0.025)
+    plain = keras.optimizers.SGD(0.5)
+    plain.build([tf.Variable([1.0])])
+    state = learning_rate_state(plain)
+    state.assign(state * 0.5)
+    assert current_lr(plain) == pytest.approx(0.25)

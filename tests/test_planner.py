@@ -20,7 +20,8 @@ def cfg(*sets):
 
 
 @pytest.mark.parametrize("sets,slots", [
-    ([], 2), (["train.optimizer.name=sgd"], 0),
+    ([], 2), (["train.optimizer.name=sgd"], 1),      # tf_keras' SGD keeps momentum at 0 too
+    (["train.optimizer={name: adam, params: {amsgrad: true}}"], 3),
     (["train.optimizer={name: sgd, params: {momentum: 0.9}}"], 1),
     (["train.optimizer.name=rmsprop"], 1),
     (["train.optimizer={name: rmsprop, params: {momentum: 0.9, centered: true}}"], 3),

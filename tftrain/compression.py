@@ -175,7 +175,7 @@ class PruningHook:
                     ops.append(self._mask(layer))
         return tf.group(ops)
 
-    def after_update(self):
+    def after_update(self, iterations):
         return tf.group([self._mask(layer) for layer in self.layers])
 
     @staticmethod

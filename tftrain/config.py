@@ -15,6 +15,8 @@ from pydantic import Field, field_validator, model_validator
 
 from tftrain.config_types import (ConfigError, Duration, Strict, _parse_duration,  # noqa: F401
                                   _size_bytes)
+from tftrain.schedules import Constant as ConstantSchedule
+from tftrain.schedules import ScheduleConfig  # noqa: F401  (one model per schedule)
 
 
 # --- sections ------------------------------------------------------------------------
@@ -115,50 +117,6 @@ class OptimizerConfig(Strict):
         return self
 
 
-SCHEDULE_FIELDS = {
-    "constant": set(),
-    "step": {"step_size", "gamma"},
-    "multistep": {"milestones", "gamma"},
-    "exponential": {"decay_steps", "decay_rate", "staircase"},
-    "polynomial": {"decay_steps", "end_learning_rate", "power"},
-    "cosine": {"decay_steps", "alpha"},
-    "plateau": {"factor", "patience", "min_lr", "monitor", "min_delta"},
-}
-
-
-class ScheduleConfig(Strict):
-    name: str = "constant"
-    warmup_steps: Duration = Duration(value=0, unit="steps")
-    decay_steps: Optional[Duration] = None      # default: the rest of training
-    step_size: Optional[Duration] = None
-    milestones: Optional[list[Duration]] = None
-    gamma: float = Field(0.1, gt=0)
-    decay_rate: float = Field(0.96, gt=0)
-    staircase: bool = False
-    end_learning_rate: float = Field(0.0, ge=0)
-    power: float = Field(1.0, gt=0)
-    alpha: float = Field(0.0, ge=0, le=1)
-    factor: float = Field(0.5, gt=0, lt=1)
-    patience: int = Field(3, ge=0)
-    min_lr: float = Field(0.0, ge=0)
-    min_delta: float = Field(1e-4, ge=0)      # plateau: smaller changes are no improvement
-    monitor: str = "val_loss"
-
-    @field_validator("warmup_steps", "decay_steps", "step_size", mode="before")
-    @classmethod
-    def _duration(cls, v):
-        return None if v is None else _parse_duration(v)
-
-    @field_validator("milestones", mode="before")
-    @classmethod
-    def _durations(cls, v):
-        if v is None:
-            return v
-        if not isinstance(v, list):
-            raise ValueError("expected a list of durations, e.g. [10, 20] or ['3 epochs', '6 epochs']")
-        return [_parse_duration(x) for x in v]
-
-
 class CheckpointConfig(Strict):
     every: Duration = Duration(value=1, unit="epochs")
     keep: int = Field(3, ge=1)
@@ -176,13 +134,18 @@ class EarlyStoppingConfig(Strict):
     restore_best_weights: bool = False
 
 
+class EMAConfig(Strict):
+    """An exponential moving average of the weights (see `tftrain/averaging.py`)."""
+    decay: float = Field(0.999, gt=0, lt=1)
+
+
 class TrainConfig(Strict):
     epochs: int = Field(10, ge=1)
     accumulation_steps: int = Field(1, ge=1)
     global_batch_size: Optional[int] = Field(None, ge=1)
     steps_per_execution: int = Field(1, ge=1)
     optimizer: OptimizerConfig = OptimizerConfig()
-    schedule: ScheduleConfig = ScheduleConfig()
+    schedule: ScheduleConfig = ConstantSchedule()
     loss: str = "sparse_categorical_crossentropy"
     metrics: list[str] = ["accuracy"]
     early_stopping: Optional[EarlyStoppingConfig] = None
@@ -192,6 +155,23 @@ class TrainConfig(Strict):
     nan_lr_factor: float = Field(0.5, gt=0, le=1)
     smoke_steps: int = Field(3, ge=1)
     verbose: Literal[0, 1, 2] = 2
+    ema: Optional[EMAConfig] = None
+
+    @field_validator("schedule", mode="before")
+    @classmethod
+    def _constant_by_default(cls, v):
+        return {**v, "name": "constant"} if isinstance(v, dict) and "name" not in v else v
+
+    @model_validator(mode="after")
+    def _monitors(self):
+        known = self.monitors()
+        watched = [("train.early_stopping.monitor", self.early_stopping)] + (
+            [("train.schedule.monitor", self.schedule)] if self.schedule.name == "plateau" else [])
+        for key, section in watched:
+            if section is not None and section.monitor not in known:
+                raise ValueError(f"{key}: '{section.monitor}' is not a logged metric; use one "
+                                 f"of {', '.join(known)}")
+        return self
 
     def monitors(self) -> list[str]:
         """The epoch-log names a callback can monitor: the loss and each metric, on the
@@ -309,35 +289,20 @@ class Config(Strict):
     export: ExportConfig = ExportConfig()
 
     @model_validator(mode="after")
-    def _schedule_fields(self):
-        sched = self.train.schedule
-        allowed = SCHEDULE_FIELDS.get(sched.name)
-        if allowed is None:
-            return self  # unknown names are reported by the schedule registry
-        fields = ScheduleConfig.model_fields
-        extra = sorted(f for f in sched.model_fields_set - allowed - {"name", "warmup_steps"}
-                       if getattr(sched, f) != fields[f].default)   # defaults are harmless
-        if extra:
-            raise ValueError(
-                f"train.schedule.{extra[0]}: not used by schedule '{sched.name}' "
-                f"(it takes: {', '.join(sorted(allowed)) or 'no options'})")
-        if sched.milestones:
-            for unit in ("steps", "epochs", "fraction"):
-                values = [int(m.value) if float(m.value).is_integer() else m.value
-                          for m in sched.milestones if m.unit == unit]
-                if values != sorted(set(values)):
-                    raise ValueError(f"train.schedule.milestones: {values} must be increasing "
-                                     "(each a later point of training), e.g. [30, 60, 90]")
-        known = self.train.monitors()
-        watched = [("train.early_stopping.monitor", self.train.early_stopping)] + (
-            [("train.schedule.monitor", sched)] if sched.name == "plateau" else [])
-        for key, section in watched:
-            if section is not None and section.monitor not in known:
-                raise ValueError(f"{key}: '{section.monitor}' is not a logged metric; use one "
-                                 f"of {', '.join(known)}")
-        if sched.name == "plateau" and sched.warmup_steps.value:
-            raise ValueError("train.schedule.warmup_steps: warmup is not available with "
-                             "'plateau'; use cosine/step/... with warmup, or drop warmup")
+    def _combinations(self):
+        placement = self.model.placement
+        if self.compression.quantization.enabled and self.export.tflite not in ("none", "int8"):
+            raise ValueError(f"export.tflite: a quantization-aware trained model exports as "
+                             f"int8, not {self.export.tflite}; set export.tflite: int8 (or "
+                             "disable compression.quantization)")
+        if placement is not None and self.distribute.strategy not in ("auto", "default"):
+            raise ValueError(f"distribute.strategy: model.placement places one model copy over "
+                             f"its devices and cannot be combined with "
+                             f"'{self.distribute.strategy}'; set distribute.strategy: auto")
+        if placement is not None and (self.compression.pruning.enabled
+                                      or self.compression.quantization.enabled):
+            raise ValueError("model.placement: compression stages run on one device or data "
+                             "parallel; remove model.placement or disable compression")
         return self
 
 

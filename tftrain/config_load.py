@@ -127,10 +127,45 @@ def _fields_at(loc: tuple) -> list[str]:
     return list(getattr(model, "model_fields", {}))
 
 
+def _untagged(loc: tuple) -> tuple[tuple, Optional[tuple[str, str]]]:
+    """`loc` without the tag pydantic inserts after a field selected by name (a schedule:
+    train.schedule.cosine.alpha), and (what is selected, the name) when there is one."""
+    model: Any = Config
+    for i, part in enumerate(loc):
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return loc, None
+        if field.discriminator and i + 1 < len(loc):
+            return loc[:i + 1] + loc[i + 2:], (str(part), str(loc[i + 1]))
+        ann = field.annotation
+        model = next((c for c in (ann, *getattr(ann, "__args__", ()))
+                      if isinstance(c, type) and issubclass(c, BaseModel)), None)
+    return loc, None
+
+
+def _selected_fields(loc: tuple, kind: str, tag: str) -> list[str]:
+    from tftrain.schedules import SCHEDULES     # the one name-selected section today
+
+    for cls in SCHEDULES:
+        if cls.model_fields["name"].annotation.__args__[0] == tag:
+            return [f for f in cls.model_fields if f != "name"]
+    return []
+
+
 def _format_error(source: str, err: dict) -> str:
-    loc = tuple(err["loc"])
+    loc, tagged = _untagged(tuple(err["loc"]))
     path = ".".join(str(p) for p in loc) or "(top level)"
     value = err.get("input")
+    if err["type"] == "union_tag_invalid":
+        tags = [t.strip("' ") for t in err["ctx"]["expected_tags"].split(",")]
+        key = err["ctx"]["discriminator"].strip("'")
+        hint = difflib.get_close_matches(str(err["ctx"]["tag"]), tags, n=1, cutoff=0.6)
+        return (f"{source}: {path}.{key}: unknown {loc[-1]} '{err['ctx']['tag']}'; expected one "
+                f"of {', '.join(tags)}" + (f"; did you mean '{hint[0]}'?" if hint else ""))
+    if err["type"] == "extra_forbidden" and tagged and len(loc) == len(err["loc"]) - 1:
+        fields = _selected_fields(loc, *tagged)
+        return (f"{source}: {path}: not used by {tagged[0]} '{tagged[1]}' (it takes: "
+                f"{', '.join(fields)})")
     if err["type"] == "extra_forbidden":
         hint = difflib.get_close_matches(str(loc[-1]), _fields_at(loc[:-1]), n=1, cutoff=0.6)
         tail = f"did you mean {hint[0]}?" if hint else \

@@ -1,22 +1,19 @@
-"""Optimizers and learning-rate schedules by name.
+"""Optimizers by name, and the learning rate around a schedule (`tftrain/schedules.py`):
+warmup, the factor a rollback lowers, the rate of the next update.
 
 Every schedule is a function of `optimizer.iterations`, which counts optimizer updates
 (not micro-batches), so warmup and decay are the same whatever the accumulation steps.
-Durations in the config ("3 epochs" or a number of updates) become updates through
-`Duration.steps(steps_per_epoch, total)`, the one conversion.
 """
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import tensorflow as tf
 
 from tftrain._keras import keras
-from tftrain.config import ConfigError, OptimizerConfig, ScheduleConfig
+from tftrain.config import ConfigError, OptimizerConfig
 from tftrain.registry import Registry, check_params
+from tftrain.schedules import Horizon, Schedule
 
 OPTIMIZERS = Registry("optimizer", "train.optimizer.name")
-SCHEDULES = Registry("schedule", "train.schedule.name")
 
 OPTIMIZERS.register("sgd")(keras.optimizers.SGD)
 OPTIMIZERS.register("adam")(keras.optimizers.Adam)
@@ -72,83 +69,17 @@ class Constant(keras.optimizers.schedules.LearningRateSchedule):
         return {"value": self.value}
 
 
-@dataclass(frozen=True)
-class Horizon:
-    """What schedules need to know about the length of training, in updates."""
-    steps_per_epoch: int
-    total_steps: int
-    warmup_steps: int
-
-    @property
-    def decay_steps(self) -> int:
-        return max(1, self.total_steps - self.warmup_steps)
-
-
-def _piecewise(lr, boundaries, gamma):
-    """lr * gamma**k after the k-th boundary has been reached (update >= boundary)."""
-    values = [lr * gamma**i for i in range(len(boundaries) + 1)]
-    # PiecewiseConstantDecay switches after step > boundary; ours switch at step == boundary.
-    return keras.optimizers.schedules.PiecewiseConstantDecay([b - 1 for b in boundaries], values)
-
-
-@SCHEDULES.register("constant")
-def _constant(cfg, lr, h):
-    return Constant(lr)
-
-
-@SCHEDULES.register("step")
-def _step(cfg, lr, h):
-    size = cfg.step_size.steps(h.steps_per_epoch, h.total_steps) if cfg.step_size else h.steps_per_epoch
-    return _piecewise(lr, list(range(size, h.decay_steps, size)) or [h.decay_steps], cfg.gamma)
-
-
-@SCHEDULES.register("multistep")
-def _multistep(cfg, lr, h):
-    bounds = [m.steps(h.steps_per_epoch, h.total_steps) - h.warmup_steps for m in (cfg.milestones or [])]
-    if any(b <= a for a, b in zip(bounds, bounds[1:])):
-        raise ConfigError(f"train.schedule.milestones: they fall at updates "
-                          f"{[b + h.warmup_steps for b in bounds]}, which must be increasing; "
-                          "list them in order, each at a later update")
-    return _piecewise(lr, [max(b, 1) for b in bounds] or [h.decay_steps], cfg.gamma)
-
-
-def _decay_steps(cfg, h):
-    return cfg.decay_steps.steps(h.steps_per_epoch, h.total_steps) if cfg.decay_steps else h.decay_steps
-
-
-@SCHEDULES.register("exponential")
-def _exponential(cfg, lr, h):
-    steps = cfg.decay_steps.steps(h.steps_per_epoch, h.total_steps) if cfg.decay_steps else h.steps_per_epoch
-    return keras.optimizers.schedules.ExponentialDecay(lr, steps, cfg.decay_rate, cfg.staircase)
-
-
-@SCHEDULES.register("polynomial")
-def _polynomial(cfg, lr, h):
-    return keras.optimizers.schedules.PolynomialDecay(
-        lr, _decay_steps(cfg, h), cfg.end_learning_rate, cfg.power)
-
-
-@SCHEDULES.register("cosine")
-def _cosine(cfg, lr, h):
-    return keras.optimizers.schedules.CosineDecay(lr, _decay_steps(cfg, h), cfg.alpha)
-
-
-@SCHEDULES.register("plateau")
-def _plateau(cfg, lr, h):
-    return None  # a plain learning rate changed by the ReduceLROnPlateau callback
-
-
-def build_schedule(cfg: ScheduleConfig, lr: float, steps_per_epoch: int, total_steps: int):
-    """A LearningRateSchedule of optimizer updates, or a float for `plateau`."""
+def build_schedule(cfg: Schedule, lr: float, steps_per_epoch: int, total_steps: int):
+    """A LearningRateSchedule of optimizer updates (the schedule's own `build`, after
+    warmup), or a float for `plateau`."""
     warmup = cfg.warmup_steps.steps(steps_per_epoch, total_steps)
-    horizon = Horizon(steps_per_epoch, total_steps, warmup)
-    schedule = SCHEDULES.get(cfg.name)(cfg, lr, horizon)
+    schedule = cfg.build(lr, Horizon(steps_per_epoch, total_steps, warmup))
     if schedule is None:
         return lr
     return Warmup(schedule, warmup, lr) if warmup else schedule
 
 
-def plateau_callback(cfg: ScheduleConfig):
+def plateau_callback(cfg: Schedule):
     """ReduceLROnPlateau (its state kept in checkpoints) for the `plateau` schedule, else
     None."""
     from tftrain.callbacks import ReduceLROnPlateau
@@ -188,18 +119,18 @@ class Scaled(keras.optimizers.schedules.LearningRateSchedule):
 
 def learning_rate_state(optimizer):
     """The variable that scales the learning rate (the schedule's factor, or a plain
-    rate itself): what `scale_learning_rate` changes and a checkpoint must keep."""
+    rate itself): what the rollback after a non-finite loss lowers and a checkpoint
+    must keep."""
     inner = getattr(optimizer, "inner_optimizer", optimizer)
     lr = inner._learning_rate
     return lr.factor if isinstance(lr, Scaled) else lr
 
 
-def scale_learning_rate(model, factor: float) -> None:
-    """Multiply the learning rate from now on by `factor` (schedules keep their shape)."""
-    state = learning_rate_state(model.optimizer)
-    if isinstance(state, tf.Variable) or hasattr(state, "assign"):
-        state.assign(state * factor)
-        return
-    inner = getattr(model.optimizer, "inner_optimizer", model.optimizer)
-    inner._learning_rate = Scaled(state, factor)     # a schedule built without a factor
-    model.train_function = None                      # retrace with it
+def slots_per_weight(cfg: OptimizerConfig) -> int:
+    """Optimizer state variables per weight, counted on the configured optimizer itself
+    (tf_keras' SGD, for one, keeps a momentum slot even at momentum 0)."""
+    with tf.init_scope(), tf.device("/cpu:0"):
+        optimizer = build_optimizer(cfg, 0.001)
+        probe = tf.Variable(tf.zeros([7]), name="probe")
+        optimizer.build([probe])
+        return sum(1 for v in optimizer.variables if v.shape == probe.shape)

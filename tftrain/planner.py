@@ -26,15 +26,9 @@ GIB = 2**30
 
 
 def optimizer_slots(cfg: Config) -> int:
-    """Optimizer state variables per weight."""
-    opt = cfg.train.optimizer
-    if opt.name in ("adam", "adamw", "nadam", "adamax"):
-        return 2 + int(bool(opt.params.get("amsgrad")))
-    if opt.name == "rmsprop":
-        return 1 + int(bool(opt.params.get("momentum"))) + int(bool(opt.params.get("centered")))
-    if opt.name in ("sgd",):
-        return int(bool(opt.params.get("momentum")))
-    return 2
+    """Optimizer state variables per weight, from the configured optimizer itself."""
+    from tftrain.optim import slots_per_weight
+    return slots_per_weight(cfg.train.optimizer)
 
 
 def compute_bytes(policy: str) -> int:

@@ -6,6 +6,7 @@ outputs are not already float32.
 """
 from __future__ import annotations
 
+import contextlib
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,6 +108,66 @@ def wrap_optimizer(optimizer, policy: str, cfg: PrecisionConfig, loss_scaled: bo
             optimizer, dynamic=True, initial_scale=cfg.initial_scale)
     return keras.mixed_precision.LossScaleOptimizer(
         optimizer, dynamic=False, initial_scale=float(cfg.loss_scale))
+
+
+class Precision:
+    """The numeric format a stage trains in, owned by the stage: the Keras policy its
+    model is built under (set only while building, then the previous one is restored, so
+    QAT's float32 leaves the run's policy alone), the optimizer's loss scaling, the loss
+    scaling and unscaling inside the step, and float32 model outputs."""
+
+    def __init__(self, *, policy: str, config: PrecisionConfig, wire: AllReduce | None = None):
+        self.policy, self.config = policy, config
+        self.wire = wire or AllReduce("float32", policy == "mixed_float16", False)
+
+    @classmethod
+    def for_strategy(cls, *, policy: str, config: PrecisionConfig, distribute: DistributeConfig,
+                     strategy) -> "Precision":
+        """The precision of `policy` with the all-reduce the strategy will run."""
+        return cls(policy=policy, config=config,
+                   wire=all_reduce_plan(distribute, strategy, policy))
+
+    def with_policy(self, policy: str, *, distribute: DistributeConfig, strategy) -> "Precision":
+        """The same loss-scale settings and wire dtype under another policy."""
+        return Precision.for_strategy(policy=policy, config=self.config, distribute=distribute,
+                                      strategy=strategy)
+
+    @property
+    def loss_scaled(self) -> bool:
+        """float16 compute or float16 on the wire: the loss is scaled so that small
+        gradients do not flush to zero."""
+        return self.wire.loss_scaled
+
+    @property
+    def all_reduce_dtype(self) -> str:
+        return self.wire.dtype
+
+    @contextlib.contextmanager
+    def scope(self):
+        """Models built inside compute in this policy; the previous policy is restored."""
+        previous = keras.mixed_precision.global_policy()
+        apply_policy(self.policy)
+        try:
+            yield self
+        finally:
+            keras.mixed_precision.set_global_policy(previous)
+
+    def build(self, builder):
+        """`builder()` under this policy, with float32 outputs."""
+        with self.scope():
+            return float32_outputs(builder())
+
+    def wrap_optimizer(self, optimizer):
+        return wrap_optimizer(optimizer, self.policy, self.config, loss_scaled=self.loss_scaled)
+
+    def scale_loss(self, optimizer, loss):
+        return optimizer.get_scaled_loss(loss) if self.loss_scaled else loss
+
+    def unscale(self, optimizer, gradient):
+        return optimizer.get_unscaled_gradients([gradient])[0] if self.loss_scaled else gradient
+
+    def describe(self) -> str:
+        return f"precision: {self.policy}{', loss-scaled' if self.loss_scaled else ''}"
 
 
 def float32_outputs(model):

@@ -79,39 +79,34 @@ def _size(x, n: int):
     return tf.shape(tf.nest.flatten(x)[0])[0] // n
 
 
-def _on(variable, placed: bool):
-    """The device scope of `variable` when each op must run beside its variable."""
-    return tf.device(variable.device) if placed else contextlib.nullcontext()
-
-
-def _add(total, grads, variables, placed: bool = False):
-    """Gradient sums (IndexedSlices made dense), each beside its variable when placed."""
+def _add(total, grads, variables, parallel):
+    """Gradient sums (IndexedSlices made dense), each where `parallel` puts its variable's ops."""
     sums = []
     for i, (a, g, v) in enumerate(zip(total, grads, variables)):
-        with _on(v, placed):
+        with parallel.beside(v):
             sums.append(tf.add(a, tf.convert_to_tensor(g), name=f"gradient_sum_{i}"))
     return sums
-
-
-def _output_device(model) -> str:
-    """The device of the layer producing the model's (first) output."""
-    layer = model.outputs[0]._keras_history.layer
-    return getattr(layer, "_tftrain_device", "")
 
 
 class TrainModel(keras.Model):
     """A functional model with tftrain's train step (gradient accumulation built in)."""
 
-    def __init__(self, *args, accumulation_steps: int = 1, all_reduce_dtype: str = "float32",
-                 update_hooks=(), unroll: bool = False, placed: bool = False,
+    def __init__(self, *args, accumulation_steps: int = 1, all_reduce_dtype: str | None = None,
+                 update_hooks=(), unroll: bool = False, parallel=None, precision=None,
                  time_steps: bool = True, **kwargs):
+        from tftrain.parallelism import Parallelism
+        from tftrain.precision import Precision
+
         super().__init__(*args, **kwargs)
         self.time_steps = time_steps     # not under op determinism (TensorFlow refuses clocks)
-        self.placed = placed
+        # Kept out of Keras' tracking: they are how the step runs, not model state.
+        self.__dict__["parallel"] = parallel or Parallelism()
+        self.__dict__["precision"] = precision or Precision(
+            policy=keras.mixed_precision.global_policy().name, config=None)
         self.accumulation_steps = int(accumulation_steps)
-        self.all_reduce_dtype = tf.as_dtype(all_reduce_dtype)
+        self.all_reduce_dtype = tf.as_dtype(all_reduce_dtype or self.precision.all_reduce_dtype)
         self.update_hooks = tuple(update_hooks)
-        self.unroll = unroll
+        self.unroll = unroll or self.parallel.unroll
         # Seconds spent inside train steps (from the batch's arrival to the update), per
         # replica; `callbacks.InputWait` compares it with the wall time of the calls. Kept
         # out of Keras' tracking: it is not model state.
@@ -121,33 +116,29 @@ class TrainModel(keras.Model):
             aggregation=tf.VariableAggregation.MEAN)
 
     @classmethod
-    def wrap(cls, model, accumulation_steps: int = 1, all_reduce_dtype: str = "float32",
-             update_hooks=(), unroll: bool = False,
-             placed: bool = False, time_steps: bool = True) -> "TrainModel":
+    def wrap(cls, model, accumulation_steps: int = 1, all_reduce_dtype: str | None = None,
+             update_hooks=(), unroll: bool = False, parallel=None, precision=None,
+             time_steps: bool = True) -> "TrainModel":
         """The same layers and weights as `model`, trained by this step.
 
-        `update_hooks`: objects with `before_update(iterations)` and `after_update()`, run
+        `update_hooks`: objects with `before_update(iterations)` and `after_update(iterations)`, run
         once per optimizer update in cross-replica context. `unroll`: accumulate in a
-        Python loop (for models that synchronise replicas in their forward pass, and for
-        pipelined model parallelism, where independent micro-batches overlap across
-        stages). `placed` (model parallelism): every op of the step on a device chosen
-        here: each gradient op on its forward op's device (a stage's backward pass runs on
-        the stage's device), gradient sums, zero-fills and loss-scale unscaling beside
-        their variable, the loss, metrics and the optimizer's bookkeeping on the device
-        of the model's outputs (the optimizer's per-variable updates are pinned by
-        `placement.pin_updates`). `time_steps`:
-        measure the time inside steps for the input-wait figure (not under op determinism,
-        where TensorFlow refuses clocks)."""
+        Python loop (for models that synchronise replicas in their forward pass; a
+        placed model always does). `parallel` (`tftrain.parallelism`): where each op of
+        the step runs and how gradients are taken (default: data parallel under the
+        current strategy). `precision` (`tftrain.precision.Precision`): loss scaling and
+        the all-reduce dtype (default: the global policy, float32 on the wire).
+        `time_steps`: measure the time inside steps for the input-wait figure (not under
+        op determinism, where TensorFlow refuses clocks)."""
         return cls(inputs=model.inputs, outputs=model.outputs, name=model.name,
                    accumulation_steps=accumulation_steps, all_reduce_dtype=all_reduce_dtype,
-                   update_hooks=update_hooks, unroll=unroll,
-                   placed=placed, time_steps=time_steps)
+                   update_hooks=update_hooks, unroll=unroll, parallel=parallel,
+                   precision=precision, time_steps=time_steps)
 
     def _run_hooks(self, method: str) -> None:
         context = tf.distribute.get_replica_context()
-        args = (self.optimizer.iterations,) if method == "before_update" else ()
         for hook in self.update_hooks:
-            context.merge_call(lambda _, h=hook: getattr(h, method)(*args))
+            context.merge_call(lambda _, h=hook: getattr(h, method)(self.optimizer.iterations))
 
     def _reduce_in_low_precision(self, grads):
         """The update's one cross-replica sum, cast to `all_reduce_dtype` on the wire only."""
@@ -158,37 +149,30 @@ class TrainModel(keras.Model):
 
     def _gradients(self, x, y, sample_weight, variables):
         """Gradients of one micro-batch's share of the update's loss."""
-        # tf.gradients colocates each gradient op with its forward op; a tape leaves them
-        # unplaced (and the placer would not keep a placed stage's backward on its device).
-        colocate = self.placed and not tf.executing_eagerly()
-        with contextlib.nullcontext() if colocate else tf.GradientTape() as tape:
+        def forward():
             y_pred = self(x, training=True)
-            loss = self._micro_loss(y, y_pred, sample_weight)
+            return y_pred, self._micro_loss(x, y, y_pred, sample_weight)
+
+        y_pred, _, grads = self.parallel.gradients(forward, variables)
         self.compiled_metrics.update_state(hard_labels(y, y_pred), y_pred, sample_weight)
-        grads = tf.gradients(loss, variables) if colocate else tape.gradient(loss, variables)
         filled = []
         for g, v in zip(grads, variables):
             if g is None:
-                with _on(v, self.placed):
+                with self.parallel.beside(v):
                     g = tf.zeros_like(v, tf.float32)
             filled.append(g)
         return filled
 
-    def _micro_loss(self, y, y_pred, sample_weight):
-        # compiled_loss averages over the micro-batch and divides by the number of
-        # replicas (the all-reduce sums); dividing by the accumulation steps too makes
-        # the summed gradient that of the mean loss over the whole global batch.
-        loss = self.compiled_loss(y, y_pred, sample_weight, regularization_losses=self.losses)
-        loss = loss / self.accumulation_steps
-        if isinstance(self.optimizer, keras.mixed_precision.LossScaleOptimizer):
-            loss = self.optimizer.get_scaled_loss(loss)
-        return loss
+    def _micro_loss(self, x, y, y_pred, sample_weight):
+        # The loss (Keras' `compute_loss`: compiled loss plus the layers' losses) averages
+        # over the micro-batch and divides by the number of replicas (the all-reduce
+        # sums); dividing by the accumulation steps too makes the summed gradient that of
+        # the mean loss over the whole global batch.
+        loss = self.compute_loss(x, y, y_pred, sample_weight) / self.accumulation_steps
+        return self.precision.scale_loss(self.optimizer, loss)
 
     def train_step(self, data):
-        if not self.placed:
-            return self._step(data)
-        # Whatever no stage owns runs where the outputs (and the loss) are.
-        with tf.device(_output_device(self)):
+        with self.parallel.step_scope(self):     # what no variable owns: beside the outputs
             return self._step(data)
 
     def _step(self, data):
@@ -209,7 +193,7 @@ class TrainModel(keras.Model):
             grads = self._gradients(*_micro_batch(x, y, sample_weight, 0, size), variables)
             for i in range(1, n):
                 grads = _add(grads, self._gradients(*_micro_batch(x, y, sample_weight, i, size),
-                                                    variables), variables, self.placed)
+                                                    variables), variables, self.parallel)
         else:
             size = _size(x, n)
             # The first micro-batch runs outside the loop: Keras creates its metric
@@ -218,7 +202,8 @@ class TrainModel(keras.Model):
 
             def accumulate(i, acc):
                 return i + 1, _add(acc, self._gradients(
-                    *_micro_batch(x, y, sample_weight, i, size), variables), variables)
+                    *_micro_batch(x, y, sample_weight, i, size), variables), variables,
+                                   self.parallel)
 
             # parallel_iterations=1: one micro-batch's activations alive at a time.
             _, grads = tf.while_loop(lambda i, _: i < n, accumulate,
@@ -231,13 +216,13 @@ class TrainModel(keras.Model):
                        and self.distribute_strategy.num_replicas_in_sync > 1)
         if reduce_here:
             grads = self._reduce_in_low_precision(grads)
-        scaled = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
+        scaled = self.precision.loss_scaled
         if scaled:
             scale_before = tf.identity(optimizer.loss_scale)
             unscaled = []
-            for g, v in zip(grads, variables):       # each beside its variable when placed
-                with _on(v, self.placed):
-                    unscaled += optimizer.get_unscaled_gradients([g])
+            for g, v in zip(grads, variables):
+                with self.parallel.beside(v):
+                    unscaled.append(self.precision.unscale(optimizer, g))
             grads = unscaled
         # A non-finite (reduced) sum makes a dynamic LossScaleOptimizer skip the update
         # on every replica and halve the scale.

@@ -1,0 +1,112 @@
+"""The run's plan: devices, strategy, precision, data, parallelism, batches and stages,
+decided and checked before anything is written (`make`), and printed (`describe`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from tftrain.config import Config, ConfigError
+
+
+@dataclass
+class RunPlan:
+    """Everything the stages and the runner share (what a stage's `ctx` is)."""
+    cfg: Config
+    smoke: bool
+    parallel: Any            # `tftrain.parallelism.Parallelism`
+    precision: Any           # the run's `tftrain.precision.Precision`
+    source: Any              # `tftrain.data.Source`
+    batches: Any             # `tftrain.data.BatchPlan`
+    layout: Any              # `tftrain.data.EpochLayout`
+    steps_per_epoch: int
+    chief: bool
+    stages: list = field(default_factory=list)
+    model: Any = None        # the first stage's model, as planned
+    flops_per_example: float = 0.0
+
+    @cached_property
+    def peak(self):
+        """The training devices' measured peak FLOP/s (what MFU is quoted against)."""
+        from tftrain.planner import peak_flops
+        return peak_flops(self.parallel.training_devices(), self.precision.policy,
+                          self.parallel.info.workers)
+
+    def describe(self) -> str:
+        from tftrain import data
+        from tftrain.strategy import device_table
+
+        b, source, model = self.batches, self.source, self.model
+        info = self.parallel.info
+        lines = [
+            device_table(self.parallel.strategy),
+            f"precision: {self.precision.policy}",
+            f"data: {source.num_train} train / {source.num_val} validation examples, input "
+            f"{source.spec.shape} {source.spec.dtype}, {source.spec.num_classes} classes",
+            f"batch: {b.per_replica} per replica x {b.replicas} replicas x "
+            f"{b.accumulation} accumulation steps = global batch {b.global_batch}",
+            self.stages[0].describe(self),
+            f"model: {model.name}, {model.count_params():,} parameters",
+            *(stage.describe(self) for stage in self.stages[1:]),
+        ]
+        if b.accumulation > 1 and any("BatchNormalization" in type(layer).__name__
+                                      for layer in model.layers):
+            lines.append("note: batch norm computes statistics per micro-batch of "
+                         f"{b.per_replica} examples, not over the whole global batch")
+        if info.replicas > 1:
+            lines.append(self.precision.wire.describe())
+        lines.append(data.describe(source, self.layout, self.cfg.data))
+        return "\n".join(lines + self.parallel.describe())
+
+
+def make(cfg: Config, *, smoke: bool, stop) -> RunPlan:
+    """Plan the run: nothing is written, and every check that can fail early fails here."""
+    import tensorflow as tf
+
+    from tftrain import data, parallelism, strategy
+    from tftrain._keras import keras
+    from tftrain.models import build_model
+    from tftrain.placement import layer_costs
+    from tftrain.precision import Precision, choose_policy
+    from tftrain.stages import plan_stages
+
+    strategy.configure_devices(cfg)                  # logical devices first, before any op
+    planned_here = not (smoke or strategy.cluster_spec()[1] > 1)
+    if not planned_here:                             # then the collectives, before all else
+        strat = strategy.build_strategy(cfg, force_one_device=smoke)
+        stop.rearm()                                 # (the collectives' own SIGTERM handler)
+    keras.backend.experimental.enable_tf_random_generator()   # RNG state checkpointable
+    if cfg.run.deterministic:
+        tf.config.experimental.enable_op_determinism()
+    policy = choose_policy(cfg.precision)
+    source = data.load_source(cfg.data, cfg.run.seed)
+    if source.num_val == 0:
+        raise ConfigError(f"data.validation_fraction: {cfg.data.validation_fraction} leaves no "
+                          "validation examples; raise it (e.g. 0.15) or give a validation split")
+    if planned_here:        # one machine: the planner chooses data or model parallelism
+        draft = Precision(policy=policy, config=cfg.precision)
+        parallel = parallelism.choose(cfg, policy, lambda: draft.build(
+            lambda: build_model(cfg.model, source.spec)))
+    else:
+        parallel = parallelism.of_strategy(strat)
+    memory = parallel.memory_plan
+    batches = data.plan_batches(cfg, parallel.info.replicas, memory.accumulation
+                                if memory and cfg.train.global_batch_size else None)
+    parallel.check(batches)
+    layout = data.epoch_layout(source, batches, cfg.data, parallel.info.workers)
+    steps_per_epoch = layout.steps(batches)
+    if smoke:
+        steps_per_epoch = min(steps_per_epoch, cfg.train.smoke_steps)
+    plan = RunPlan(cfg, smoke, parallel,
+                   Precision.for_strategy(policy=policy, config=cfg.precision,
+                                          distribute=cfg.distribute, strategy=parallel.strategy),
+                   source, batches, layout, steps_per_epoch, strategy.is_chief())
+    plan.stages = plan_stages(cfg, steps_per_epoch, smoke)
+    with parallel.strategy.scope():   # each stage checks the model it will get
+        net = None
+        for i, stage in enumerate(plan.stages):
+            net = stage.plan(net, plan)
+            if i == 0:
+                plan.model = net
+    plan.flops_per_example = sum(c.flops for c in layer_costs(plan.model))
+    return plan

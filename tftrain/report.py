@@ -1,0 +1,50 @@
+"""summary.json: what the run did, from its plan, each stage's results and the exported
+artifacts (the printed table is `rundir.report_table`)."""
+from __future__ import annotations
+
+import hashlib
+
+
+def summary(plan, results: dict, artifacts: dict, net) -> dict:
+    """The run's summary; `net` is the model the last stage finished with."""
+    from tftrain.export import failures
+
+    first = results[plan.stages[0].name]          # training (or what replaced it)
+    info, b, wire, peak = plan.parallel.info, plan.batches, plan.precision.wire, plan.peak
+    out = {
+        "status": "completed" if not failures(artifacts) else "export verification failed",
+        "steps": first["updates"], "epochs": first["epochs"],    # updates made
+        "steps_per_epoch": plan.steps_per_epoch,
+        "replicas": info.replicas, "workers": info.workers, "strategy": info.kind,
+        "devices": list(info.devices), "precision": plan.precision.policy,
+        "all_reduce": {"dtype": wire.dtype, "loss_scaled": wire.loss_scaled, "nccl": wire.nccl},
+        "per_replica_batch_size": b.per_replica, "accumulation_steps": b.accumulation,
+        "global_batch_size": b.global_batch,
+        "metrics": results[plan.stages[-1].name]["metrics"],
+        "throughput": {"examples_per_sec": first["examples_per_sec"],
+                       "flops_per_example": plan.flops_per_example,
+                       "model_flops_per_sec": first.get("model_flops_per_sec", 0.0),
+                       "mfu": first.get("mfu", 0.0),
+                       "peak_flops_per_sec": peak.flops, "peak_device": peak.description,
+                       "input_wait": first.get("input_wait")},
+        **plan.parallel.summary(net, lambda: _one_batch(plan), plan.stages[-1].loss()),
+        "stages": results, "sparsity": results.get("prune", {}).get("sparsity", {}),
+        "artifacts": artifacts, "smoke": plan.smoke,
+    }
+    if "raw_metrics" in first:
+        out["raw_metrics"] = first["raw_metrics"]     # training's weights before averaging
+    return out
+
+
+def _one_batch(plan):
+    x, y = next(iter(plan.source.calibration(plan.batches.per_replica)
+                     .batch(plan.batches.per_replica)))
+    return x, y
+
+
+def weights_digest(model) -> str:
+    """A fingerprint of the weights: equal on every worker of a data-parallel run."""
+    digest = hashlib.sha256()
+    for w in model.get_weights():
+        digest.update(w.tobytes())
+    return digest.hexdigest()[:16]

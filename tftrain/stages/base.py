@@ -1,0 +1,158 @@
+"""The Stage interface: one object per pipeline stage, each in its own module.
+
+A stage's life, in the order `run.py` drives it:
+
+1. `plan(net, ctx)`: at plan time, inside the strategy scope, before anything is
+   written: check the stage's config and the model it will get (the previous stage's),
+   and return the model the next stage will get (training builds it here).
+2. `build(net, ctx)`: inside the strategy scope, under the stage's own `precision`: the
+   network it trains, its update hooks and callbacks (a `Built`).
+3. the shared runner fits it (`StageRunner`: checkpoints, resume, preemption,
+   non-finite losses, logs) and evaluates it.
+4. `finalize(built, result, ctx)`: strip, swap in averages, measure; returns the model
+   the next stage (or the export) gets. It runs whether the stage trained now or had
+   finished before a restart.
+5. `describe(ctx)`: its line in the printed plan.
+
+Adding a stage: a module with a `Stage` subclass and one line in `stages/__init__.py`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+
+@dataclass
+class Built:
+    """A stage's network as it trains, and what trains it besides the step."""
+    net: Any
+    hooks: tuple = ()              # once per optimizer update (see `TrainModel`)
+    callbacks: tuple = ()          # Keras callbacks adding to the logs
+    stateful: tuple = ()           # callbacks whose counters go into the checkpoint
+    average: Any = None            # a `WeightAverage` evaluated and used at the end
+    state: dict = field(default_factory=dict)   # more variables for the checkpoint
+
+
+class Stage:
+    """One stage of the pipeline, planned in optimizer updates."""
+
+    name: ClassVar[str]
+    section: ClassVar[str]                 # the config section it reads, for messages
+    quantization_aware: ClassVar[bool] = False   # exports as an int8 QAT model
+    # accumulate in a Python loop: for forward passes that synchronise replicas
+    # (`merge_call` is not allowed inside a while loop)
+    unroll: ClassVar[bool] = False
+
+    def __init__(self, *, cfg, steps_per_epoch: int, smoke: bool = False):
+        self.cfg, self.steps_per_epoch, self.smoke = cfg, steps_per_epoch, smoke
+        self.epochs = 1 if smoke else self.configured_epochs(cfg)
+        self.updates = self.epochs * steps_per_epoch
+
+    # -- what the config asks for -------------------------------------------------------
+    @classmethod
+    def enabled(cls, cfg) -> bool:
+        raise NotImplementedError
+
+    @classmethod
+    def configured_epochs(cls, cfg) -> int:
+        raise NotImplementedError
+
+    def supersedes(self) -> tuple[str, ...]:
+        """Stages this one replaces when enabled (e.g. a given teacher replaces training)."""
+        return ()
+
+    @property
+    def learning_rate(self) -> float | None:
+        """A constant rate for this stage; None: training's optimizer schedule."""
+        return self.cfg.train.optimizer.learning_rate / 10
+
+    # -- the stage's life ---------------------------------------------------------------
+    def precision(self, ctx):
+        """The stage's precision (a `Precision`); by default the run's."""
+        return ctx.precision
+
+    def plan(self, net, ctx):
+        """Plan-time checks; returns the model the next stage gets."""
+        return net
+
+    def build(self, net, ctx) -> Built:
+        raise NotImplementedError
+
+    def finalize(self, built: Built, result: dict, ctx):
+        """The model the next stage or the export gets."""
+        return built.net
+
+    def describe(self, ctx) -> str:
+        return (f"stage {self.name}: {self.epochs} epochs = {self.updates} updates at "
+                f"learning rate {self.learning_rate:g}")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(epochs={self.epochs}, updates={self.updates})"
+
+    # -- how it trains ------------------------------------------------------------------
+    def loss(self):
+        from tftrain.train_step import build_loss
+        return build_loss(self.cfg.train.loss)
+
+    def train_model(self):
+        """The Keras model class whose `train_step` trains the stage."""
+        from tftrain.train_step import TrainModel
+        return TrainModel
+
+    def checkpoint_dir(self, root: Path) -> Path:
+        return root / self.name
+
+    def log_names(self) -> tuple[str, str]:
+        """(metrics CSV file, TensorBoard subdirectory)."""
+        return f"metrics-{self.name}.csv", self.name
+
+    def schedule(self):
+        """The learning rate: a constant of the stage's own, else training's schedule over
+        this stage's updates; wrapped in a factor the rollback can lower (and checkpoints
+        keep)."""
+        from tftrain import optim
+
+        cfg = self.cfg.train
+        if self.learning_rate is None:
+            lr = optim.build_schedule(cfg.schedule, cfg.optimizer.learning_rate,
+                                      self.steps_per_epoch, self.updates)
+        else:
+            lr = optim.Constant(self.learning_rate)
+        return lr if isinstance(lr, float) else optim.Scaled(lr)
+
+    def compile(self, built: Built, ctx):
+        """(training model, optimizer) for `built`: tftrain's train step around its
+        network, under the stage's precision and the run's parallelism. Call inside the
+        strategy scope."""
+        from tftrain import optim
+
+        precision = self.precision(ctx)
+        model = self.train_model().wrap(
+            built.net, ctx.batches.accumulation * ctx.parallel.microbatches,
+            update_hooks=built.hooks, unroll=self.unroll,
+            parallel=ctx.parallel, precision=precision)
+        optimizer = precision.wrap_optimizer(
+            optim.build_optimizer(self.cfg.train.optimizer, self.schedule()))
+        ctx.parallel.pin(optimizer)
+        model.compile(optimizer=optimizer, loss=self.loss(),
+                      metrics=metric_names(self.cfg.train.metrics),
+                      steps_per_execution=self.cfg.train.steps_per_execution)
+        optimizer.build(model.trainable_variables)   # slots exist before a restore
+        return model, optimizer
+
+
+def metric_names(names):
+    """The configured Keras metric names, each checked."""
+    from tftrain._keras import keras
+    from tftrain.config import ConfigError
+
+    for name in names:
+        try:
+            known = name in ("accuracy", "acc") or callable(keras.metrics.get(name))
+        except ValueError:
+            known = False
+        if not known:
+            raise ConfigError(f"train.metrics: unknown metric '{name}'; use Keras metric names "
+                              "such as accuracy, sparse_top_k_categorical_accuracy")
+    return list(names)

@@ -1,0 +1,50 @@
+"""Pruning: magnitude pruning (tfmot's wrapper, driven once per optimizer update) as a
+fine-tuning stage at a constant learning rate; the wrappers are stripped at the end."""
+from __future__ import annotations
+
+from tftrain.stages.base import Built, Stage
+
+
+class Prune(Stage):
+    name = "prune"
+    section = "compression.pruning"
+
+    @classmethod
+    def enabled(cls, cfg) -> bool:
+        return cfg.compression.pruning.enabled
+
+    @classmethod
+    def configured_epochs(cls, cfg) -> int:
+        return cfg.compression.pruning.epochs
+
+    @property
+    def learning_rate(self) -> float:
+        return self.cfg.compression.pruning.learning_rate or super().learning_rate
+
+    def plan(self, net, ctx):
+        """The schedule in updates, and the layers chosen, checked on the model."""
+        from tftrain import compression
+
+        cfg = self.cfg.compression.pruning
+        self.schedule_plan = compression.plan_pruning(cfg, self.steps_per_epoch, self.updates)
+        compression.select_layers(net, cfg.layers, "compression.pruning.layers",
+                                  compression.pruning_refusal(cfg))
+        return net
+
+    def build(self, net, ctx) -> Built:
+        from tftrain import compression
+
+        pruned = compression.prune_model(net, self.cfg.compression.pruning, self.schedule_plan)
+        return Built(pruned, hooks=(compression.PruningHook(pruned),),
+                     callbacks=(compression.SparsityLogger(pruned),))
+
+    def finalize(self, built: Built, result: dict, ctx):
+        from tftrain import compression
+
+        result["sparsity"] = compression.sparsity(built.net)
+        return compression.strip(built.net)
+
+    def describe(self, ctx) -> str:
+        p = self.schedule_plan
+        return (super().describe(ctx) + f"; sparsity reaches its target at update {p.end} "
+                f"(from {p.begin}, masks updated every {p.frequency} updates)")

@@ -1,0 +1,51 @@
+"""Quantization-aware training: tfmot's 8-bit scheme (prune-preserving after pruning) on
+a float32 copy of the model, in float32 whatever the run's policy: tfmot's fake-quant
+ops take no bfloat16/float16 (tensorflow/model-optimization#367, #409). The float32 is
+this stage's precision, not the run's: nothing global changes."""
+from __future__ import annotations
+
+from tftrain.stages.base import Built, Stage
+
+
+class QAT(Stage):
+    name = "qat"
+    section = "compression.quantization"
+    quantization_aware = True
+    unroll = True      # the fake-quant ranges synchronise replicas in the forward pass
+
+    @classmethod
+    def enabled(cls, cfg) -> bool:
+        return cfg.compression.quantization.enabled
+
+    @classmethod
+    def configured_epochs(cls, cfg) -> int:
+        return cfg.compression.quantization.epochs
+
+    @property
+    def learning_rate(self) -> float:
+        return self.cfg.compression.quantization.learning_rate or super().learning_rate
+
+    def precision(self, ctx):
+        return ctx.precision.with_policy("float32", distribute=self.cfg.distribute,
+                                         strategy=ctx.parallel.strategy)
+
+    def plan(self, net, ctx):
+        from tftrain import compression
+
+        compression.unquantizable(net, self.cfg.compression.quantization)
+        return net
+
+    def build(self, net, ctx) -> Built:
+        from tftrain import compression, export
+
+        cfg = self.cfg.compression.quantization
+        preserve = self.cfg.compression.pruning.enabled and cfg.preserve_sparsity
+        with self.precision(ctx).scope():
+            quantized = compression.quantize_model(export.inference_model(net), cfg,
+                                                   preserve_sparsity=preserve)
+        return Built(quantized)
+
+    def describe(self, ctx) -> str:
+        return super().describe(ctx) + "; in float32 (tfmot's fake-quant ops take no " \
+                                       "bfloat16/float16)"
+

@@ -1,0 +1,187 @@
+"""The shared runner: fits one stage from its latest checkpoint to its last update.
+
+Each stage fits with checkpoints (its own directory), SIGTERM handling, non-finite-loss
+rollback and logs, then is evaluated; the results of finished stages are kept in
+`stages.json`, so a resumed run continues in the stage it was in and reports the ones it
+does not redo.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from tftrain.preemption import Preempted, Preemption  # noqa: F401  (Preempted: re-exported)
+
+
+class StageRunner:
+    """Fits each stage from its latest checkpoint to its last update: checkpoints,
+    SIGTERM, non-finite losses, logs; then evaluates it. Stage results are kept in
+    `stages.json` so a resumed run reports the stages it does not redo."""
+
+    def __init__(self, *, plan, run, stop: Preemption | None = None):
+        """`plan`: the run's plan (`tftrain.plan.RunPlan`); `run`: its `RunDir`; `stop`:
+        the run's `Preemption` flag."""
+        from tftrain import data
+
+        self.plan, self.cfg, self.run = plan, plan.cfg, run
+        self.stop = stop or Preemption()
+        self.strat, self.chief = plan.parallel.strategy, plan.chief
+        self.steps_per_epoch, self.smoke = plan.steps_per_epoch, plan.smoke
+        self.val = data.val_dataset(plan.source, plan.batches, self.cfg.data)
+        self.agree = plan.parallel.agree
+        # Every worker saves (the collective runtime needs all of them); only the chief's
+        # checkpoints are kept, the others write to a scratch directory removed at the end.
+        self.scratch = None if self.chief else scratch_dir(run.path)
+        self.record = run.path / "stages.json"
+        try:
+            self.results = json.loads(self.record.read_text())
+        except (OSError, json.JSONDecodeError):
+            self.results = {}
+
+    def run_stage(self, stage, previous):
+        """(the model the next stage gets, the stage's results): `stage` built from
+        `previous` (the last stage's model), fitted, evaluated and finalized."""
+        import tensorflow as tf
+
+        from tftrain import callbacks as cb
+        from tftrain import optim
+
+        cfg, spe = self.cfg, self.steps_per_epoch
+        self.stop.rearm()
+        self.stop.check("before stage " + stage.name, self.agree)
+        with self.strat.scope():
+            built = stage.build(previous, self.plan)
+            model, optimizer = stage.compile(built, self.plan)
+            generators = cb.random_generators(model)
+        position = tf.Variable(0, dtype=tf.int64, trainable=False)   # training batches done
+        ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, rng=generators,
+                                   position=position,
+                                   learning_rate=optim.learning_rate_state(optimizer),
+                                   callbacks=[c.state for c in built.stateful],
+                                   average=built.average.variables if built.average else {},
+                                   **built.state)
+        directory = stage.checkpoint_dir(self.run.checkpoints)
+        save_dir = directory if self.chief else self.scratch / stage.name
+        manager = tf.train.CheckpointManager(ckpt, str(save_dir), cfg.train.checkpoint.keep)
+        restored = cb.restore_latest(ckpt, directory)
+        missing = stage.name not in self.results   # a stage that ended (early or not) is done
+        if not (self.agree(missing) if self.agree else missing):    # on every worker
+            result = self.results[stage.name]
+            if built.average is not None:
+                built.average.apply()
+            return stage.finalize(built, result, self.plan), result
+        start = int(position.numpy())
+        if restored:
+            print(f"resuming from {restored} at update {start}/{stage.updates} of stage {stage.name}")
+        elif stage.name != "train":
+            print(f"{stage.describe(self.plan)}", flush=True)
+        result = self._fit(stage, built, model, optimizer, ckpt, manager, directory, start)
+        net = stage.finalize(built, result, self.plan)
+        self._record(stage, result)
+        return net, result
+
+    def _fit(self, stage, built, model, optimizer, ckpt, manager, directory, start) -> dict:
+        from tftrain import callbacks as cb
+        from tftrain import data, optim
+        from tftrain._keras import keras
+
+        cfg, spe = self.cfg, self.steps_per_epoch
+        position = ckpt.position
+        checkpointer = cb.Checkpointer(manager, cfg.train.checkpoint.every.steps(spe, stage.updates),
+                                       spe, start, self.agree, self.stop, position)
+        throughput = cb.Throughput(self.plan.batches.global_batch)
+        flops = cb.FlopsLogger(self.plan.flops_per_example, self.plan.peak.flops)
+        waiting = cb.InputWait()
+        # The checkpointer comes after every callback whose state it saves at an epoch's end.
+        callbacks = [cb.NaNGuard(spe, self.agree), throughput, waiting, flops,
+                     cb.LearningRateLogger(), *built.callbacks, *built.stateful, checkpointer]
+        if self.chief:
+            csv, logs = stage.log_names()
+            callbacks += [keras.callbacks.CSVLogger(str(self.run.path / csv), append=start > 0),
+                          keras.callbacks.TensorBoard(str(self.run.path / "tensorboard" / logs),
+                                                      update_freq="epoch")]
+        if cfg.train.on_nan == "rollback" and start == 0:
+            manager.save(checkpoint_number=0)            # something to roll back to
+        began = time.perf_counter()
+        for attempt in range(cfg.train.nan_retries + 1):
+            try:
+                fit(model, data.distribute(self.strat, self.plan.source, self.plan.batches,
+                                           cfg.data, cfg.run.seed, start),
+                    self.val, start, stage.epochs, spe, callbacks, cfg, self.smoke)
+                break
+            except cb.NonFiniteLoss as err:
+                if cfg.train.on_nan == "stop" or attempt == cfg.train.nan_retries:
+                    raise RuntimeError(f"{err}; lower train.optimizer.learning_rate, add clipping "
+                                       "(train.optimizer.global_clipnorm) or set train.on_nan: "
+                                       "rollback") from None
+                lowered = float(optim.learning_rate_state(optimizer).numpy()) * cfg.train.nan_lr_factor
+                cb.restore_latest(ckpt, directory)
+                optim.learning_rate_state(optimizer).assign(lowered)   # cumulative over retries
+                start = int(position.numpy())
+                checkpointer.resume_at(start)
+                print(f"tftrain: {err}; rolled back to update {start}, learning rate x "
+                      f"{cfg.train.nan_lr_factor} (retry {attempt + 1}/{cfg.train.nan_retries})",
+                      flush=True)
+        if checkpointer.preempted:
+            self.clean_up()
+            where = "" if stage.name == "train" else f" in stage {stage.name}"
+            raise Preempted(f"stopped by {self.stop.requested or 'a signal to another worker'}"
+                            f"{where} at update {checkpointer.update}/{stage.updates}; "
+                            "checkpoint saved, rerun the same command to resume")
+        result = {"updates": int(optimizer.iterations.numpy()),   # made (skipped ones not)
+                  "batches": checkpointer.update, "epochs": -(-checkpointer.update // spe),
+                  "metrics": self._evaluate(model),
+                  "examples_per_sec": throughput.steady_rate(),
+                  "model_flops_per_sec": flops.rate(throughput.steady_rate()),
+                  "mfu": flops.utilisation(throughput.steady_rate()),
+                  "input_wait": waiting.fraction(),
+                  "seconds": time.perf_counter() - began}    # of this session of the stage
+        if built.average is not None:   # the averaged weights, evaluated beside the raw ones
+            built.average.apply()
+            result["raw_metrics"], result["metrics"] = result["metrics"], self._evaluate(model)
+        return result
+
+    def _evaluate(self, model) -> dict:
+        metrics = model.evaluate(self.val, steps=self.cfg.train.smoke_steps if self.smoke else None,
+                                 return_dict=True, verbose=0)
+        return {f"val_{k}": float(v) for k, v in metrics.items()}
+
+    def _record(self, stage, result: dict) -> None:
+        self.results[stage.name] = result
+        if self.chief:
+            from tftrain.rundir import atomic_write
+            atomic_write(self.record, json.dumps(self.results, indent=2) + "\n")
+
+    def clean_up(self) -> None:
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def fit(model, train, val, start, epochs, steps_per_epoch, callbacks, cfg, smoke) -> None:
+    """fit from optimizer update `start` (mid-epoch if need be) to the end of the stage."""
+    from tftrain.callbacks import ResumePoint
+
+    if start >= epochs * steps_per_epoch:
+        return
+    model._training_state = ResumePoint(start)   # fit starts at (epoch, step) of `start`
+    try:
+        model.fit(train, epochs=epochs, steps_per_epoch=steps_per_epoch, validation_data=val,
+                  validation_steps=cfg.train.smoke_steps if smoke else None,
+                  callbacks=callbacks, verbose=cfg.train.verbose)
+    finally:
+        model._training_state = None
+
+
+def scratch_dir(run_path: Path) -> Path:
+    """A non-chief worker's checkpoint directory: named after the run and the worker, so
+    a relaunch after a crash clears what the crashed worker left."""
+    from tftrain.strategy import cluster_spec
+
+    key = hashlib.sha256(str(run_path.resolve()).encode()).hexdigest()[:12]
+    path = Path(tempfile.gettempdir()) / f"tftrain-worker-{key}-{cluster_spec()[2]}"
+    shutil.rmtree(path, ignore_errors=True)
+    return path

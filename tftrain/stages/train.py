@@ -1,0 +1,69 @@
+"""Training: the configured model from its initial weights, with training's optimizer
+schedule, early stopping, reduce-on-plateau and (`train.ema`) a weight average."""
+from __future__ import annotations
+
+from tftrain.stages.base import Built, Stage
+
+
+class Train(Stage):
+    name = "train"
+    section = "train"
+
+    @classmethod
+    def enabled(cls, cfg) -> bool:
+        return True
+
+    @classmethod
+    def configured_epochs(cls, cfg) -> int:
+        return cfg.train.epochs
+
+    @property
+    def learning_rate(self):
+        return None                     # training's schedule
+
+    def plan(self, net, ctx):
+        """The model, built now (the same initial weights on every path) so the plan can
+        describe it and the later stages can check it before anything is written."""
+        from tftrain._keras import keras
+        from tftrain.models import build_model
+
+        keras.utils.set_random_seed(self.cfg.run.seed)
+        self.net = ctx.parallel.build(
+            lambda: ctx.precision.build(lambda: build_model(self.cfg.model, ctx.source.spec)))
+        return self.net
+
+    def build(self, net, ctx) -> Built:
+        from tftrain import optim
+        from tftrain.averaging import WeightAverage
+        from tftrain.callbacks import EarlyStopping
+
+        train = self.cfg.train
+        es = train.early_stopping
+        stateful = [optim.plateau_callback(train.schedule),
+                    es and EarlyStopping(self.net, monitor=es.monitor, patience=es.patience,
+                                         min_delta=es.min_delta, verbose=1,
+                                         restore_best_weights=es.restore_best_weights)]
+        average = WeightAverage(self.net, train.ema.decay) if train.ema else None
+        return Built(self.net, hooks=(average,) if average else (),
+                     stateful=tuple(c for c in stateful if c), average=average)
+
+    def finalize(self, built: Built, result: dict, ctx):
+        from tftrain import export
+
+        # the float model's size, the baseline of the compression stages' ratios
+        if ctx.stages[-1] is not self and ctx.chief and \
+                "float32_variables_gzip_bytes" not in result:
+            result["float32_variables_gzip_bytes"] = export.saved_model_variables_gzip(built.net)
+        return built.net
+
+    def describe(self, ctx) -> str:
+        return (f"training: {self.epochs} epochs x {self.steps_per_epoch} updates = "
+                f"{self.updates} updates"
+                + (f"; weights averaged (EMA decay {self.cfg.train.ema.decay:g})"
+                   if self.cfg.train.ema else ""))
+
+    def checkpoint_dir(self, root):
+        return root
+
+    def log_names(self) -> tuple[str, str]:
+        return "metrics.csv", ""
