@@ -23,7 +23,8 @@ tf.config.threading.set_inter_op_parallelism_threads(2)
 import numpy as np  # noqa: E402
 
 import tftrain  # noqa: E402,F401
-from tftrain import placement, precision, train_step  # noqa: E402
+from tftrain.parallelism import Placed  # noqa: E402
+from tftrain import placement, precision, train_step  # noqa: E402,I001
 from tftrain._keras import keras  # noqa: E402
 from tftrain.config import load_config  # noqa: E402
 from tftrain.data import InputSpec  # noqa: E402
@@ -46,9 +47,9 @@ def build(micro: int | None):
     else:
         cfg = load_config(None, ["model.placement={devices: ['/cpu:0', '/cpu:1'], balance: flops, "
                                  f"microbatches: {micro}}}"]).model.placement
-        layout = placement.plan(make(), cfg)
-        net = placement.build_placed(make, layout)
-        model = train_step.TrainModel.wrap(net, micro, unroll=micro > 1, placed=True)
+        parallel = Placed(placement=placement.plan(make(), cfg))
+        net = parallel.build(make)
+        model = train_step.TrainModel.wrap(net, micro, parallel=parallel)
     model.compile(keras.optimizers.SGD(0.01), train_step.build_loss("sparse_categorical_crossentropy"))
     rng = np.random.default_rng(0)
     x = rng.normal(size=(BATCH * STEPS, *SPEC.shape)).astype(np.float32)

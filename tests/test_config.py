@@ -133,12 +133,12 @@ def test_binary_and_non_utf8_files_are_config_errors(tmp_path):
         load_config(blob)
 
 
-@pytest.mark.parametrize("override", ["train.optimizer.learning_rate=.inf",
-                                      "train.optimizer.learning_rate=.nan",
-                                      "train.schedule.gamma=.inf"])
-def test_infinities_and_nans_are_refused(override):
-    with pytest.raises(ConfigError, match=rf"{override.split('=')[0]}: .*finite number"):
-        load_config(None, [override])
+@pytest.mark.parametrize("overrides", [["train.optimizer.learning_rate=.inf"],
+                                       ["train.optimizer.learning_rate=.nan"],
+                                       ["train.schedule.name=step", "train.schedule.gamma=.inf"]])
+def test_infinities_and_nans_are_refused(overrides):
+    with pytest.raises(ConfigError, match=rf"{overrides[-1].split('=')[0]}: .*finite number"):
+        load_config(None, overrides)
 
 
 def test_milestones_must_increase():

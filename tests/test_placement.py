@@ -215,18 +215,24 @@ def placed_step(devices: int, policy: str = "float32", accumulation: int = 2) ->
     """Trace a placed model's whole train step (forward, loss, backward, accumulation,
     unscaling, optimizer update) and report ops without a device, and the device of each
     gradient sum next to its variable's."""
+    from types import SimpleNamespace
+
     from tftrain.config import load_config as load
-    from tftrain.stages import Stage, compile_stage
     from tftrain.data import BatchPlan
+    from tftrain.parallelism import Placed
+    from tftrain.stages import Built
+    from tftrain.stages.train import Train
 
     precision.apply_policy(policy)
     cfg = load(None, [f"model.placement={{devices: {[f'/cpu:{i}' for i in range(devices)]}}}",
                       f"precision.policy={policy}", "train.optimizer.name=adam"])
     net = placement.build(builder("cnn"))
     layout = placement.plan(net, cfg.model.placement, 6)
-    placed = placement.build_placed(builder("cnn"), layout)
-    model, _ = compile_stage(cfg, placed, BatchPlan(6, 1, accumulation), policy,
-                             Stage("train", 1, 10), 10, placed=layout)
+    parallel = Placed(placement=layout)
+    placed = parallel.build(builder("cnn"))
+    ctx = SimpleNamespace(parallel=parallel, batches=BatchPlan(6, 1, accumulation),
+                          precision=precision.Precision(policy=policy, config=cfg.precision))
+    model, _ = Train(cfg=cfg, steps_per_epoch=10).compile(Built(placed), ctx)
     spec = (tf.TensorSpec((6 * accumulation, 8, 8, 1), tf.float32), tf.TensorSpec((6 * accumulation,), tf.int32))
     graph = tf.function(model.train_step).get_concrete_function(spec).graph
     definition = graph.as_graph_def()   # the step and every function it calls (conditions)

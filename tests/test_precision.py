@@ -84,14 +84,41 @@ def test_bfloat16_all_reduce_travels_as_float16_on_nccl():
     ("mixed_bfloat16", "bfloat16", False),
 ])
 def test_float16_on_the_wire_is_always_loss_scaled(policy, wire, scaled):
-    from tftrain.data import BatchPlan
-    from tftrain.stages import Stage, compile_stage
-    cfg = load_config(None, [f"distribute.all_reduce_dtype={wire}", f"precision.policy={policy}"])
-    precision.apply_policy(policy)
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    with strategy.scope():
-        net = precision.float32_outputs(MODELS.get("mlp")(InputSpec((4,), "float32", 3)))
-        model, optimizer = compile_stage(cfg, net, BatchPlan(4, 2, 1), policy,
-                                         Stage("train", 1, 4), 4)
+    model, optimizer = compiled(policy, wire)
     assert isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer) is scaled
+    assert model.precision.loss_scaled is scaled
     assert model.all_reduce_dtype == tf.as_dtype(wire)
+
+
+def compiled(policy, wire, stage_class=None):
+    """A stage's training model and optimizer on 2 mirrored devices."""
+    from types import SimpleNamespace
+
+    from tftrain.data import BatchPlan
+    from tftrain.parallelism import of_strategy
+    from tftrain.stages import Built
+    from tftrain.stages.train import Train
+    cfg = load_config(None, [f"distribute.all_reduce_dtype={wire}", f"precision.policy={policy}"])
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    ctx = SimpleNamespace(precision=precision.Precision.for_strategy(
+        policy=policy, config=cfg.precision, distribute=cfg.distribute, strategy=strategy),
+        parallel=of_strategy(strategy), batches=BatchPlan(4, 2, 1))
+    stage = (stage_class or Train)(cfg=cfg, steps_per_epoch=4)
+    with strategy.scope():
+        net = stage.precision(ctx).build(lambda: MODELS.get("mlp")(InputSpec((4,), "float32", 3)))
+        return stage.compile(Built(net), ctx)
+
+
+def test_a_stage_precision_is_its_own_and_leaves_the_global_policy_alone():
+    from tftrain.stages.qat import QAT
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        model, optimizer = compiled("mixed_bfloat16", "float16", QAT)
+        assert model.precision.policy == "float32" and model.precision.loss_scaled  # float16 wire
+        assert {layer.compute_dtype for layer in model.layers} == {"float32"}
+        assert keras.mixed_precision.global_policy().name == "mixed_bfloat16"
+        model, _ = compiled("mixed_bfloat16", "float32")
+        assert model.layers[1].compute_dtype == "bfloat16"
+        assert keras.mixed_precision.global_policy().name == "mixed_bfloat16"
+    finally:
+        keras.mixed_precision.set_global_policy("float32")

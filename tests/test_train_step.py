@@ -146,9 +146,10 @@ def test_non_finite_micro_batch_skips_update_under_float16():
     precision.apply_policy("mixed_float16")
     keras.utils.set_random_seed(0)
     with one_device().scope():
-        net = TrainModel.wrap(precision.float32_outputs(MODELS.get("mlp")(SPEC)), accumulation_steps=4)
-        opt = precision.wrap_optimizer(keras.optimizers.SGD(0.1), "mixed_float16",
-                                       load_config().precision)
+        mixed = precision.Precision(policy="mixed_float16", config=load_config().precision)
+        net = TrainModel.wrap(precision.float32_outputs(MODELS.get("mlp")(SPEC)), accumulation_steps=4,
+                              precision=mixed)
+        opt = mixed.wrap_optimizer(keras.optimizers.SGD(0.1))
         net.compile(opt, build_loss("sparse_categorical_crossentropy"))
     x, y = _data(64)
     net.fit(x, y, batch_size=64, epochs=1, verbose=0)         # one good update

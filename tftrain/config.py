@@ -288,6 +288,18 @@ class Config(Strict):
     compression: CompressionConfig = CompressionConfig()
     export: ExportConfig = ExportConfig()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _int8_after_qat(cls, data):
+        """A quantization-aware trained model exports int8 TFLite unless told otherwise."""
+        if isinstance(data, dict):
+            quantization = (data.get("compression") or {}).get("quantization") or {}
+            export = data.get("export") or {}
+            if isinstance(quantization, dict) and quantization.get("enabled") is True \
+                    and isinstance(export, dict) and "tflite" not in export:
+                data = {**data, "export": {**export, "tflite": "int8"}}
+        return data
+
     @model_validator(mode="after")
     def _combinations(self):
         placement = self.model.placement

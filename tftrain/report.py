@@ -9,7 +9,7 @@ def summary(plan, results: dict, artifacts: dict, net) -> dict:
     """The run's summary; `net` is the model the last stage finished with."""
     from tftrain.export import failures
 
-    first = results[plan.stages[0].name]          # training (or what replaced it)
+    first = results[plan.stages[0].name]          # training
     info, b, wire, peak = plan.parallel.info, plan.batches, plan.precision.wire, plan.peak
     out = {
         "status": "completed" if not failures(artifacts) else "export verification failed",
@@ -31,8 +31,9 @@ def summary(plan, results: dict, artifacts: dict, net) -> dict:
         "stages": results, "sparsity": results.get("prune", {}).get("sparsity", {}),
         "artifacts": artifacts, "smoke": plan.smoke,
     }
-    if "raw_metrics" in first:
-        out["raw_metrics"] = first["raw_metrics"]     # training's weights before averaging
+    last = results[plan.stages[-1].name]
+    if "raw_metrics" in last:
+        out["raw_metrics"] = last["raw_metrics"]      # the weights before averaging
     return out
 
 

@@ -95,14 +95,15 @@ class TrainModel(keras.Model):
                  update_hooks=(), unroll: bool = False, parallel=None, precision=None,
                  time_steps: bool = True, **kwargs):
         from tftrain.parallelism import Parallelism
-        from tftrain.precision import Precision
+        from tftrain.precision import AllReduce, Precision
 
         super().__init__(*args, **kwargs)
         self.time_steps = time_steps     # not under op determinism (TensorFlow refuses clocks)
         # Kept out of Keras' tracking: they are how the step runs, not model state.
         self.__dict__["parallel"] = parallel or Parallelism()
-        self.__dict__["precision"] = precision or Precision(
-            policy=keras.mixed_precision.global_policy().name, config=None)
+        self.__dict__["precision"] = precision or Precision(    # no loss scaling of its own
+            policy=keras.mixed_precision.global_policy().name, config=None,
+            wire=AllReduce(all_reduce_dtype or "float32", False, False))
         self.accumulation_steps = int(accumulation_steps)
         self.all_reduce_dtype = tf.as_dtype(all_reduce_dtype or self.precision.all_reduce_dtype)
         self.update_hooks = tuple(update_hooks)
@@ -127,7 +128,7 @@ class TrainModel(keras.Model):
         placed model always does). `parallel` (`tftrain.parallelism`): where each op of
         the step runs and how gradients are taken (default: data parallel under the
         current strategy). `precision` (`tftrain.precision.Precision`): loss scaling and
-        the all-reduce dtype (default: the global policy, float32 on the wire).
+        the all-reduce dtype (default: the global policy, no loss scaling).
         `time_steps`: measure the time inside steps for the input-wait figure (not under
         op determinism, where TensorFlow refuses clocks)."""
         return cls(inputs=model.inputs, outputs=model.outputs, name=model.name,
