@@ -52,11 +52,17 @@ def model_weights(run_path, stage="train"):
 
 
 def wait_for_checkpoint(path, proc, at_least=20, timeout=240):
-    """Poll until a checkpoint numbered >= `at_least` exists in `path`; its number."""
+    """Poll until a checkpoint numbered >= `at_least` is saved in `path` (listed in the
+    directory's `checkpoint` state file, written once the save is complete); its number."""
+    import re
     import time
     deadline = time.time() + timeout
     while time.time() < deadline:
-        numbers = [int(p.name.split("-")[1].split(".")[0]) for p in path.glob("ckpt-*.index")]
+        try:
+            state = (path / "checkpoint").read_text()
+        except OSError:
+            state = ""
+        numbers = [int(n) for n in re.findall(r'all_model_checkpoint_paths: "ckpt-(\d+)"', state)]
         if numbers and max(numbers) >= at_least:
             return max(numbers)
         assert proc.poll() is None, "".join(o or "" for o in proc.communicate())[-3000:]

@@ -105,6 +105,7 @@ def make(cfg: Config, *, smoke: bool, stop) -> RunPlan:
     with parallel.strategy.scope():   # each stage checks the model it will get
         net = None
         for i, stage in enumerate(plan.stages):
+            stage.check()
             net = stage.plan(net, plan)
             if i == 0:
                 plan.model = net

@@ -76,6 +76,12 @@ class Stage:
         """Plan-time checks; returns the model the next stage gets."""
         return net
 
+    def check(self) -> None:
+        """Plan-time checks every stage shares: its loss, metrics and learning rate build."""
+        self.loss()
+        metric_names(self.cfg.train.metrics)
+        self.schedule()
+
     def build(self, net, ctx) -> Built:
         raise NotImplementedError
 
