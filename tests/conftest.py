@@ -43,11 +43,13 @@ def quick_config(tmp_path, *overrides):
 
 
 def model_weights(run_path, stage="train"):
-    """Model variables of the newest checkpoint of a run's stage, by name."""
+    """Model variables (and weight averages) of the newest checkpoint of a run's stage,
+    by name."""
     import tensorflow as tf
     reader = tf.train.load_checkpoint(str(run_path / "checkpoints" / ("" if stage == "train" else stage)))
     names = [n for n in reader.get_variable_to_shape_map()
-             if n.startswith("model/") and n.endswith("VARIABLE_VALUE") and "OPTIMIZER" not in n]
+             if n.startswith(("model/", "average/")) and n.endswith("VARIABLE_VALUE")
+             and "OPTIMIZER" not in n]
     return {n: reader.get_tensor(n) for n in names}
 
 

@@ -245,6 +245,7 @@ def test_schema_flag_prints_json_schema():
 
 # --- resume ------------------------------------------------------------------------------
 RESUME_SETS = ["train.epochs=16", "train.checkpoint.every=10", "export.tflite=none",
+               "train.ema={decay: 0.99}",      # the weight average resumes exactly too
                "run.deterministic=true", "model.params={filters: [32, 64], dense: [128], dropout: 0.3}",
                # augmented: each example's crop and affine draw depend on (seed, epoch, position)
                "data.augment=[{random_crop: {padding: 1}}, {random_affine: {rotation: 0.03, zoom: 0.05}}]"]
@@ -274,10 +275,11 @@ def test_killed_augmented_run_resumes_exactly(tmp_path, uninterrupted, sig, code
     assert saved <= resumed_at < planned
     summary = json.loads((tmp_path / "quickstart" / "summary.json").read_text())
     assert summary["steps"] == planned
-    assert summary["metrics"]["val_accuracy"] >= 0.95
-    # Weights, optimizer, schedule, data position, augmentation and dropout RNG all resumed
-    # exactly.
+    assert summary["metrics"]["val_accuracy"] >= 0.95 and "val_accuracy" in summary["raw_metrics"]
+    # Weights, weight averages, optimizer, schedule, data position, augmentation and
+    # dropout RNG all resumed exactly.
     ours, reference = model_weights(tmp_path / "quickstart"), model_weights(uninterrupted)
+    assert any(name.startswith("average/") for name in reference)
     for name in reference:
         np.testing.assert_allclose(ours[name], reference[name], rtol=0, atol=1e-6)
 

@@ -37,13 +37,14 @@ class Registry(Generic[T]):
     def __contains__(self, name: str) -> bool:
         return name in self._items
 
-    def get(self, name: str) -> T:
+    def get(self, name: str, key: str | None = None) -> T:
+        """The item registered as `name`; the error names `key` (default: the registry's)."""
         if name in self._items:
             return self._items[name]
         hint = closest(name, self._items)
         suggestion = f"; did you mean '{hint}'?" if hint else ""
         raise ConfigError(
-            f"{self.key}: unknown {self.kind} '{name}'; expected one of "
+            f"{key or self.key}: unknown {self.kind} '{name}'; expected one of "
             f"{', '.join(self.names())}{suggestion}"
         )
 

@@ -13,23 +13,24 @@ MODELS = Registry("model", "model.name")
 from tftrain.models import cnn, mlp, resnet, transformer  # noqa: E402,F401  (registers)
 
 
-def resolve_builder(name: str):
-    """A registered builder, or `package.module:function`."""
+def resolve_builder(name: str, key: str = "model.name"):
+    """A registered builder, or `package.module:function`; errors name `key`."""
     if ":" not in name:
-        return MODELS.get(name)
-    return import_function(name, "model.name")
+        return MODELS.get(name, key)
+    return import_function(name, key)
 
 
-def build_model(cfg: ModelConfig, spec):
-    """Build the configured model for `spec` (params checked against the builder)."""
-    builder = resolve_builder(cfg.name)
-    check_params(builder, cfg.params, "model.params", skip=1)
+def build_model(cfg: ModelConfig, spec, section: str = "model"):
+    """Build the configured model for `spec` (params checked against the builder); errors
+    name the config `section` it came from (e.g. a distillation student's)."""
+    builder = resolve_builder(cfg.name, f"{section}.name")
+    check_params(builder, cfg.params, f"{section}.params", skip=1)
     if ":" in cfg.name:      # user code: whatever it raises is a bug in it (exit 1, traceback)
         return ensure_tf_keras_model(builder(spec, **cfg.params), f"model '{cfg.name}'")
     try:
         model = builder(spec, **cfg.params)
     except ValueError as err:     # the bundled builders' own checks of their params
-        raise ConfigError(f"model.params: {cfg.name} rejected {cfg.params} ({err})") from None
+        raise ConfigError(f"{section}.params: {cfg.name} rejected {cfg.params} ({err})") from None
     return ensure_tf_keras_model(model, f"model '{cfg.name}'")
 
 
