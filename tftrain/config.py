@@ -265,7 +265,33 @@ class QuantizationConfig(Strict):
     skip_unsupported: bool = False     # leave layers tfmot cannot quantize in float
 
 
+class StudentConfig(Strict):
+    name: str                       # registry name, or "package.module:function"
+    params: dict[str, Any] = {}
+
+
+class DistillationConfig(Strict):
+    """Knowledge distillation as a stage after training: a smaller student learns from
+    the trained model (or the SavedModel `teacher`), then goes on to pruning/QAT/export."""
+
+    enabled: bool = False
+    student: Optional[StudentConfig] = None
+    teacher: Optional[str] = None     # a SavedModel directory; replaces the training stage
+    temperature: float = Field(4.0, gt=0)
+    alpha: float = Field(0.1, ge=0, le=1)      # weight of the labels' cross-entropy
+    epochs: int = Field(10, ge=1)
+    learning_rate: Optional[float] = Field(None, gt=0)   # default: training's schedule
+
+    @model_validator(mode="after")
+    def _student(self):
+        if self.enabled and self.student is None:
+            raise ValueError("compression.distillation.student: required when distillation "
+                             "is enabled, e.g. {name: cnn, params: {filters: [8, 16]}}")
+        return self
+
+
 class CompressionConfig(Strict):
+    distillation: DistillationConfig = DistillationConfig()
     pruning: PruningConfig = PruningConfig()
     quantization: QuantizationConfig = QuantizationConfig()
 
