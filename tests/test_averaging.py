@@ -39,7 +39,10 @@ def expected(seen, decay):
 
 
 def test_the_average_follows_the_recurrence_under_replicas_and_accumulation():
-    average, seen = averaged_training(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))
+    # reduction to one device, as the pipeline uses on CPUs (collectives keyed per strategy
+    # collide between strategies made in one process)
+    average, seen = averaged_training(tf.distribute.MirroredStrategy(
+        ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()))
     assert int(average.count.numpy()) == 6
     for got, want in zip(average.averages, expected(seen, 0.9)):
         for replica in got.values:              # every replica's copy alike

@@ -82,7 +82,8 @@ def test_distilled_updates_equal_under_replicas_and_accumulation():
         return model.get_weights()
 
     one = weights(tf.distribute.OneDeviceStrategy("/cpu:0"), 1)
-    split = weights(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]), 2)   # 2 x 2 x 16
+    split = weights(tf.distribute.MirroredStrategy(            # 2 replicas x 2 x 16 examples
+        ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()), 2)
     for a, b in zip(one, split):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     moved = weights(tf.distribute.OneDeviceStrategy("/cpu:0"), 1)
@@ -177,3 +178,22 @@ def test_bad_distillation_config_exits_2(tmp_path, capsys, sets, pattern):
     err = capsys.readouterr().err
     assert __import__("re").search(pattern, err), err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("policy,accumulation", [("mixed_float16", 2), ("mixed_bfloat16", 1)])
+def test_distillation_under_mixed_precision_and_accumulation(tmp_path, policy, accumulation):
+    sets = ["train.epochs=1", "train.verbose=0", "export.tflite=none", "export.saved_model=false",
+            f"precision.policy={policy}", f"train.accumulation_steps={accumulation}",
+            "data.per_replica_batch_size=16",
+            "compression.distillation={enabled: true, epochs: 2, temperature: 2, alpha: 0.5, "
+            "student: {name: cnn, params: {filters: [16, 32], dense: [32]}}}"]
+    args = [str(QUICKSTART), "--run-dir", str(tmp_path), *[a for s in sets for a in ("--set", s)]]
+    before = keras.mixed_precision.global_policy().name
+    assert main(args) == 0
+    assert keras.mixed_precision.global_policy().name == before       # left as it was
+    summary = json.loads((tmp_path / "quickstart" / "summary.json").read_text())
+    assert summary["precision"] == policy and summary["accumulation_steps"] == accumulation
+    assert summary["all_reduce"]["loss_scaled"] is (policy == "mixed_float16")
+    distill = summary["stages"]["distill"]
+    assert distill["updates"] == 2 * summary["steps_per_epoch"]
+    assert np.isfinite(distill["metrics"]["val_loss"]) and distill["metrics"]["val_accuracy"] > 0.3

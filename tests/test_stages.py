@@ -28,10 +28,11 @@ def test_smoke_runs_one_epoch_of_each():
 
 
 @pytest.mark.parametrize("cls", STAGES)
-def test_every_stage_implements_the_interface(cls):
-    for method in ("enabled", "configured_epochs", "build"):
-        assert getattr(cls, method) is not getattr(Stage, method), (cls.__name__, method)
-    assert cls.name and cls.section
+def test_every_stage_implements_the_interface_and_reads_its_own_section(cls):
+    assert cls.build is not Stage.build and cls.name
+    cfg = load_config(None, ["compression.distillation.student={name: mlp}"])
+    section = cls.settings(cfg)
+    assert type(section).__name__.endswith("Config") and cls.configured_epochs(cfg) == section.epochs
     assert len({c.name for c in STAGES}) == len(STAGES)
 
 
@@ -46,7 +47,7 @@ def test_constructors_are_keyword_only():
 
 def test_a_stage_can_supersede_another():
     class Replacement(Stage):
-        name, section = "replacement", "test"
+        name, section = "replacement", "train"
 
         @classmethod
         def enabled(cls, cfg):

@@ -143,7 +143,7 @@ def _untagged(loc: tuple) -> tuple[tuple, Optional[tuple[str, str]]]:
     return loc, None
 
 
-def _selected_fields(loc: tuple, kind: str, tag: str) -> list[str]:
+def _selected_fields(tag: str) -> list[str]:
     from tftrain.schedules import SCHEDULES     # the one name-selected section today
 
     for cls in SCHEDULES:
@@ -163,7 +163,7 @@ def _format_error(source: str, err: dict) -> str:
         return (f"{source}: {path}.{key}: unknown {loc[-1]} '{err['ctx']['tag']}'; expected one "
                 f"of {', '.join(tags)}" + (f"; did you mean '{hint[0]}'?" if hint else ""))
     if err["type"] == "extra_forbidden" and tagged and len(loc) == len(err["loc"]) - 1:
-        fields = _selected_fields(loc, *tagged)
+        fields = _selected_fields(tagged[1])
         return (f"{source}: {path}: not used by {tagged[0]} '{tagged[1]}' (it takes: "
                 f"{', '.join(fields)})")
     if err["type"] == "extra_forbidden":

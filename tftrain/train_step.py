@@ -18,8 +18,6 @@ synchronises replicas (QAT's moving-average ranges) cannot run inside the while 
 """
 from __future__ import annotations
 
-import contextlib
-
 import tensorflow as tf
 
 from tftrain._keras import keras
@@ -122,8 +120,8 @@ class TrainModel(keras.Model):
              time_steps: bool = True) -> "TrainModel":
         """The same layers and weights as `model`, trained by this step.
 
-        `update_hooks`: objects with `before_update(iterations)` and `after_update(iterations)`, run
-        once per optimizer update in cross-replica context. `unroll`: accumulate in a
+        `update_hooks`: objects with `before_update(iterations)` and
+        `after_update(iterations)`, run once per optimizer update in cross-replica context. `unroll`: accumulate in a
         Python loop (for models that synchronise replicas in their forward pass; a
         placed model always does). `parallel` (`tftrain.parallelism`): where each op of
         the step runs and how gradients are taken (default: data parallel under the

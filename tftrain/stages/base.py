@@ -51,12 +51,19 @@ class Stage:
 
     # -- what the config asks for -------------------------------------------------------
     @classmethod
+    def settings(cls, cfg):
+        """The stage's own config section (`section`, a dotted path)."""
+        for part in cls.section.split("."):
+            cfg = getattr(cfg, part)
+        return cfg
+
+    @classmethod
     def enabled(cls, cfg) -> bool:
-        raise NotImplementedError
+        return cls.settings(cfg).enabled
 
     @classmethod
     def configured_epochs(cls, cfg) -> int:
-        raise NotImplementedError
+        return cls.settings(cfg).epochs
 
     def supersedes(self) -> tuple[str, ...]:
         """Stages this one replaces when enabled (e.g. a given teacher replaces training)."""
@@ -64,8 +71,10 @@ class Stage:
 
     @property
     def learning_rate(self) -> float | None:
-        """A constant rate for this stage; None: training's optimizer schedule."""
-        return self.cfg.train.optimizer.learning_rate / 10
+        """A constant rate for this stage (its section's `learning_rate`, by default
+        training's / 10); None: training's optimizer schedule."""
+        own = getattr(self.settings(self.cfg), "learning_rate", None)
+        return own or self.cfg.train.optimizer.learning_rate / 10
 
     # -- the stage's life ---------------------------------------------------------------
     def precision(self, ctx):

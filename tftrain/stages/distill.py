@@ -24,20 +24,12 @@ class Distill(Stage):
     name = "distill"
     section = "compression.distillation"
 
-    @classmethod
-    def enabled(cls, cfg) -> bool:
-        return cfg.compression.distillation.enabled
-
-    @classmethod
-    def configured_epochs(cls, cfg) -> int:
-        return cfg.compression.distillation.epochs
-
     @property
     def learning_rate(self):
-        return self.cfg.compression.distillation.learning_rate    # None: training's schedule
+        return self.settings(self.cfg).learning_rate    # None: training's schedule
 
     def supersedes(self) -> tuple[str, ...]:
-        return ("train",) if self.cfg.compression.distillation.teacher else ()
+        return ("train",) if self.settings(self.cfg).teacher else ()
 
     def plan(self, net, ctx):
         """The teacher (checked), and the student, built now (its initial weights from the
@@ -45,11 +37,11 @@ class Distill(Stage):
         from tftrain._keras import keras
         from tftrain.models import build_model
 
-        cfg = self.cfg.compression.distillation
+        cfg = self.settings(self.cfg)
         self.teacher = net if cfg.teacher is None else load_teacher(cfg.teacher, ctx.source.spec)
         keras.utils.set_random_seed(self.cfg.run.seed)
         self.student = ctx.parallel.build(lambda: ctx.precision.build(
-            lambda: build_model(cfg.student, ctx.source.spec, "compression.distillation.student")))
+            lambda: build_model(cfg.student, ctx.source.spec, f"{self.section}.student")))
         return self.student
 
     def build(self, net, ctx) -> Built:
@@ -58,13 +50,13 @@ class Distill(Stage):
         return Built(self.student)
 
     def train_model(self):
-        cfg = self.cfg.compression.distillation
+        cfg = self.settings(self.cfg)
         return type("Distiller", (distiller_class(),), {"teacher": staticmethod(self.teacher),
                                                 "temperature": float(cfg.temperature),
                                                 "alpha": float(cfg.alpha)})
 
     def describe(self, ctx) -> str:
-        cfg = self.cfg.compression.distillation
+        cfg = self.settings(self.cfg)
         teacher = cfg.teacher or "the trained model"
         rate = "training's schedule" if self.learning_rate is None else \
             f"learning rate {self.learning_rate:g}"

@@ -9,18 +9,6 @@ class Prune(Stage):
     name = "prune"
     section = "compression.pruning"
 
-    @classmethod
-    def enabled(cls, cfg) -> bool:
-        return cfg.compression.pruning.enabled
-
-    @classmethod
-    def configured_epochs(cls, cfg) -> int:
-        return cfg.compression.pruning.epochs
-
-    @property
-    def learning_rate(self) -> float:
-        return self.cfg.compression.pruning.learning_rate or super().learning_rate
-
     def plan(self, net, ctx):
         """The schedule in updates, and the layers chosen, checked on the model."""
         from tftrain import compression

@@ -13,18 +13,6 @@ class QAT(Stage):
     quantization_aware = True
     unroll = True      # the fake-quant ranges synchronise replicas in the forward pass
 
-    @classmethod
-    def enabled(cls, cfg) -> bool:
-        return cfg.compression.quantization.enabled
-
-    @classmethod
-    def configured_epochs(cls, cfg) -> int:
-        return cfg.compression.quantization.epochs
-
-    @property
-    def learning_rate(self) -> float:
-        return self.cfg.compression.quantization.learning_rate or super().learning_rate
-
     def precision(self, ctx):
         return ctx.precision.with_policy("float32", distribute=self.cfg.distribute,
                                          strategy=ctx.parallel.strategy)

@@ -50,7 +50,7 @@ class StageRunner:
         from tftrain import callbacks as cb
         from tftrain import optim
 
-        cfg, spe = self.cfg, self.steps_per_epoch
+        cfg = self.cfg
         self.stop.rearm()
         self.stop.check("before stage " + stage.name, self.agree)
         with self.strat.scope():

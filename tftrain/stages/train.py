@@ -13,10 +13,6 @@ class Train(Stage):
     def enabled(cls, cfg) -> bool:
         return True
 
-    @classmethod
-    def configured_epochs(cls, cfg) -> int:
-        return cfg.train.epochs
-
     @property
     def learning_rate(self):
         return None                     # training's schedule
