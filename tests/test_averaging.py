@@ -92,3 +92,26 @@ def test_decay_must_be_between_0_and_1(decay):
     from tftrain.config import ConfigError, load_config
     with pytest.raises(ConfigError, match=r"train\.ema\.decay: "):
         load_config(None, [f"train.ema={{decay: {decay}}}"])
+
+
+@pytest.mark.parametrize("mirrored", [False, True])
+def test_batch_norm_statistics_are_re_estimated_for_the_averaged_weights(mirrored):
+    from tftrain.averaging import recalibrate_batch_norm
+    strategy = tf.distribute.MirroredStrategy(
+        ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()) \
+        if mirrored else tf.distribute.get_strategy()
+    with strategy.scope():
+        inputs = keras.Input((3,))
+        bn = keras.layers.BatchNormalization(momentum=0.99)
+        model = keras.Model(inputs, bn(inputs))
+    rng = np.random.default_rng(0)
+    batches = [rng.normal(loc=i, scale=1 + i, size=(16, 3)).astype(np.float32) for i in range(4)]
+    assert recalibrate_batch_norm(model, [(b, None) for b in batches]) == 4
+    means = np.mean([b.mean(0) for b in batches], axis=0)
+    variances = np.mean([b.var(0) for b in batches], axis=0)     # as Keras keeps them
+    for variable in ([bn.moving_mean] if not mirrored else bn.moving_mean.values):
+        np.testing.assert_allclose(np.asarray(variable), means, rtol=1e-5)
+    np.testing.assert_allclose(bn.moving_variance.numpy(), variances, rtol=1e-4)
+    assert bn.momentum == 0.99
+    assert recalibrate_batch_norm(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]),
+                                  [batches[0]]) == 0

@@ -9,8 +9,10 @@ optimizer update made (an update skipped by loss scaling does not move it):
 where n counts the updates made (TensorFlow's `ExponentialMovingAverage(num_updates=n)`
 warm-up: early averages are not dominated by the random initial weights). The averages
 live in the stage's checkpoints, so a resumed run continues the same average; at the
-stage's end they are evaluated beside the raw weights and replace them for the next
-stage and the export.
+stage's end they replace the weights, batch-norm statistics are re-estimated for them
+over `recalibrate_batches` training batches (the averaged statistics belong to no
+single set of weights), and they are evaluated beside the raw weights and used for the
+next stage and the export.
 """
 from __future__ import annotations
 
@@ -58,7 +60,37 @@ class WeightAverage:
         with tf.control_dependencies(ops):
             return self.count.assign(tf.maximum(self.count, made))
 
-    def apply(self) -> None:
-        """Copy the averages into the model's weights (outside any step)."""
+    def apply(self, model=None, batches=()) -> None:
+        """Copy the averages into the model's weights (outside any step); then, given
+        `model` and training `batches`, re-estimate its batch-norm statistics for them."""
         for average, weight in zip(self.averages, self.weights):
             weight.assign(average.read_value())
+        if model is not None:
+            recalibrate_batch_norm(model, batches)
+
+
+def recalibrate_batch_norm(model, batches) -> int:
+    """Batch-norm moving statistics re-estimated as the plain mean over `batches` of
+    inputs (or `(x, y, ...)` tuples), in training mode, as torch's `swa_utils.update_bn`
+    does: averaged weights are not the weights the running statistics were gathered
+    with. Returns the batches used (0 without batch norm)."""
+    from tftrain._keras import keras
+
+    layers = [layer for layer in model._flatten_layers(include_self=False)
+              if isinstance(layer, keras.layers.BatchNormalization)]
+    if not layers:
+        return 0
+    momentum = [layer.momentum for layer in layers]
+    for layer in layers:
+        layer.moving_mean.assign(tf.zeros_like(layer.moving_mean))
+        layer.moving_variance.assign(tf.ones_like(layer.moving_variance))
+    used = 0
+    try:
+        for used, batch in enumerate(batches, start=1):
+            for layer in layers:     # the k-th batch weighs 1/k: the mean over the batches
+                layer.momentum = (used - 1) / used
+            model(batch[0] if isinstance(batch, tuple) else batch, training=True)
+    finally:
+        for layer, m in zip(layers, momentum):
+            layer.momentum = m
+    return used

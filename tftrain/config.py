@@ -137,6 +137,7 @@ class EarlyStoppingConfig(Strict):
 class EMAConfig(Strict):
     """An exponential moving average of the weights (see `tftrain/averaging.py`)."""
     decay: float = Field(0.999, gt=0, lt=1)
+    recalibrate_batches: int = Field(20, ge=0)   # batch-norm statistics for the averages
 
 
 class TrainConfig(Strict):

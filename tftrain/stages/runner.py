@@ -72,7 +72,7 @@ class StageRunner:
         if not (self.agree(missing) if self.agree else missing):    # on every worker
             result = self.results[stage.name]
             if built.average is not None:
-                built.average.apply()
+                built.average.apply(model, self._recalibration())
             return stage.finalize(built, result, self.plan), result
         start = int(position.numpy())
         if restored:
@@ -141,9 +141,18 @@ class StageRunner:
                   "input_wait": waiting.fraction(),
                   "seconds": time.perf_counter() - began}    # of this session of the stage
         if built.average is not None:   # the averaged weights, evaluated beside the raw ones
-            built.average.apply()
+            built.average.apply(model, self._recalibration())
             result["raw_metrics"], result["metrics"] = result["metrics"], self._evaluate(model)
         return result
+
+    def _recalibration(self):
+        """Training batches (in order, unaugmented: the same on every worker and every
+        rerun) to re-estimate batch-norm statistics with."""
+        from tftrain.data import train_dataset
+
+        n = self.cfg.train.ema.recalibrate_batches
+        return train_dataset(self.plan.source, self.plan.batches, self.cfg.data,
+                             self.cfg.run.seed, ops=[]).take(n)
 
     def _evaluate(self, model) -> dict:
         metrics = model.evaluate(self.val, steps=self.cfg.train.smoke_steps if self.smoke else None,
