@@ -166,8 +166,6 @@ class Precision:
     def unscale(self, optimizer, gradient):
         return optimizer.get_unscaled_gradients([gradient])[0] if self.loss_scaled else gradient
 
-    def describe(self) -> str:
-        return f"precision: {self.policy}{', loss-scaled' if self.loss_scaled else ''}"
 
 
 def float32_outputs(model):

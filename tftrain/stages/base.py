@@ -18,7 +18,7 @@ Adding a stage: a module with a `Stage` subclass and one line in `stages/__init_
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -31,7 +31,6 @@ class Built:
     callbacks: tuple = ()          # Keras callbacks adding to the logs
     stateful: tuple = ()           # callbacks whose counters go into the checkpoint
     average: Any = None            # a `WeightAverage` evaluated and used at the end
-    state: dict = field(default_factory=dict)   # more variables for the checkpoint
 
 
 class Stage:

@@ -62,8 +62,7 @@ class StageRunner:
                                    position=position,
                                    learning_rate=optim.learning_rate_state(optimizer),
                                    callbacks=[c.state for c in built.stateful],
-                                   average=built.average.variables if built.average else {},
-                                   **built.state)
+                                   average=built.average.variables if built.average else {})
         directory = stage.checkpoint_dir(self.run.checkpoints)
         save_dir = directory if self.chief else self.scratch / stage.name
         manager = tf.train.CheckpointManager(ckpt, str(save_dir), cfg.train.checkpoint.keep)
