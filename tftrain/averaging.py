@@ -69,15 +69,23 @@ class WeightAverage:
             recalibrate_batch_norm(model, batches)
 
 
+def batch_norm_layers(model) -> list:
+    from tftrain._keras import keras
+
+    return [layer for layer in model._flatten_layers(include_self=False)
+            if isinstance(layer, keras.layers.BatchNormalization)]
+
+
+def has_batch_norm(model) -> bool:
+    return bool(batch_norm_layers(model))
+
+
 def recalibrate_batch_norm(model, batches) -> int:
     """Batch-norm moving statistics re-estimated as the plain mean over `batches` of
     inputs (or `(x, y, ...)` tuples), in training mode, as torch's `swa_utils.update_bn`
     does: averaged weights are not the weights the running statistics were gathered
     with. Returns the batches used (0 without batch norm)."""
-    from tftrain._keras import keras
-
-    layers = [layer for layer in model._flatten_layers(include_self=False)
-              if isinstance(layer, keras.layers.BatchNormalization)]
+    layers = batch_norm_layers(model)
     if not layers:
         return 0
     momentum = [layer.momentum for layer in layers]

@@ -28,6 +28,7 @@ from tensorflow_model_optimization.python.core.sparsity.keras.pruning_wrapper im
     PruneLowMagnitude,
 )
 
+from tftrain import qat_configs
 from tftrain._keras import keras
 from tftrain.config import ConfigError, PruningConfig, QuantizationConfig
 from tftrain.models import layer_parents
@@ -233,7 +234,7 @@ def quantizable(layer, parents: list[str]) -> bool:
         return True
     if isinstance(layer, keras.layers.BatchNormalization):
         return bool(parents) and all(p in _FOLDED_INTO for p in parents)
-    return registry.Default8BitQuantizeRegistry().supports(layer)
+    return registry.Default8BitQuantizeRegistry().supports(layer) or qat_configs.supported(layer)
 
 
 def unquantizable(model, cfg: QuantizationConfig) -> list[str]:
@@ -259,7 +260,7 @@ def quantize_model(model, cfg: QuantizationConfig, preserve_sparsity: bool):
         clone = layer.__class__.from_config(layer.get_config())
         if layer.name in skipped or isinstance(layer, keras.layers.InputLayer):
             return clone
-        return q.quantize_annotate_layer(clone)
+        return q.quantize_annotate_layer(clone, qat_configs.config_for(clone, preserve_sparsity))
 
     annotated = keras.models.clone_model(model, clone_function=annotate)
     annotated.set_weights(model.get_weights())

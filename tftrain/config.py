@@ -8,7 +8,7 @@ what is expected; they are raised together as a `ConfigError`.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import Field, field_validator, model_validator
 
@@ -157,6 +157,9 @@ class TrainConfig(Strict):
     smoke_steps: int = Field(3, ge=1)
     verbose: Literal[0, 1, 2] = 2
     ema: Optional[EMAConfig] = None
+    # re-estimate batch-norm moving statistics at the end of each stage (PreciseBN):
+    # auto (about 2,000 examples, at most an epoch), a number of batches, or off
+    recalibrate_batch_norm: Union[Literal["auto", "off"], Annotated[int, Field(ge=1)]] = "auto"
 
     @field_validator("schedule", mode="before")
     @classmethod

@@ -106,7 +106,7 @@ def report_table(summary: dict) -> str:
                                   + (f", measured {placed['bubble_measured']:.2f}"
                                      if "bubble_measured" in placed else "")))
     rows += [(k, f"{v:.4f}") for k, v in summary["metrics"].items()]
-    rows += [(f"{k} (raw weights)", f"{v:.4f}")          # beside the averaged ones
+    rows += [(f"{k} (as trained)", f"{v:.4f}")   # before averaging / batch-norm re-estimation
              for k, v in (summary.get("raw_metrics") or {}).items()]
     stages = summary.get("stages", {})
     if len(stages) > 1:            # what each compression stage cost and gained
@@ -117,7 +117,8 @@ def report_table(summary: dict) -> str:
             raw = stage.get("raw_metrics", {}).get("val_accuracy")
             rows.append((f"stage {name}", f"{stage['updates']} updates, {stage['seconds']:.0f} s"
                          + (f", val_accuracy {acc:.4f}{change}" if acc is not None else "")
-                         + (f" (averaged; raw weights {raw:.4f})" if raw is not None else "")))
+                         + (f" ({stage.get('settled', 'averaged')}; as trained {raw:.4f})"
+                            if raw is not None else "")))
             before = acc
     if summary.get("sparsity"):
         rows.append(("sparsity", ", ".join(f"{k} {v:.3f}" for k, v in summary["sparsity"].items())))

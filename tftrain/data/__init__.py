@@ -3,7 +3,7 @@ pipeline. See `source.py` for what a source is and `pipeline.py` for how epochs 
 replica batches."""
 from tftrain.data.batching import BatchPlan, EpochLayout, plan_batches
 from tftrain.data.source import DATASETS, IndexedSource, InputSpec, Source, load_source
-from tftrain.data import arrays, images, records  # noqa: F401  (register the sources)
+from tftrain.data import arrays, audio, augment_audio, images, records, text  # noqa: F401,E501  (register)
 from tftrain.data.arrays import from_arrays
 from tftrain.data.pipeline import (cache_choice, cached, describe, distribute, epoch_layout,
                                    preprocess, train_dataset, val_dataset)

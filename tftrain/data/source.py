@@ -38,6 +38,19 @@ class InputSpec:
     dtype: str
     num_classes: int
     vocab_size: Optional[int] = None
+    sample_rate: Optional[int] = None     # audio: samples per second of the waveform
+    serving: Optional["Serving"] = None   # raw input served in front of the model (text)
+
+
+@dataclass(frozen=True, eq=False)
+class Serving:
+    """What the exported SavedModel takes instead of the model's input: `layer` maps a
+    batch of raw inputs (e.g. strings) to the model's input (e.g. token ids);
+    `validation` holds the raw validation inputs, in validation's order."""
+    layer: object
+    spec: tuple                 # (shape without batch, dtype) of one raw input
+    validation: np.ndarray
+    kind: str                   # what the raw input is, for the report
 
 
 def epoch_seed(seed, epoch):

@@ -10,7 +10,7 @@ from tftrain.registry import Registry, check_params, import_function
 
 MODELS = Registry("model", "model.name")
 
-from tftrain.models import cnn, mlp, resnet, transformer  # noqa: E402,F401  (registers)
+from tftrain.models import audio, cnn, mlp, resnet, text, transformer  # noqa: E402,F401  (registers)
 
 
 def resolve_builder(name: str, key: str = "model.name"):

@@ -70,8 +70,7 @@ class StageRunner:
         missing = stage.name not in self.results   # a stage that ended (early or not) is done
         if not (self.agree(missing) if self.agree else missing):    # on every worker
             result = self.results[stage.name]
-            if built.average is not None:
-                built.average.apply(model, self._recalibration())
+            self._settle(stage, built)
             return stage.finalize(built, result, self.plan), result
         start = int(position.numpy())
         if restored:
@@ -139,17 +138,48 @@ class StageRunner:
                   "mfu": flops.utilisation(throughput.steady_rate()),
                   "input_wait": waiting.fraction(),
                   "seconds": time.perf_counter() - began}    # of this session of the stage
-        if built.average is not None:   # the averaged weights, evaluated beside the raw ones
-            built.average.apply(model, self._recalibration())
+        settled = self._settle(stage, built)
+        if settled:               # evaluated again, beside the weights as trained
             result["raw_metrics"], result["metrics"] = result["metrics"], self._evaluate(model)
+            result["settled"] = settled
+        gap = _generalisation_gap(model, result["metrics"])
+        if gap:
+            print(f"tftrain: warning: stage {stage.name}: {gap}", flush=True)
         return result
 
-    def _recalibration(self):
-        """Training batches (in order, unaugmented: the same on every worker and every
+    def _settle(self, stage, built) -> str:
+        """Swap in the weight average and re-estimate batch-norm statistics, the same
+        way whether the stage trained now or before a restart; what was done ("": no
+        change)."""
+        from tftrain.averaging import has_batch_norm, recalibrate_batch_norm
+
+        if built.average is not None:
+            built.average.apply(built.net, self._batches(self.cfg.train.ema.recalibrate_batches))
+            return "averaged"
+        n = self.recalibration_batches()
+        if stage.recalibrates and n and has_batch_norm(built.net):
+            recalibrate_batch_norm(built.net, self._batches(n))
+            return "recalibrated"
+        return ""
+
+    def recalibration_batches(self) -> int:
+        """Batches `train.recalibrate_batch_norm` asks for (auto: about 2,000 examples,
+        at most an epoch; 0: off)."""
+        setting = self.cfg.train.recalibrate_batch_norm
+        if setting == "off":
+            return 0
+        if setting == "auto":
+            per_epoch = self.steps_per_epoch * self.plan.batches.global_batch // self.plan.batches.replica_batch
+            return max(1, min(-(-2048 // self.plan.batches.replica_batch), per_epoch))
+        return int(setting)
+
+    def _batches(self, n: int):
+        """n training batches (in order, unaugmented: the same on every worker and every
         rerun) to re-estimate batch-norm statistics with."""
         from tftrain.data import train_dataset
 
-        n = self.cfg.train.ema.recalibrate_batches
+        if self.smoke:
+            n = min(n, self.cfg.train.smoke_steps)
         return train_dataset(self.plan.source, self.plan.batches, self.cfg.data,
                              self.cfg.run.seed, ops=[]).take(n)
 
@@ -167,6 +197,19 @@ class StageRunner:
     def clean_up(self) -> None:
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def _generalisation_gap(model, metrics: dict, margin: float = 0.3) -> str:
+    """A warning when the last epoch's training accuracy exceeds validation accuracy by
+    more than `margin` ("": none)."""
+    history = getattr(getattr(model, "history", None), "history", {}) or {}
+    train = history.get("accuracy", [None])[-1]
+    val = metrics.get("val_accuracy")
+    if train is None or val is None or train - val <= margin:
+        return ""
+    return (f"training accuracy {train:.2f} but validation accuracy {val:.2f}; batch-norm "
+            "moving statistics that lag the weights are the usual cause (set "
+            "train.recalibrate_batch_norm: auto, or lower the batch-norm momentum)")
 
 
 def fit(model, train, val, start, epochs, steps_per_epoch, callbacks, cfg, smoke) -> None:
