@@ -257,28 +257,30 @@ def quantize_model(model, cfg: QuantizationConfig, preserve_sparsity: bool):
     skipped = set(unquantizable(model, cfg))
 
     def annotate(layer):
-        clone = layer.__class__.from_config(layer.get_config())
         if layer.name in skipped or isinstance(layer, keras.layers.InputLayer):
-            return clone
+            return layer.__class__.from_config(layer.get_config())
+        clone = qat_configs.quantizable_form(layer)
         return q.quantize_annotate_layer(clone, qat_configs.config_for(clone, preserve_sparsity))
 
     annotated = keras.models.clone_model(model, clone_function=annotate)
-    annotated.set_weights(model.get_weights())
+    annotated.set_weights([w.reshape(v.shape) for w, v in zip(model.get_weights(), annotated.weights)])
     with q.quantize_scope():
-        quantized = q.quantize_apply(annotated, _scheme(preserve_sparsity))
+        quantized = q.quantize_apply(annotated, _scheme(preserve_sparsity,
+                                                        qat_configs.quantize_input(model)))
     if preserve_sparsity:
         _keep_zeros(quantized, model)
     return quantized
 
 
-def _scheme(preserve_sparsity: bool):
+def _scheme(preserve_sparsity: bool, quantize_input: bool = True):
     """tfmot's default 8-bit scheme (prune-preserving or not), with one layout fix.
 
     tfmot marks a Conv2D/Dense that feeds a separate ReLU layer "no-op" so no fake-quant
     sits between them (TFLite fuses the pair), but that also leaves the layer's weights
     unquantized during QAT and, with prune-preserving QAT, unmasked: the pruned zeros of
     every `Conv2D -> ReLU` were lost. Here such a layer quantizes its weights and only
-    its output is left to the ReLU."""
+    its output is left to the ReLU. Without `quantize_input` the model's input is not
+    fake-quantized (a raw waveform feeding float feature extraction)."""
     from tensorflow_model_optimization.python.core.quantization.keras.collab_opts.prune_preserve import (  # noqa: E501
         default_8bit_prune_preserve_quantize_scheme as pqat,
         prune_preserve_quantize_registry as pqat_registry,
@@ -323,7 +325,8 @@ def _scheme(preserve_sparsity: bool):
                 model_transformer,
             )
             original = layout.default_8bit_transforms
-            chosen = [t for t in _default_transforms(original) if type(t) not in replaced]
+            chosen = [t for t in _default_transforms(original) if type(t) not in replaced
+                      and (quantize_input or not isinstance(t, original.InputLayerQuantize))]
             return model_transformer.ModelTransformer(
                 model, chosen + list(fixed), set(layer_quantize_map), layer_quantize_map
             ).transform()
@@ -366,7 +369,7 @@ def _keep_zeros(quantized, pruned) -> None:
                 continue
             source = pruned.get_layer(layer.layer.name)
             name = weight.name.split("/")[-1].split(":")[0]
-            zeros = getattr(source, name).numpy() != 0
+            zeros = (getattr(source, name).numpy() != 0).reshape(weight.shape)
             mask = layer.add_weight(f"pruning_mask_{name}", shape=weight.shape, trainable=False,
                                     initializer=keras.initializers.Ones(), dtype=weight.dtype)
             mask.assign(zeros.astype(weight.dtype.as_numpy_dtype))

@@ -140,6 +140,13 @@ class EMAConfig(Strict):
     recalibrate_batches: int = Field(20, ge=0)   # batch-norm statistics for the averages
 
 
+class FreezeConfig(Strict):
+    """A frozen-backbone phase before training (fine-tuning a pretrained model)."""
+    layers: list[str] = []            # name / regex rules; empty: all but the output layer
+    epochs: int = Field(1, ge=1)
+    learning_rate: Optional[float] = Field(None, gt=0)   # default: training's
+
+
 class TrainConfig(Strict):
     epochs: int = Field(10, ge=1)
     accumulation_steps: int = Field(1, ge=1)
@@ -159,6 +166,7 @@ class TrainConfig(Strict):
     ema: Optional[EMAConfig] = None
     # re-estimate batch-norm moving statistics at the end of each stage (PreciseBN):
     # auto (about 2,000 examples, at most an epoch), a number of batches, or off
+    freeze: Optional[FreezeConfig] = None
     recalibrate_batch_norm: Union[Literal["auto", "off"], Annotated[int, Field(ge=1)]] = "auto"
 
     @field_validator("schedule", mode="before")

@@ -22,7 +22,8 @@ def inference_model(model):
     """A plain float32 functional model with the same weights (no training wrappers):
     the same layers when they already compute in float32, else float32 copies."""
     pinned = any(getattr(layer, "_tftrain_pinned", False) for layer in model.layers)
-    if not pinned and all(layer.compute_dtype in (None, "float32") for layer in model.layers):
+    if not pinned and all(layer.compute_dtype in (None, "float32") for layer in model.layers
+                          if not isinstance(layer, keras.layers.InputLayer)):
         return keras.Model(model.inputs, model.outputs, name=model.name)
     # float32 copies, unpinned from model-parallel devices the serving host may not have
     clone = keras.models.clone_model(model, clone_function=_float32_layer)
@@ -42,14 +43,29 @@ def save_saved_model(model, path: Path) -> Path:
     return _write_saved_model(inference_model(model), path)
 
 
-def _write_saved_model(plain, path: Path) -> Path:
-    spec = tf.TensorSpec([None, *plain.input_shape[1:]], plain.inputs[0].dtype, name="inputs")
+def _write_saved_model(plain, path: Path, serving=None) -> Path:
+    """`serving` (an `InputSpec.serving`): the signature takes its raw input and runs its
+    layer (e.g. the fitted tokenizer) in front of the model."""
+    if serving is None:
+        spec = tf.TensorSpec([None, *plain.input_shape[1:]], plain.inputs[0].dtype, name="inputs")
+
+        @tf.function(input_signature=[spec])
+        def serve(inputs):
+            return {"logits": tf.cast(plain(inputs, training=False), tf.float32)}
+
+        tf.saved_model.save(plain, str(path), signatures={"serving_default": serve})
+        return path
+    shape, dtype = serving.spec
+    spec = tf.TensorSpec([None, *shape], dtype, name="inputs")
+    root = tf.Module()
+    root.model, root.preprocess = plain, serving.layer
 
     @tf.function(input_signature=[spec])
-    def serve(inputs):
-        return {"logits": tf.cast(plain(inputs, training=False), tf.float32)}
+    def serve_raw(inputs):
+        return {"logits": tf.cast(plain(serving.layer(inputs), training=False), tf.float32)}
 
-    tf.saved_model.save(plain, str(path), signatures={"serving_default": serve})
+    root.serve = serve_raw
+    tf.saved_model.save(root, str(path), signatures={"serving_default": serve_raw})
     return path
 
 
@@ -149,25 +165,42 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None) 
         *val_dataset(source, BatchPlan(1024, 1, 1), data_cfg).as_numpy_iterator()))
     plain = inference_model(model)
     reference = plain.predict(x_val, verbose=0)
-    saved = _write_saved_model(plain, out / "saved_model")
+    serving = source.spec.serving
+    saved = _write_saved_model(plain, out / "saved_model", serving)
     loaded = tf.saved_model.load(str(saved)).signatures["serving_default"]
-    logits = loaded(inputs=tf.constant(x_val))["logits"].numpy()
+    raw = x_val if serving is None else serving.validation
+    logits = loaded(inputs=tf.constant(raw))["logits"].numpy()
     report["saved_model"] = {**_sizes(_dir_bytes(saved)), "accuracy": _accuracy(logits, y_val),
-                             "max_abs_logit_diff": float(np.max(np.abs(logits - reference)))}
+                             "max_abs_logit_diff": float(np.max(np.abs(logits - reference))),
+                             "input": _input_kind(plain, serving)}
+    if serving is not None and hasattr(serving.layer, "get_vocabulary"):
+        (out / "vocabulary.txt").write_text(
+            "\n".join(serving.layer.get_vocabulary()) + "\n", encoding="utf-8")
     if cfg.tflite != "none":
         examples = preprocess(source.calibration(cfg.calibration_examples), data_cfg)
         calibration = np.concatenate([x for x, _ in examples.batch(256).as_numpy_iterator()])
-        blob = convert_tflite(saved, cfg.tflite, calibration, qat=qat)
+        # TFLite takes the model's own input (token ids for text): convert a plain copy
+        source_dir = saved if serving is None else _write_saved_model(plain, out / "tflite_source")
+        blob = convert_tflite(source_dir, cfg.tflite, calibration, qat=qat)
+        if serving is not None:
+            shutil.rmtree(source_dir)
         (out / "model.tflite").write_bytes(blob)
         logits, latency = tflite_logits(blob, x_val)
         report[f"tflite_{cfg.tflite}"] = {
             **_sizes(blob), "accuracy": _accuracy(logits, y_val),
             "max_abs_logit_diff": float(np.max(np.abs(logits - reference))),
-            "latency_ms": latency * 1e3}
+            "latency_ms": latency * 1e3, "input": _input_kind(plain, None)}
     if not cfg.saved_model:   # it was only the conversion's source
         shutil.rmtree(saved)
         del report["saved_model"]
     return verify(report, cfg, _accuracy(reference, y_val))
+
+
+def _input_kind(plain, serving) -> str:
+    """What an artifact takes, for the report (e.g. "raw strings", "int32 [256]")."""
+    if serving is not None:
+        return serving.kind
+    return f"{plain.inputs[0].dtype.name} {list(plain.input_shape[1:])}"
 
 
 FLOAT_ARTIFACTS = ("saved_model", "tflite_float")

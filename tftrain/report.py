@@ -9,7 +9,7 @@ def summary(plan, results: dict, artifacts: dict, net) -> dict:
     """The run's summary; `net` is the model the last stage finished with."""
     from tftrain.export import failures
 
-    first = results[plan.stages[0].name]          # training
+    first = results.get("train", results[plan.stages[0].name])     # training
     info, b, wire, peak = plan.parallel.info, plan.batches, plan.precision.wire, plan.peak
     out = {
         "status": "completed" if not failures(artifacts) else "export verification failed",

@@ -64,12 +64,22 @@ def array_source(x, y, val: tf.data.Dataset, num_val: int, spec: InputSpec,
 
 
 @DATASETS.register("digits")
-def digits(fraction: float, seed: int) -> IndexedSource:
-    """scikit-learn's bundled 8x8 handwritten digits (1797 images, 10 classes), offline."""
+def digits(fraction: float, seed: int, image_size: Optional[int] = None,
+           channels: int = 1) -> IndexedSource:
+    """scikit-learn's bundled 8x8 handwritten digits (1797 images, 10 classes), offline;
+    optionally resized (bilinear) to `image_size` and repeated to `channels` (e.g. 32
+    and 3 for ImageNet backbones)."""
     from sklearn.datasets import load_digits
 
     bunch = load_digits()
-    x = (bunch.images / 16.0)[..., None]
+    x = (bunch.images / 16.0)[..., None].astype(np.float32)
+    if image_size is not None:
+        if image_size < 8:
+            raise ConfigError(f"data.params.image_size: {image_size}; expected at least 8")
+        x = np.clip(tf.image.resize(x, [image_size, image_size]).numpy(), 0.0, 1.0)
+    if channels not in (1, 3):
+        raise ConfigError(f"data.params.channels: {channels}; expected 1 or 3")
+    x = np.repeat(x, channels, axis=-1)
     return from_arrays(x, bunch.target, fraction, seed, num_classes=10)
 
 

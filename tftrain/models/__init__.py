@@ -9,6 +9,7 @@ from tftrain.config import ConfigError, ModelConfig
 from tftrain.registry import Registry, check_params, import_function
 
 MODELS = Registry("model", "model.name")
+APPLICATIONS = "keras_applications:"      # + a keras.applications model name
 
 from tftrain.models import audio, cnn, mlp, resnet, text, transformer  # noqa: E402,F401  (registers)
 
@@ -17,6 +18,12 @@ def resolve_builder(name: str, key: str = "model.name"):
     """A registered builder, or `package.module:function`; errors name `key`."""
     if ":" not in name:
         return MODELS.get(name, key)
+    if name.startswith(APPLICATIONS):
+        from tftrain.models.applications import application
+        try:
+            return application(name[len(APPLICATIONS):])
+        except ValueError as err:
+            raise ConfigError(f"{key}: {err}") from None
     return import_function(name, key)
 
 
@@ -25,7 +32,7 @@ def build_model(cfg: ModelConfig, spec, section: str = "model"):
     name the config `section` it came from (e.g. a distillation student's)."""
     builder = resolve_builder(cfg.name, f"{section}.name")
     check_params(builder, cfg.params, f"{section}.params", skip=1)
-    if ":" in cfg.name:      # user code: whatever it raises is a bug in it (exit 1, traceback)
+    if ":" in cfg.name and not cfg.name.startswith(APPLICATIONS):   # user code: whatever it raises is a bug in it (exit 1, traceback)
         return ensure_tf_keras_model(builder(spec, **cfg.params), f"model '{cfg.name}'")
     try:
         model = builder(spec, **cfg.params)

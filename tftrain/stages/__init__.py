@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from tftrain.stages.base import Built, Stage
 from tftrain.stages.distill import Distill
+from tftrain.stages.freeze import Freeze
 from tftrain.stages.prune import Prune
 from tftrain.stages.qat import QAT
 from tftrain.stages.runner import Preempted, StageRunner, fit, scratch_dir
@@ -12,6 +13,7 @@ from tftrain.stages.train import Train
 
 # The order stages run in.
 STAGES: tuple[type[Stage], ...] = (
+    Freeze,
     Train,
     Distill,
     Prune,

@@ -12,7 +12,6 @@ class QAT(Stage):
     section = "compression.quantization"
     quantization_aware = True
     unroll = True      # the fake-quant ranges synchronise replicas in the forward pass
-    recalibrates = False
 
     def precision(self, ctx):
         return ctx.precision.with_policy("float32", distribute=self.cfg.distribute,

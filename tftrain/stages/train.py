@@ -18,14 +18,9 @@ class Train(Stage):
         return None                     # training's schedule
 
     def plan(self, net, ctx):
-        """The model, built now (the same initial weights on every path) so the plan can
+        """The model (unless a frozen phase built it), built now (the same initial weights on every path) so the plan can
         describe it and the later stages can check it before anything is written."""
-        from tftrain._keras import keras
-        from tftrain.models import build_model
-
-        keras.utils.set_random_seed(self.cfg.run.seed)
-        self.net = ctx.parallel.build(
-            lambda: ctx.precision.build(lambda: build_model(self.cfg.model, ctx.source.spec)))
+        self.net = net if net is not None else build_network(self.cfg, ctx)
         return self.net
 
     def build(self, net, ctx) -> Built:
@@ -63,3 +58,13 @@ class Train(Stage):
 
     def log_names(self) -> tuple[str, str]:
         return "metrics.csv", ""
+
+
+def build_network(cfg, ctx):
+    """The configured model from its seeded initial weights, under the run's precision
+    and parallelism."""
+    from tftrain._keras import keras
+    from tftrain.models import build_model
+
+    keras.utils.set_random_seed(cfg.run.seed)
+    return ctx.parallel.build(lambda: ctx.precision.build(lambda: build_model(cfg.model, ctx.source.spec)))

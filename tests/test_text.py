@@ -1,0 +1,114 @@
+"""The `text` source (folders and CSV/TSV, tokenizer fitted on training texts only, bad
+files), the embedding-bag model, and the exported SavedModel answering raw strings."""
+import json
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tftrain.config import load_config
+from tftrain.data import load_source
+from tftrain.data.text import split
+from tftrain.run import main
+
+from conftest import ROOT, quick_config
+
+QUICKSTART = ROOT / "configs" / "quickstart.yaml"
+WORDS = {"space": "rocket orbit planet star moon launch", "food": "bread cheese soup apple cook bake"}
+
+
+def make_texts(root, n=12):
+    rng = np.random.default_rng(0)
+    rows = []
+    for label, words in WORDS.items():
+        (root / label).mkdir(parents=True, exist_ok=True)
+        for i in range(n):
+            text = " ".join(rng.choice(words.split(), 6)) + f" unique{label}{i}"
+            (root / label / f"{i:03d}.txt").write_text(text.capitalize() + ".\n")
+            rows.append((text, label))
+    return rows
+
+
+def cfg(path, *sets):
+    return load_config(None, ["data.name=text", f"data.params={{path: {path}}}", *sets])
+
+
+def test_folder_and_tsv_give_the_same_split_and_a_vocabulary_of_training_texts_only(tmp_path):
+    rows = make_texts(tmp_path / "texts")
+    table = tmp_path / "texts.tsv"
+    table.write_text("label\ttext\n" + "".join(f"{label}\t{text.capitalize()}.\n" for text, label in rows))
+    a = load_source(cfg(tmp_path / "texts", "data.validation_fraction=0.25").data, 5)
+    b = load_source(cfg(table, "data.validation_fraction=0.25").data, 5)
+    (train, _), (val, yv), classes = split(tmp_path / "texts", 0.25, 5)
+    assert classes == ["food", "space"] and len(val) == 6 and a.num_val == 6 and b.num_train == 18
+    vocab = set(a.spec.serving.layer.get_vocabulary())
+    train_words = {w.strip(".").lower() for t in train for w in t.split()}
+    val_only = {w.strip(".").lower() for t in val for w in t.split()} - train_words
+    assert val_only and not vocab & val_only                     # fitted on training texts only
+    assert vocab - {"", "[UNK]"} <= train_words
+    assert set(b.spec.serving.layer.get_vocabulary()) == vocab
+    xa = np.concatenate([x.numpy() for x, _ in a.validation().batch(8)])
+    xb = np.concatenate([x.numpy() for x, _ in b.validation().batch(8)])
+    np.testing.assert_array_equal(xa, xb)
+    assert list(a.spec.serving.validation) == val and a.spec.dtype == "int32"
+    ids = a.spec.serving.layer(tf.constant(["rocket bread nonsenseword"])).numpy()[0]
+    assert ids[2] == 1 and ids[0] > 1 and ids[1] > 1 and not ids[3:].any()   # OOV -> 1, padded
+
+
+@pytest.mark.parametrize("case,pattern", [
+    ("empty_file", r"data: .*space/003\.txt is empty; fix or remove it, or set data\.on_bad_record: skip"),
+    ("empty_folder", r"class folder .*sport has no \.txt files"),
+    ("no_label_column", r"data\.params\.label_column: column 'label' is not in .*t\.csv \(its columns are: text, category\)"),
+    ("no_label", r"data: .*t\.csv:3 has no label"),
+])
+def test_bad_text_exits_2_naming_the_file_or_key(tmp_path, capsys, case, pattern):
+    make_texts(tmp_path / "texts")
+    path = tmp_path / "texts"
+    if case == "empty_file":
+        (path / "space" / "003.txt").write_text("  \n")
+    if case == "empty_folder":
+        (path / "sport").mkdir()
+    if case == "no_label_column":
+        path = tmp_path / "t.csv"
+        path.write_text("text,category\nhello world,a\n")
+    if case == "no_label":
+        path = tmp_path / "t.csv"
+        path.write_text("text,label\nhello world,a\nbye world,\n")
+    runs = tmp_path / "runs"
+    sets = ["data.name=text", f"data.params={{path: {path}}}", "model.name=embedding_bag"]
+    assert main([str(QUICKSTART), "--run-dir", str(runs), *[a for s in sets for a in ("--set", s)]]) == 2
+    err = capsys.readouterr().err
+    assert re.search(pattern, err), err
+    assert "Traceback" not in err and not runs.exists()
+
+
+def test_text_run_exports_a_saved_model_that_answers_raw_strings(tmp_path):
+    from tftrain.run import run
+    data = tmp_path / "fortunes"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_fortunes_text.py"), "--out", str(data),
+                    "--categories", "computers", "law"], check=True, capture_output=True)
+    summary = run(quick_config(tmp_path, "data.name=text", f"data.params={{path: {data}}}",
+                               "model={name: embedding_bag, params: {embed_dim: 16}}",
+                               "train.epochs=4", "run.name=text", "export.tflite=int8",
+                               "compression.quantization={enabled: true, epochs: 1, skip_unsupported: true}"))
+    art = summary["artifacts"]
+    assert summary["metrics"]["val_accuracy"] > 0.75               # 2 classes, 1,255 fortunes
+    assert art["saved_model"]["input"] == "raw strings" and art["saved_model"]["verified"]
+    assert art["tflite_int8"]["input"].startswith("int32 [") and art["tflite_int8"]["verified"]
+    export = tmp_path / "text" / "export"
+    assert (export / "vocabulary.txt").read_text().splitlines()[:2] == ["", "[UNK]"]
+    texts = ["Lawyers and judges argue a case in court.", "The compiler crashed the kernel again."]
+    out = subprocess.run(["saved_model_cli", "run", "--dir", str(export / "saved_model"), "--tag_set",
+                          "serve", "--signature_def", "serving_default", "--input_exprs",
+                          f"inputs={json.dumps(texts)}"], capture_output=True, text=True, timeout=300,
+                         env={"PATH": str(ROOT / ".venv" / "bin") + ":/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    printed = re.search(r"Result for output key logits:\s*(\[\[.*?\]\])", out.stdout, re.S).group(1)
+    logits = np.array(json.loads(re.sub(r"\s+", ",", printed.replace("[ ", "[")).replace(",]", "]")
+                                 .replace("[,", "[")))
+    loaded = tf.saved_model.load(str(export / "saved_model")).signatures["serving_default"]
+    np.testing.assert_allclose(logits, loaded(inputs=tf.constant(texts))["logits"].numpy(), atol=1e-4)
+    assert np.argmax(logits, 1).tolist() == [1, 0]                 # classes: computers, law
