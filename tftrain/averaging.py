@@ -72,8 +72,9 @@ class WeightAverage:
 def batch_norm_layers(model) -> list:
     from tftrain._keras import keras
 
+    # a frozen batch norm runs in inference mode: its statistics are left as they are
     return [layer for layer in model._flatten_layers(include_self=False)
-            if isinstance(layer, keras.layers.BatchNormalization)]
+            if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable]
 
 
 def has_batch_norm(model) -> bool:

@@ -42,6 +42,8 @@ class Stage:
     # accumulate in a Python loop: for forward passes that synchronise replicas
     # (`merge_call` is not allowed inside a while loop)
     unroll: ClassVar[bool] = False
+    # batch-norm statistics re-estimated at its end (`train.recalibrate_batch_norm`)
+    recalibrates: ClassVar[bool] = True
 
     def __init__(self, *, cfg, steps_per_epoch: int, smoke: bool = False):
         self.cfg, self.steps_per_epoch, self.smoke = cfg, steps_per_epoch, smoke

@@ -12,6 +12,10 @@ class QAT(Stage):
     section = "compression.quantization"
     quantization_aware = True
     unroll = True      # the fake-quant ranges synchronise replicas in the forward pass
+    # no re-estimation: a training-mode pass would also move the quantization ranges (and
+    # needs the replicas' merge_call); QAT starts from the previous stage's re-estimated
+    # statistics and its few updates barely move them
+    recalibrates = False
 
     def precision(self, ctx):
         return ctx.precision.with_policy("float32", distribute=self.cfg.distribute,

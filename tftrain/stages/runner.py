@@ -157,7 +157,7 @@ class StageRunner:
             built.average.apply(built.net, self._batches(self.cfg.train.ema.recalibrate_batches))
             return "averaged"
         n = self.recalibration_batches()
-        if n and has_batch_norm(built.net):
+        if stage.recalibrates and n and has_batch_norm(built.net):
             recalibrate_batch_norm(built.net, self._batches(n))
             return "recalibrated"
         return ""
