@@ -115,3 +115,17 @@ def test_batch_norm_statistics_are_re_estimated_for_the_averaged_weights(mirrore
     assert bn.momentum == 0.99
     assert recalibrate_batch_norm(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]),
                                   [batches[0]]) == 0
+
+
+def test_frozen_batch_norm_keeps_its_statistics():
+    from tftrain.averaging import has_batch_norm, recalibrate_batch_norm
+    inputs = keras.Input((3,))
+    frozen, live = keras.layers.BatchNormalization(), keras.layers.BatchNormalization()
+    model = keras.Model(inputs, live(frozen(inputs)))
+    frozen.moving_mean.assign([1.0, 2.0, 3.0])
+    frozen.trainable = False
+    batch = np.random.default_rng(1).normal(size=(8, 3)).astype(np.float32)
+    assert has_batch_norm(model) and recalibrate_batch_norm(model, [batch]) == 1
+    np.testing.assert_array_equal(frozen.moving_mean.numpy(), [1.0, 2.0, 3.0])
+    expected = (batch - [1.0, 2.0, 3.0]) / np.sqrt(1.0 + frozen.epsilon)   # frozen: inference
+    np.testing.assert_allclose(live.moving_mean.numpy(), expected.mean(0), rtol=1e-4, atol=1e-6)

@@ -30,7 +30,7 @@ def test_smoke_runs_one_epoch_of_each():
 @pytest.mark.parametrize("cls", STAGES)
 def test_every_stage_implements_the_interface_and_reads_its_own_section(cls):
     assert cls.build is not Stage.build and cls.name
-    cfg = load_config(None, ["compression.distillation.student={name: mlp}"])
+    cfg = load_config(None, ["compression.distillation.student={name: mlp}", "train.freeze={epochs: 2}"])
     section = cls.settings(cfg)
     assert type(section).__name__.endswith("Config") and cls.configured_epochs(cfg) == section.epochs
     assert len({c.name for c in STAGES}) == len(STAGES)
@@ -67,3 +67,39 @@ def test_a_stage_can_supersede_another():
         assert summary(plan_stages(load_config(None, []), 5)) == [("replacement", 2, 10, 0.0001)]
     finally:
         stages.STAGES = original
+
+
+def test_batch_norm_is_re_estimated_at_the_end_of_training_and_pruning_not_qat(tmp_path):
+    from conftest import quick_config
+    from tftrain.run import run
+    from tftrain.stages.runner import _generalisation_gap
+    summary = run(quick_config(
+        tmp_path, "run.name=bn", "model.params={filters: [8, 16], dense: [32], batch_norm: true}",
+        "train.epochs=1", "train.recalibrate_batch_norm=4",
+        "compression.pruning={enabled: true, epochs: 1}", "compression.quantization={enabled: true, epochs: 1}",
+        "export.tflite=int8"))
+    stages = summary["stages"]
+    assert stages["train"]["settled"] == stages["prune"]["settled"] == "recalibrated"
+    assert "settled" not in stages["qat"] and "raw_metrics" in stages["train"]
+    off = run(quick_config(tmp_path, "run.name=nobn", "model.params={batch_norm: true}",
+                           "train.epochs=1", "train.recalibrate_batch_norm=off"))
+    assert "raw_metrics" not in off["stages"]["train"]
+
+    class Trained:
+        history = type("H", (), {"history": {"accuracy": [0.5, 0.94]}})()
+    assert "batch-norm moving statistics" in _generalisation_gap(Trained(), {"val_accuracy": 0.09})
+    assert _generalisation_gap(Trained(), {"val_accuracy": 0.9}) == ""
+
+
+def test_auto_recalibration_uses_about_2048_examples_at_most_an_epoch():
+    from types import SimpleNamespace
+    from tftrain.stages.runner import StageRunner
+    runner = StageRunner.__new__(StageRunner)
+    for setting, spe, per_replica, replicas, want in [("auto", 23, 32, 2, 46), ("auto", 500, 32, 2, 64),
+                                                       ("off", 23, 32, 2, 0), ("true", 23, 32, 2, 46),
+                                                       (5, 23, 32, 2, 5)]:
+        runner.cfg = load_config(None, [f"train.recalibrate_batch_norm={setting}"])
+        runner.steps_per_epoch = spe
+        runner.plan = SimpleNamespace(batches=SimpleNamespace(global_batch=per_replica * replicas,
+                                                              replica_batch=per_replica))
+        assert runner.recalibration_batches() == want

@@ -164,10 +164,11 @@ class TrainConfig(Strict):
     smoke_steps: int = Field(3, ge=1)
     verbose: Literal[0, 1, 2] = 2
     ema: Optional[EMAConfig] = None
+    freeze: Optional[FreezeConfig] = None    # a frozen-backbone phase before training
     # re-estimate batch-norm moving statistics at the end of each stage (PreciseBN):
-    # auto (about 2,000 examples, at most an epoch), a number of batches, or off
-    freeze: Optional[FreezeConfig] = None
-    recalibrate_batch_norm: Union[Literal["auto", "off"], Annotated[int, Field(ge=1)]] = "auto"
+    # auto (about 2,000 examples, at most an epoch), a number of batches, or off (YAML's
+    # bare off/on read as false/true)
+    recalibrate_batch_norm: Union[Literal["auto", "off"], bool, Annotated[int, Field(ge=1)]] = "auto"
 
     @field_validator("schedule", mode="before")
     @classmethod

@@ -166,9 +166,9 @@ class StageRunner:
         """Batches `train.recalibrate_batch_norm` asks for (auto: about 2,000 examples,
         at most an epoch; 0: off)."""
         setting = self.cfg.train.recalibrate_batch_norm
-        if setting == "off":
+        if setting in ("off", False):
             return 0
-        if setting == "auto":
+        if setting in ("auto", True):
             per_epoch = self.steps_per_epoch * self.plan.batches.global_batch // self.plan.batches.replica_batch
             return max(1, min(-(-2048 // self.plan.batches.replica_batch), per_epoch))
         return int(setting)
