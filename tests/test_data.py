@@ -382,3 +382,16 @@ def user_digits(scale: float = 16.0):
     ds = tf.data.Dataset.from_tensor_slices
     prep = lambda a, b: (a / scale, b)   # noqa: E731
     return UserData(ds((x[270:], y[270:])).map(prep), ds((x[:270], y[:270])).map(prep))
+
+
+def test_digits_upscaled_for_imagenet_backbones():
+    plain = load_source(cfg().data, 0)
+    big = load_source(cfg("data.params={image_size: 32, channels: 3}").data, 0)
+    assert big.spec.shape == (32, 32, 3) and big.num_train == plain.num_train
+    x = big.load(tf.constant([0, 1]))[0].numpy()
+    assert 0.0 <= x.min() and x.max() <= 1.0
+    np.testing.assert_array_equal(x[..., 0], x[..., 2])             # grey repeated
+    small = plain.load(tf.constant([0]))[0].numpy()[0, ..., 0]
+    np.testing.assert_allclose(x[0, ::4, ::4, 0].mean(), small.mean(), atol=0.05)
+    with pytest.raises(ConfigError, match=r"data\.params\.channels: 2; expected 1 or 3"):
+        load_source(cfg("data.params={channels: 2}").data, 0)
