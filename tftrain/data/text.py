@@ -1,0 +1,171 @@
+"""`text`: labelled text from one folder per class of `.txt` files (one example per
+file) or from a CSV/TSV file with a text and a label column.
+
+The split is seeded; the tokenizer is Keras' `TextVectorization` (word or character
+n-grams) fitted on the training split only (its vocabulary is deterministic: tokens by
+count, ties broken by the token). Examples are token ids, so training runs on integer
+tensors on any device; the exported SavedModel puts the fitted tokenizer in front of
+the model and takes raw strings (`InputSpec.serving`); TFLite files take token ids.
+"""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+
+from tftrain.config import ConfigError
+from tftrain.data.arrays import from_arrays
+from tftrain.data.source import DATASETS, IndexedSource, Serving, existing
+
+TABLE_SUFFIXES = {".csv": ",", ".tsv": "\t"}
+
+
+def read_folder(root: Path, on_bad_record: str):
+    """(texts, labels, classes) of root/<class>/<file>.txt."""
+    classes = sorted(d.name for d in root.iterdir() if d.is_dir())
+    if not classes:
+        raise ConfigError(f"data.params.path: {root} has no class sub-folders (expected "
+                          "root/<class>/<file>.txt), and is not a .csv/.tsv file")
+    texts, labels = [], []
+    for label, name in enumerate(classes):
+        found = sorted((root / name).glob("*.txt"))
+        if not found:
+            raise ConfigError(f"data.params.path: class folder {root / name} has no .txt files; "
+                              "remove it or add texts")
+        for f in found:
+            text = _decode(f.read_bytes(), f, on_bad_record)
+            if text is None:
+                continue
+            texts.append(text)
+            labels.append(label)
+    return texts, np.array(labels, np.int32), classes
+
+
+def _decode(data: bytes, where, on_bad_record: str) -> Optional[str]:
+    try:
+        text = data.decode("utf-8").strip()
+        problem = "is empty" if not text else None
+    except UnicodeDecodeError as err:
+        text, problem = None, f"is not UTF-8 text ({err.reason} at byte {err.start})"
+    if problem is None:
+        return text
+    if on_bad_record == "fail":
+        raise ConfigError(f"data: {where} {problem}; fix or remove it, or set "
+                          "data.on_bad_record: skip")
+    return None
+
+
+def read_table(path: Path, text_column: str, label_column: str, on_bad_record: str):
+    """(texts, labels, classes) of a CSV/TSV file with a header row."""
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.reader(f, delimiter=TABLE_SUFFIXES[path.suffix.lower()]))
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"data.params.path: {path} is not UTF-8 text ({err.reason}); save it "
+                          "as UTF-8") from None
+    if not rows:
+        raise ConfigError(f"data.params.path: {path} is empty; expected a header row with "
+                          f"'{text_column}' and '{label_column}' columns")
+    header = rows[0]
+    for key, column in (("text_column", text_column), ("label_column", label_column)):
+        if column not in header:
+            raise ConfigError(f"data.params.{key}: column '{column}' is not in {path} (its "
+                              f"columns are: {', '.join(header)})")
+    ti, li = header.index(text_column), header.index(label_column)
+    texts, names = [], []
+    for line, row in enumerate(rows[1:], start=2):
+        if len(row) != len(header):
+            if on_bad_record == "fail":
+                raise ConfigError(f"data: {path}:{line} has {len(row)} fields, the header has "
+                                  f"{len(header)}; fix the row or set data.on_bad_record: skip")
+            continue
+        text = _decode(row[ti].encode(), f"{path}:{line}: the text", on_bad_record)
+        label = row[li].strip()
+        if text is None:
+            continue
+        if not label:
+            if on_bad_record == "fail":
+                raise ConfigError(f"data: {path}:{line} has no label; fix the row or set "
+                                  "data.on_bad_record: skip")
+            continue
+        texts.append(text)
+        names.append(label)
+    classes = sorted(set(names))
+    index = {c: i for i, c in enumerate(classes)}
+    return texts, np.array([index[n] for n in names], np.int32), classes
+
+
+def split(root: Path, fraction: float, seed: int, text_column: str = "text",
+          label_column: str = "label", on_bad_record: str = "fail"):
+    """((train texts, labels), (validation texts, labels), classes): the seeded split
+    the `text` source trains on (baselines use it too)."""
+    if root.is_dir():
+        texts, labels, classes = read_folder(root, on_bad_record)
+    elif root.suffix.lower() in TABLE_SUFFIXES:
+        texts, labels, classes = read_table(root, text_column, label_column, on_bad_record)
+    else:
+        raise ConfigError(f"data.params.path: {root} is neither a folder of class folders nor "
+                          "a .csv/.tsv file")
+    if len(texts) < 2:
+        raise ConfigError(f"data.params.path: {root} holds {len(texts)} texts; need at least 2")
+    order = np.random.default_rng(seed).permutation(len(texts))
+    n_val = int(round(len(texts) * fraction))
+    train, val = order[n_val:], order[:n_val]
+    return (([texts[i] for i in train], labels[train]), ([texts[i] for i in val], labels[val]),
+            classes)
+
+
+def tokenizer(tokens: str, ngrams: int, vocab_size: int, sequence_length: Optional[int]):
+    from tftrain._keras import keras
+
+    if tokens not in ("word", "character"):
+        raise ConfigError(f"data.params.tokens: {tokens!r}; expected word or character")
+    if not 1 <= ngrams <= 5:
+        raise ConfigError(f"data.params.ngrams: {ngrams}; expected 1 to 5 (n-grams up to n)")
+    return keras.layers.TextVectorization(
+        max_tokens=vocab_size, standardize="lower_and_strip_punctuation",
+        split="whitespace" if tokens == "word" else "character",
+        ngrams=None if ngrams == 1 else ngrams, output_mode="int",
+        output_sequence_length=sequence_length, name="tokenizer")
+
+
+def encode(layer, texts: list[str]) -> np.ndarray:
+    return np.concatenate([layer(tf.constant(texts[i:i + 512])).numpy()
+                           for i in range(0, len(texts), 512)]).astype(np.int32)
+
+
+@DATASETS.register("text")
+def text(fraction: float, seed: int, path: str = "", text_column: str = "text",
+         label_column: str = "label", tokens: str = "word", ngrams: int = 1,
+         vocab_size: int = 20000, sequence_length: Optional[int] = None,
+         on_bad_record: str = "fail") -> IndexedSource:
+    """Text classification: a folder per class of .txt files, or a .csv/.tsv file;
+    tokenized by `TextVectorization` fitted on the training split (`tokens`: word or
+    character, n-grams up to `ngrams`, the `vocab_size` most frequent, padded or cut to
+    `sequence_length` tokens: by default the 95th percentile of training lengths)."""
+    root = existing(path, "data.params.path")
+    (train_texts, y_train), (val_texts, y_val), classes = split(
+        root, fraction, seed, text_column, label_column, on_bad_record)
+    layer = tokenizer(tokens, ngrams, vocab_size, None)
+    layer.adapt(tf.data.Dataset.from_tensor_slices(train_texts).batch(512))
+    if sequence_length is None:
+        lengths = [np.count_nonzero(layer(tf.constant(train_texts[i:i + 512])).numpy(), axis=1)
+                   for i in range(0, len(train_texts), 512)]
+        lengths = np.concatenate(lengths)
+        sequence_length = int(np.ceil(np.percentile(lengths, 95) / 8) * 8) or 8
+    fixed = tokenizer(tokens, ngrams, vocab_size, int(sequence_length))
+    fixed.set_vocabulary(layer.get_vocabulary())
+    source = from_arrays(encode(fixed, train_texts), y_train, fraction, seed,
+                         num_classes=len(classes), vocab_size=fixed.vocabulary_size(),
+                         x_val=encode(fixed, val_texts) if val_texts else
+                         np.zeros((0, sequence_length), np.int32),
+                         y_val=y_val, where=f"data.params.path: {root}")
+    serving = Serving(fixed, ((), "string"), np.array(val_texts, dtype=object), "raw strings")
+    spec = source.spec.__class__(**{**source.spec.__dict__, "serving": serving})
+    kind = (f"{len(train_texts) + len(val_texts)} texts under {root}, {len(classes)} classes; {tokens} "
+            f"{ngrams}-grams, vocabulary {fixed.vocabulary_size()}, {sequence_length} tokens")
+    return IndexedSource(spec, source.num_train, source.num_val, source.load, source.val,
+                         kind=kind, decoded_bytes=source.decoded_bytes)
