@@ -98,12 +98,13 @@ def config_for(layer, preserve_sparsity: bool) -> Optional[object]:
     )
     from tftrain.models.applications import Preprocess
     from tftrain.models.audio import AudioFeatures
+    from tftrain.models.text import TokenMean
 
     if type(layer) in (keras.layers.Conv1D, Conv1DAsConv2D):
         return Conv1DQuantizeConfig(preserve_sparsity)
     if isinstance(layer, (keras.layers.MaxPooling1D, keras.layers.GlobalMaxPooling1D)):
         return configs.NoOpQuantizeConfig()
-    if isinstance(layer, (AudioFeatures, Preprocess)):
+    if isinstance(layer, (AudioFeatures, Preprocess, TokenMean)):
         return configs.Default8BitOutputQuantizeConfig()
     return None
 
@@ -121,9 +122,11 @@ def supported(layer) -> bool:
 
 
 def quantize_input(model) -> bool:
-    """Whether QAT should fake-quantize the model's input: not when the input feeds only
-    float feature extraction (an 8-bit waveform would lose the quiet frames)."""
+    """Whether QAT should fake-quantize the model's input: not token ids (integers), nor
+    a waveform feeding float feature extraction (8 bits would lose the quiet frames)."""
     from tftrain.models.audio import AudioFeatures
 
+    if model.inputs[0].dtype.is_integer:
+        return False
     first = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
     return not (first and isinstance(first[0], AudioFeatures))

@@ -1,7 +1,22 @@
 """Text models on token ids (the `text` source's tokenizer is put in front of them in the
 exported SavedModel)."""
+import tensorflow as tf
+
 from tftrain._keras import keras
 from tftrain.models import MODELS
+
+
+@keras.utils.register_keras_serializable("tftrain")
+class TokenMean(keras.layers.Layer):
+    """The mean of token embeddings over the non-padding tokens (id 0 is padding),
+    computed from the ids themselves rather than a Keras mask, so it holds when pruning
+    or quantization wrappers (which drop masks) wrap the embedding."""
+
+    def call(self, inputs):
+        embedded, ids = inputs
+        real = tf.cast(tf.not_equal(ids, 0), embedded.dtype)[..., None]
+        total = tf.reduce_sum(embedded * real, axis=1)
+        return total / tf.maximum(tf.reduce_sum(real, axis=1), 1.0)
 
 
 @MODELS.register("embedding_bag")
@@ -12,8 +27,8 @@ def embedding_bag(spec, embed_dim=64, hidden=0, dropout=0.0):
         raise ValueError("embedding_bag needs token inputs (a dataset with vocab_size, e.g. "
                          "data.name: text)")
     inputs = keras.Input(spec.shape, dtype="int32", name="inputs")
-    x = keras.layers.Embedding(spec.vocab_size, embed_dim, mask_zero=True, name="tokens")(inputs)
-    x = keras.layers.GlobalAveragePooling1D(name="mean")(x)
+    x = keras.layers.Embedding(spec.vocab_size, embed_dim, name="tokens")(inputs)
+    x = TokenMean(name="mean")([x, inputs])
     if dropout:
         x = keras.layers.Dropout(dropout, name="dropout")(x)
     if hidden:
