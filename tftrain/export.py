@@ -47,25 +47,19 @@ def _write_saved_model(plain, path: Path, serving=None) -> Path:
     """`serving` (an `InputSpec.serving`): the signature takes its raw input and runs its
     layer (e.g. the fitted tokenizer) in front of the model."""
     if serving is None:
-        spec = tf.TensorSpec([None, *plain.input_shape[1:]], plain.inputs[0].dtype, name="inputs")
-
-        @tf.function(input_signature=[spec])
-        def serve(inputs):
-            return {"logits": tf.cast(plain(inputs, training=False), tf.float32)}
-
-        tf.saved_model.save(plain, str(path), signatures={"serving_default": serve})
-        return path
-    shape, dtype = serving.spec
+        shape, dtype, prepare, root = plain.input_shape[1:], plain.inputs[0].dtype, None, plain
+    else:
+        (shape, dtype), prepare = serving.spec, serving.layer
+        root = tf.Module()            # tracks the model and the tokenizer's vocabulary
+        root.model, root.preprocess = plain, prepare
     spec = tf.TensorSpec([None, *shape], dtype, name="inputs")
-    root = tf.Module()
-    root.model, root.preprocess = plain, serving.layer
 
     @tf.function(input_signature=[spec])
-    def serve_raw(inputs):
-        return {"logits": tf.cast(plain(serving.layer(inputs), training=False), tf.float32)}
+    def serve(inputs):
+        x = inputs if prepare is None else prepare(inputs)
+        return {"logits": tf.cast(plain(x, training=False), tf.float32)}
 
-    root.serve = serve_raw
-    tf.saved_model.save(root, str(path), signatures={"serving_default": serve_raw})
+    tf.saved_model.save(root, str(path), signatures={"serving_default": serve})
     return path
 
 
