@@ -32,7 +32,7 @@ def build_side(cfg, source, plan, strat, tftrain_side: bool, policy="float32"):
         ds = data.distribute(strat, source, plan, cfg.data, cfg.run.seed)
         manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model),
                                              tempfile.mkdtemp(), 1)
-        callbacks = [cb.NaNGuard(10**9), cb.Checkpointer(manager, 10**9, 10**9),
+        callbacks = [cb.Checkpointer(manager, 10**9, 10**9),
                      cb.Throughput(plan.global_batch), cb.LearningRateLogger()]
     else:
         ds = (source.calibration(source.num_train).cache().shuffle(source.num_train, seed=0).repeat()

@@ -364,7 +364,7 @@ def test_non_finite_loss_stops_with_a_clear_error(tmp_path, capsys):
     args = [str(QUICKSTART), "--run-dir", str(tmp_path)] + [a for s in DIVERGING for a in ("--set", s)]
     assert main(args) == 1
     err = capsys.readouterr().err
-    assert "loss became non-finite at update" in err and "train.on_nan: rollback" in err
+    assert "loss became non-finite by update" in err and "train.on_nan: rollback" in err
     assert not (tmp_path / "quickstart" / "summary.json").exists()
     assert not list((tmp_path / "quickstart" / "checkpoints").glob("*.index"))   # nothing NaN saved
 

@@ -6,6 +6,7 @@ reading it back from the device every step.
 """
 from __future__ import annotations
 
+import math
 import time
 import warnings
 
@@ -81,7 +82,15 @@ class ResumePoint:
 
 class Checkpointer(keras.callbacks.Callback):
     """Saves every `every` training batches, when a stop is asked for (then stops training)
-    and at the end; never saves non-finite weights or optimizer state.
+    and at the end; never saves non-finite weights or optimizer state. It also makes the
+    run's checks: whether the loss became non-finite and whether a stop was asked for.
+
+    The checks are batched: they are made at the first batch end at or after each multiple
+    of `check_every` updates, at each epoch's last batch and before any save; in a cluster
+    both flags are agreed on by all workers with one small all-reduce. A step between
+    checks costs no host sync and no collective beyond its gradient all-reduce. Keras'
+    loss in the logs is the epoch's running mean, so a non-finite loss at any step since
+    the epoch began is still seen at the next check; saves check the weights themselves.
 
     Positions count training batches of the stage (`position`, kept in the checkpoint):
     an update skipped by loss scaling still consumed its batch. A save due on an epoch's
@@ -89,42 +98,61 @@ class Checkpointer(keras.callbacks.Callback):
     one (plateau, early stopping) have updated their state, so the checkpoint holds it; a
     stop asked for during validation is honoured there too."""
 
-    _supports_tf_logs = True   # reads no logs: batch hooks add no host sync
+    _supports_tf_logs = True   # reads the loss only when a check is due
 
     def __init__(self, manager: tf.train.CheckpointManager, every: int, steps_per_epoch: int,
-                 start_update: int = 0, agree=None, stop=None, position=None):
-        """`stop`: the run's `Preemption`. `agree(flag) -> bool`, given for multi-worker
-        runs, tells every worker at the same batch whether any worker was asked to stop,
-        so all save and stop together. `position`: the int64 variable saved as the
+                 start_update: int = 0, agree=None, stop=None, position=None,
+                 check_every: int = 1):
+        """`stop`: the run's `Preemption`. `agree(*flags) -> bools`, given for multi-worker
+        runs, tells every worker at the same batch whether any worker raised each flag, so
+        all save, stop or roll back together. `position`: the int64 variable saved as the
         stage's batch count."""
         super().__init__()
         self.agree, self.stop, self.position = agree, stop, position
         self.manager, self.every, self.steps_per_epoch = manager, max(1, every), steps_per_epoch
-        self.update = self.last_saved = start_update
+        self.check_every = max(1, check_every)
+        self.update = self.last_saved = self.last_checked = start_update
         self.preempted = False
+        self.checks = 0           # checks made (each one all-reduce in a cluster)
         self._epoch = 0
         self._finite = None
 
     def resume_at(self, update: int) -> None:
         """Continue counting from `update` (after a rollback)."""
-        self.update = self.last_saved = update
+        self.update = self.last_saved = self.last_checked = update
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
 
+    def _flags(self, *local: bool):
+        self.checks += 1
+        if self.agree is None:
+            return local if len(local) > 1 else local[0]
+        return self.agree(*local)
+
     def _stop_asked(self) -> bool:
-        return self.stop.due(self.agree) if self.stop is not None else False
+        return self._flags(self.stop is not None and self.stop.requested is not None)
 
     def on_train_batch_end(self, batch, logs=None):
         self.update = self._epoch * self.steps_per_epoch + batch + 1
-        if batch + 1 >= self.steps_per_epoch:      # the epoch's end decides (after validation)
+        last_of_epoch = batch + 1 >= self.steps_per_epoch
+        save_due = self.update // self.every > self.last_saved // self.every
+        if not (last_of_epoch or save_due
+                or self.update // self.check_every > self.last_checked // self.check_every):
             return
-        self.preempted = self._stop_asked()
-        if self.preempted:
+        self.last_checked = self.update
+        loss = (logs or {}).get("loss")
+        bad = loss is not None and not math.isfinite(float(loss))
+        bad, stop = self._flags(bad, self.stop is not None and self.stop.requested is not None)
+        if bad:
+            raise NonFiniteLoss(self.update)
+        if last_of_epoch:                  # the epoch's end decides (after validation)
+            return
+        self.preempted = stop
+        if stop or save_due:
             self.save()
+        if stop:
             self.model.stop_training = True
-        elif self.update // self.every > self.last_saved // self.every:
-            self.save()
 
     def on_epoch_end(self, epoch, logs=None):
         self.preempted = self._stop_asked()
@@ -239,6 +267,90 @@ class InputWait(keras.callbacks.Callback):
         return values[len(values) // 2] if values else None
 
 
+class ExecutionSizer(keras.callbacks.Callback):
+    """`train.steps_per_execution: auto`: after a few executions of one step, sets the
+    steps run per `tf.function` call so that the host's work per call (Python callbacks,
+    the checks, dispatch, the distributed iterator) stays under `target` of the time spent
+    inside the steps, and one call lasts at most `max_seconds` (callbacks, checks and
+    signals are looked at between calls). In a cluster every worker takes the same value,
+    the rounded-up mean of their proposals (one all-reduce)."""
+
+    _supports_tf_logs = True
+    target = 0.02
+
+    def __init__(self, steps_per_epoch: int, mean=None, measure: int = 8,
+                 max_seconds: float = 1.0, most: int | None = None):
+        """`most`: an upper bound (the checkpoint interval, so saves stay on time)."""
+        super().__init__()
+        self.steps_per_epoch, self.mean = steps_per_epoch, mean
+        self.most = min(steps_per_epoch, most or steps_per_epoch)
+        self.measure, self.max_seconds = measure, max_seconds
+        self.chosen: int | None = None
+        self.host_seconds: float | None = None     # per call, measured
+        self.step_seconds: float | None = None     # per step, measured
+
+    def on_epoch_begin(self, epoch, logs=None):
+        # A window starts after the epoch's first call (tracing, the iterator) and never
+        # spans an epoch's end (validation).
+        self._start, self._calls, self._steps = None, 0, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.chosen is not None:
+            return
+        if self._start is None:
+            self._start = (time.perf_counter(), self._inside(), batch)
+            return
+        self._calls += 1
+        if self._calls >= max(1, min(self.measure, self.steps_per_epoch - 2)):
+            began, inside, first = self._start
+            steps = batch - first
+            wall = (time.perf_counter() - began) / self._calls
+            now = self._inside()
+            step = ((now - inside) / steps if now is not None else 0.5 * wall * self._calls / steps)
+            self._choose(host=max(0.0, wall - step * steps / self._calls), step=step)
+
+    def _inside(self) -> float | None:
+        """Seconds spent inside steps so far (one read of a replica-synchronised sum:
+        milliseconds, so only at a window's ends)."""
+        from tftrain.train_step import op_determinism
+        if not self.model.time_steps or op_determinism():
+            return None
+        return float(self.model.step_seconds.numpy())
+
+    def _choose(self, host: float, step: float) -> None:
+        k = math.ceil(host / (self.target * max(step, 1e-9)))
+        k = max(1, min(k, int(self.max_seconds // max(step, 1e-9)), self.most))
+        if self.mean is not None:                        # every worker alike
+            k = math.ceil(self.mean([float(k)])[0] - 1e-9)
+        self.chosen, self.host_seconds, self.step_seconds = k, host, step
+        self.model.steps_per_execution.assign(k)
+
+
+class EpochTensorBoard(keras.callbacks.TensorBoard):
+    """Keras' TensorBoard callback with per-epoch scalars and no work per batch: Keras'
+    own writes the training graph at the first batch's end (about 0.1 s, enough to trip
+    its slow-callback warning) and runs a summary op per log per batch even when only
+    epochs are recorded. The graph is written at the first epoch's end instead."""
+
+    def __init__(self, log_dir: str):
+        super().__init__(log_dir, update_freq="epoch", profile_batch=0)
+
+    def _implements_train_batch_hooks(self):
+        return False
+
+    def on_train_batch_begin(self, batch, logs=None):
+        pass
+
+    def on_train_batch_end(self, batch, logs=None):
+        pass
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self._should_write_train_graph:
+            self._write_keras_model_train_graph()
+            self._should_write_train_graph = False
+        super().on_epoch_end(epoch, logs)
+
+
 class FlopsLogger(keras.callbacks.Callback):
     """Adds `model_flops_per_sec` (training FLOPs: 3x the forward pass) and `mfu` (model
     FLOP utilisation against `peak` FLOP/s) to the epoch logs, from `examples_per_sec`
@@ -272,27 +384,10 @@ class NonFiniteLoss(Exception):
     """The training loss (or, found before a save, the weights) became NaN or infinite."""
 
     def __init__(self, update: int, what: str = "loss"):
-        super().__init__(f"{what} became non-finite at update {update}")
+        # the loss is checked every few updates (`Checkpointer`), the weights at the update
+        super().__init__(f"{what} became non-finite {'at' if what != 'loss' else 'by'} "
+                         f"update {update}")
         self.update = update
-
-
-class NaNGuard(keras.callbacks.Callback):
-    """Raises NonFiniteLoss as soon as the loss is not finite, before anything is saved
-    (it must come first among the callbacks). `agree` makes every worker raise together."""
-
-    _supports_tf_logs = True
-
-    def __init__(self, steps_per_epoch: int, agree=None):
-        super().__init__()
-        self.steps_per_epoch, self.agree = steps_per_epoch, agree
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._epoch = epoch
-
-    def on_train_batch_end(self, batch, logs=None):
-        bad = not bool(tf.math.is_finite(tf.cast(logs["loss"], tf.float32)))
-        if self.agree(bad) if self.agree else bad:
-            raise NonFiniteLoss(self._epoch * self.steps_per_epoch + batch + 1)
 
 
 class CheckpointedState:

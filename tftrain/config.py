@@ -151,7 +151,14 @@ class TrainConfig(Strict):
     epochs: int = Field(10, ge=1)
     accumulation_steps: int = Field(1, ge=1)
     global_batch_size: Optional[int] = Field(None, ge=1)
-    steps_per_execution: int = Field(1, ge=1)
+    # steps per tf.function call: auto sizes it after a few steps so that host work per
+    # call stays under 2% of the step time (and a call under a second)
+    steps_per_execution: Union[Literal["auto"], Annotated[int, Field(ge=1)]] = "auto"
+    # XLA for the replica gradients: auto measures both on one batch and keeps the faster
+    jit_compile: Union[Literal["auto"], bool] = "auto"
+    # the run's checks (non-finite loss, stop signal; one small all-reduce in a cluster)
+    # at the first call's end at or after every N updates
+    check_every: int = Field(1, ge=1)
     optimizer: OptimizerConfig = OptimizerConfig()
     schedule: ScheduleConfig = ConstantSchedule()
     loss: str = "sparse_categorical_crossentropy"

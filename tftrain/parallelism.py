@@ -31,8 +31,14 @@ class Parallelism:
 
     @property
     def agree(self):
-        """`agree(flag) -> bool`: whether any worker's flag is set, the same answer on all
-        (None on one worker: a local flag is the answer)."""
+        """`agree(*flags) -> bool(s)`: whether any worker raised each flag, the same answer
+        on all (None on one worker: a local flag is the answer)."""
+        return None
+
+    @property
+    def mean(self):
+        """`mean(values) -> values`: the element-wise mean over the cluster's replicas, the
+        same on all workers (None on one worker)."""
         return None
 
     def build(self, builder):
@@ -79,14 +85,18 @@ class MultiWorker(Parallelism):
     agreed on by all workers with one small all-reduce, so they stop together."""
 
     def __init__(self, *, strategy, memory_plan=None):
-        from tftrain.strategy import any_worker
+        from tftrain.strategy import any_worker, worker_mean
 
         super().__init__(strategy=strategy, memory_plan=memory_plan)
-        self._agree = any_worker(strategy)
+        self._agree, self._mean = any_worker(strategy), worker_mean(strategy)
 
     @property
     def agree(self):
         return self._agree
+
+    @property
+    def mean(self):
+        return self._mean
 
 
 class Placed(Parallelism):

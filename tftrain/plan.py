@@ -63,7 +63,7 @@ def make(cfg: Config, *, smoke: bool, stop) -> RunPlan:
     """Plan the run: nothing is written, and every check that can fail early fails here."""
     import tensorflow as tf
 
-    from tftrain import data, parallelism, strategy
+    from tftrain import data, parallelism, strategy, xla
     from tftrain._keras import keras
     from tftrain.models import build_model
     from tftrain.placement import layer_costs
@@ -106,6 +106,7 @@ def make(cfg: Config, *, smoke: bool, stop) -> RunPlan:
         net = None
         for i, stage in enumerate(plan.stages):
             stage.check()
+            xla.check(cfg, stage, parallel)
             net = stage.plan(net, plan)
             if i == 0:
                 plan.model = net

@@ -92,6 +92,13 @@ def report_table(summary: dict) -> str:
             ("input wait", "not measured (run.deterministic)"
              if summary["throughput"].get("input_wait") is None
              else f"{summary['throughput']['input_wait']:.1%} of step time")]
+    host = summary["throughput"].get("host")
+    if host:
+        per_call = host.get("host_seconds_per_call")
+        rows.append(("steps per call", f"{host['steps_per_execution']}"
+                     + (f" (host {per_call * 1e3:.2f} ms per call, step "
+                        f"{host['step_seconds'] * 1e3:.2f} ms; {host['checks']} checks)"
+                        if per_call is not None else f" ({host['checks']} checks)")))
     flops = summary["throughput"].get("model_flops_per_sec")
     if flops:
         rows.append(("model FLOP/s", f"{flops / 1e9:.2f} GFLOP/s, utilisation "

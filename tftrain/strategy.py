@@ -232,12 +232,24 @@ class CountingReduction(tf.distribute.ReductionToOneDevice):
 
 
 def any_worker(strategy: tf.distribute.Strategy):
-    """A function of a local flag that returns, on every worker alike, whether any worker's
-    flag is set (one small all-reduce). Workers call it at the same step to agree on
-    stopping, since a worker that stops alone leaves the others waiting in a collective."""
-    @tf.function
-    def reduce_flag(flag):
-        per_replica = strategy.run(lambda f: tf.cast(f, tf.int32), args=(flag,))
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None) > 0
+    """A function of local flags that returns, on every worker alike, whether any worker
+    raised each flag (one small all-reduce for all of them): `agree(flag) -> bool`,
+    `agree(a, b) -> (bool, bool)`. Workers call it at the same step to agree on stopping,
+    since a worker that stops alone leaves the others waiting in a collective."""
+    mean = worker_mean(strategy)
 
-    return lambda flag: bool(reduce_flag(tf.constant(flag)).numpy())
+    def agree(*flags):
+        answers = tuple(v > 0 for v in mean([float(f) for f in flags]))
+        return answers if len(answers) > 1 else answers[0]
+    return agree
+
+
+def worker_mean(strategy: tf.distribute.Strategy):
+    """A function of a list of local numbers that returns their element-wise mean over the
+    replicas of the cluster (one small all-reduce), the same on every worker."""
+    @tf.function(reduce_retracing=True)
+    def reduce_mean(values):
+        per_replica = strategy.run(tf.identity, args=(values,))
+        return strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None)
+
+    return lambda values: reduce_mean(tf.constant(values, tf.float64)).numpy().tolist()

@@ -134,6 +134,39 @@ class TrainModel(keras.Model):
                    update_hooks=update_hooks, unroll=unroll, parallel=parallel,
                    precision=precision, time_steps=time_steps)
 
+    # `train.jit_compile`: `_replica_gradients` (forward, backward, the accumulation loop,
+    # loss and metric updates) compiled by XLA; the all-reduce, loss-scale bookkeeping,
+    # update hooks and the optimizer update stay outside it (collectives and `merge_call`
+    # inside XLA fail under distribution strategies).
+    jit_compile_gradients = False
+
+    def _compiled_gradients(self, x, y, sample_weight):
+        """`_replica_gradients` compiled by XLA: one function per replica device, since
+        each replica's trace captures that replica's variables (a trace shared between
+        replicas makes XLA read one replica's weights from another's device)."""
+        context = tf.distribute.get_replica_context()
+        key = str(getattr(context, "devices", None))
+        compiled = self.__dict__.setdefault("_xla_gradients", {})
+        if key not in compiled:
+            compiled[key] = tf.function(self._replica_gradients, jit_compile=True,
+                                        reduce_retracing=True)
+        return compiled[key](x, y, sample_weight)
+
+    # `train.steps_per_execution: auto` changes the steps per call during training
+    # (`callbacks.ExecutionSizer`), which needs Keras' multi-step train function from the
+    # start: Keras builds a one-step function when it is created at one step per call.
+    resizable_calls = False
+
+    def make_train_function(self, force=False):
+        if not self.resizable_calls or (self.train_function is not None and not force):
+            return super().make_train_function(force)
+        steps = self._steps_per_execution.numpy().item()
+        self._steps_per_execution.assign(max(2, steps))
+        try:
+            return super().make_train_function(force)
+        finally:
+            self._steps_per_execution.assign(steps)
+
     def _run_hooks(self, method: str) -> None:
         context = tf.distribute.get_replica_context()
         for hook in self.update_hooks:
@@ -174,6 +207,47 @@ class TrainModel(keras.Model):
         with self.parallel.step_scope(self):     # what no variable owns: beside the outputs
             return self._step(data)
 
+    def _replica_gradients(self, x, y, sample_weight):
+        """The replica's summed gradients of the update's micro-batches (float32), with the
+        loss and metrics updated: everything of the step before the all-reduce."""
+        variables = self.trainable_variables
+        n = self.accumulation_steps
+        if n == 1:
+            return self._gradients(x, y, sample_weight, variables)
+        size = _size(x, n)
+        if self.unroll:
+            grads = self._gradients(*_micro_batch(x, y, sample_weight, 0, size), variables)
+            for i in range(1, n):
+                grads = _add(grads, self._gradients(*_micro_batch(x, y, sample_weight, i, size),
+                                                    variables), variables, self.parallel)
+            return grads
+        # The first micro-batch runs outside the loop: Keras creates its metric
+        # variables on first use, and variables cannot be created inside a while loop.
+        first = self._gradients(*_micro_batch(x, y, sample_weight, 0, size), variables)
+
+        def accumulate(i, acc):
+            return i + 1, _add(acc, self._gradients(
+                *_micro_batch(x, y, sample_weight, i, size), variables), variables,
+                               self.parallel)
+
+        # parallel_iterations=1: one micro-batch's activations alive at a time.
+        _, grads = tf.while_loop(lambda i, _: i < n, accumulate,
+                                 (tf.constant(1), [tf.convert_to_tensor(g) for g in first]),
+                                 parallel_iterations=1)
+        return grads
+
+    def _build_metrics(self, y):
+        """Create the loss and metric variables now, outside the XLA-compiled part (no
+        variable can be created inside it); Keras otherwise creates them on first use."""
+        if self.compiled_loss.built and self.compiled_metrics.built:
+            return
+        shape = [1, *self.outputs[0].shape[1:]]
+        y_pred = tf.zeros(shape, self.outputs[0].dtype)
+        if not self.compiled_loss.built:
+            self.compiled_loss.build(y_pred)
+        if not self.compiled_metrics.built:
+            self.compiled_metrics.build(y_pred, hard_labels(y[:1], y_pred))
+
     def _step(self, data):
         timed = self.time_steps and not op_determinism()
         if timed:           # clocks are ordered by data dependencies only: after the batch,
@@ -182,32 +256,13 @@ class TrainModel(keras.Model):
             with tf.control_dependencies([began]):
                 data = tf.nest.map_structure(tf.identity, data)
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        variables = self.trainable_variables
-        n = self.accumulation_steps
         self._run_hooks("before_update")
-        if n == 1:
-            grads = self._gradients(x, y, sample_weight, variables)
-        elif self.unroll:
-            size = _size(x, n)
-            grads = self._gradients(*_micro_batch(x, y, sample_weight, 0, size), variables)
-            for i in range(1, n):
-                grads = _add(grads, self._gradients(*_micro_batch(x, y, sample_weight, i, size),
-                                                    variables), variables, self.parallel)
+        if self.jit_compile_gradients:
+            self._build_metrics(y)
+            grads = self._compiled_gradients(x, y, sample_weight)
         else:
-            size = _size(x, n)
-            # The first micro-batch runs outside the loop: Keras creates its metric
-            # variables on first use, and variables cannot be created inside a while loop.
-            first = self._gradients(*_micro_batch(x, y, sample_weight, 0, size), variables)
-
-            def accumulate(i, acc):
-                return i + 1, _add(acc, self._gradients(
-                    *_micro_batch(x, y, sample_weight, i, size), variables), variables,
-                                   self.parallel)
-
-            # parallel_iterations=1: one micro-batch's activations alive at a time.
-            _, grads = tf.while_loop(lambda i, _: i < n, accumulate,
-                                     (tf.constant(1), [tf.convert_to_tensor(g) for g in first]),
-                                     parallel_iterations=1)
+            grads = self._replica_gradients(x, y, sample_weight)
+        variables = self.trainable_variables
         optimizer = self.optimizer
         # The one all-reduce: in float32 the optimizer's own aggregation (as in Keras);
         # for float16/bfloat16 here, while still loss-scaled so small gradients survive.

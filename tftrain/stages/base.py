@@ -151,11 +151,18 @@ class Stage:
         optimizer = precision.wrap_optimizer(
             optim.build_optimizer(self.cfg.train.optimizer, self.schedule()))
         ctx.parallel.pin(optimizer)
+        model.resizable_calls = self.cfg.train.steps_per_execution == "auto"
         model.compile(optimizer=optimizer, loss=self.loss(),
                       metrics=metric_names(self.cfg.train.metrics),
-                      steps_per_execution=self.cfg.train.steps_per_execution)
+                      steps_per_execution=fixed_steps_per_execution(self.cfg))
         optimizer.build(model.trainable_variables)   # slots exist before a restore
         return model, optimizer
+
+
+def fixed_steps_per_execution(cfg) -> int:
+    """Steps per call to compile with (`auto` starts at 1; `ExecutionSizer` raises it)."""
+    spe = cfg.train.steps_per_execution
+    return 1 if spe == "auto" else spe
 
 
 def metric_names(names):

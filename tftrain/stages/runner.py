@@ -14,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tftrain import xla
 from tftrain.preemption import Preempted, Preemption  # noqa: F401  (Preempted: re-exported)
 
 
@@ -37,6 +38,7 @@ class StageRunner:
         # checkpoints are kept, the others write to a scratch directory removed at the end.
         self.scratch = None if self.chief else scratch_dir(run.path)
         self.record = run.path / "stages.json"
+        self.jit: dict = {}         # each stage's XLA decision
         try:
             self.results = json.loads(self.record.read_text())
         except (OSError, json.JSONDecodeError):
@@ -58,8 +60,9 @@ class StageRunner:
             model, optimizer = stage.compile(built, self.plan)
             generators = cb.random_generators(model)
         position = tf.Variable(0, dtype=tf.int64, trainable=False)   # training batches done
+        jit = tf.Variable(xla.UNDECIDED, dtype=tf.int64, trainable=False)   # kept on resume
         ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, rng=generators,
-                                   position=position,
+                                   position=position, jit_compile=jit,
                                    learning_rate=optim.learning_rate_state(optimizer),
                                    callbacks=[c.state for c in built.stateful],
                                    average=built.average.variables if built.average else {})
@@ -73,6 +76,7 @@ class StageRunner:
             self._settle(stage, built)
             return stage.finalize(built, result, self.plan), result
         start = int(position.numpy())
+        self._compile_choice(stage, model, jit)
         if restored:
             print(f"resuming from {restored} at update {start}/{stage.updates} of stage {stage.name}")
         elif stage.name != "train":
@@ -82,6 +86,23 @@ class StageRunner:
         self._record(stage, result)
         return net, result
 
+    def _compile_choice(self, stage, model, jit) -> None:
+        """`train.jit_compile` for this stage: as decided before a restart, else decided
+        now (`tftrain.xla`); printed when it was for `auto` to decide."""
+        setting = self.cfg.train.jit_compile
+        if int(jit.numpy()) != xla.UNDECIDED:
+            decision = xla.Decision(bool(jit.numpy()), "as decided before the restart")
+        else:
+            batch = next(iter(self._batches(1)))
+            decision = xla.decide(setting, stage, model, self.plan.parallel, batch,
+                                  self.plan.parallel.mean)
+            jit.assign(xla.ON if decision.compiled else xla.OFF)
+        model.jit_compile_gradients = decision.compiled
+        self.jit[stage.name] = {"compiled": decision.compiled, "reason": decision.reason,
+                                "speedup": decision.speedup}
+        if setting == "auto":
+            print(f"XLA ({stage.name}): {decision.reason}", flush=True)
+
     def _fit(self, stage, built, model, optimizer, ckpt, manager, directory, start) -> dict:
         from tftrain import callbacks as cb
         from tftrain import data, optim
@@ -89,19 +110,21 @@ class StageRunner:
 
         cfg, spe = self.cfg, self.steps_per_epoch
         position = ckpt.position
-        checkpointer = cb.Checkpointer(manager, cfg.train.checkpoint.every.steps(spe, stage.updates),
-                                       spe, start, self.agree, self.stop, position)
+        every = cfg.train.checkpoint.every.steps(spe, stage.updates)
+        checkpointer = cb.Checkpointer(manager, every, spe, start, self.agree, self.stop,
+                                       position, cfg.train.check_every)
         throughput = cb.Throughput(self.plan.batches.global_batch)
         flops = cb.FlopsLogger(self.plan.flops_per_example, self.plan.peak.flops)
         waiting = cb.InputWait()
         # The checkpointer comes after every callback whose state it saves at an epoch's end.
-        callbacks = [cb.NaNGuard(spe, self.agree), throughput, waiting, flops,
+        sizer = (cb.ExecutionSizer(spe, self.plan.parallel.mean, most=every)
+                 if cfg.train.steps_per_execution == "auto" else None)
+        callbacks = [throughput, waiting, flops, *([sizer] if sizer else []),
                      cb.LearningRateLogger(), *built.callbacks, *built.stateful, checkpointer]
         if self.chief:
             csv, logs = stage.log_names()
             callbacks += [keras.callbacks.CSVLogger(str(self.run.path / csv), append=start > 0),
-                          keras.callbacks.TensorBoard(str(self.run.path / "tensorboard" / logs),
-                                                      update_freq="epoch")]
+                          cb.EpochTensorBoard(str(self.run.path / "tensorboard" / logs))]
         if cfg.train.on_nan == "rollback" and start == 0:
             manager.save(checkpoint_number=0)            # something to roll back to
         began = time.perf_counter()
@@ -137,6 +160,8 @@ class StageRunner:
                   "model_flops_per_sec": flops.rate(throughput.steady_rate()),
                   "mfu": flops.utilisation(throughput.steady_rate()),
                   "input_wait": waiting.fraction(),
+                  "host": host_figures(model, checkpointer, sizer),
+                  "jit_compile": self.jit.get(stage.name),
                   "seconds": time.perf_counter() - began}    # of this session of the stage
         settled = self._settle(stage, built)
         if settled:               # evaluated again, beside the weights as trained
@@ -210,6 +235,18 @@ def _generalisation_gap(model, metrics: dict, margin: float = 0.3) -> str:
     return (f"training accuracy {train:.2f} but validation accuracy {val:.2f}; batch-norm "
             "moving statistics that lag the weights are the usual cause (set "
             "train.recalibrate_batch_norm: auto, or lower the batch-norm momentum)")
+
+
+def host_figures(model, checkpointer, sizer) -> dict:
+    """What the host did besides the steps: steps per call, checks made (each one small
+    all-reduce in a cluster) and, when `auto` sized the calls, the host seconds per call
+    and the step time it measured."""
+    figures = {"steps_per_execution": int(model.steps_per_execution.numpy()),
+               "checks": checkpointer.checks}
+    if sizer is not None and sizer.chosen is not None:
+        figures.update(host_seconds_per_call=sizer.host_seconds,
+                       step_seconds=sizer.step_seconds)
+    return figures
 
 
 def fit(model, train, val, start, epochs, steps_per_epoch, callbacks, cfg, smoke) -> None:
