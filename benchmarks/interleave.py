@@ -9,31 +9,46 @@ import time
 
 import tftrain  # noqa: F401
 from tftrain import callbacks as cb
-from tftrain import data, optim, precision, train_step
+from tftrain import data, optim, precision, train_step, xla
 from tftrain._keras import keras
 from tftrain.models import build_model
 
 import tensorflow as tf
 
 
-def build_side(cfg, source, plan, strat, tftrain_side: bool, policy="float32"):
-    """A compiled model and its (dataset, callbacks) as tftrain or plain Keras would run it."""
+def build_side(cfg, source, plan, strat, tftrain_side: bool, policy="float32",
+               steps_per_execution=1, jit_compile=False, steps=60):
+    """A compiled model and its (dataset, callbacks) as tftrain or plain Keras would run it.
+    tftrain's side takes `steps_per_execution` (`"auto"`: sized by `ExecutionSizer` as a
+    run does) and `jit_compile` (`"auto"`: decided by `tftrain.xla` as a run does; the
+    decision is printed). `steps`: the steps of each timed epoch (auto sizing leaves at
+    least five calls in it, so that the time from the first call's end is measured)."""
     precision.apply_policy(policy)
     keras.utils.set_random_seed(0)
+    auto = steps_per_execution == "auto"
     with strat.scope():
         base = precision.float32_outputs(build_model(cfg.model, source.spec))
         model = (train_step.TrainModel.wrap(base, plan.accumulation,
                                             cfg.distribute.all_reduce_dtype)
                  if tftrain_side else base)
         opt = optim.build_optimizer(cfg.train.optimizer, cfg.train.optimizer.learning_rate)
+        if tftrain_side:
+            model.resizable_calls = auto
         model.compile(precision.wrap_optimizer(opt, policy, cfg.precision),
-                      train_step.build_loss(cfg.train.loss), metrics=["accuracy"])
+                      train_step.build_loss(cfg.train.loss), metrics=["accuracy"],
+                      steps_per_execution=1 if auto else steps_per_execution)
     if tftrain_side:
+        if jit_compile is not False:
+            batch = next(iter(data.train_dataset(source, plan, cfg.data, 0, ops=[])))
+            decision = xla.decide(jit_compile, model, strat, batch)
+            model.jit_compile_gradients = decision.compiled
+            print(f"  XLA: {decision.reason}", flush=True)
         ds = data.distribute(strat, source, plan, cfg.data, cfg.run.seed)
         manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model),
                                              tempfile.mkdtemp(), 1)
-        callbacks = [cb.Checkpointer(manager, 10**9, 10**9),
-                     cb.Throughput(plan.global_batch), cb.LearningRateLogger()]
+        callbacks = [cb.Throughput(plan.global_batch), cb.InputWait(),
+                     *([cb.ExecutionSizer(steps, most=max(1, steps // 6))] if auto else []),
+                     cb.LearningRateLogger(), cb.Checkpointer(manager, 10**9, steps)]
     else:
         ds = (source.calibration(source.num_train).cache().shuffle(source.num_train, seed=0).repeat()
               .batch(plan.global_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
@@ -52,7 +67,7 @@ class StepTimer(keras.callbacks.Callback):
         self.ends = []
 
     def on_train_batch_end(self, batch, logs=None):
-        self.ends.append(time.perf_counter())
+        self.ends.append((batch, time.perf_counter()))   # several steps per call: the last
 
 
 def epoch_rate(side, steps, global_batch, epoch):
@@ -60,7 +75,8 @@ def epoch_rate(side, steps, global_batch, epoch):
     timer = StepTimer()
     model.fit(ds, epochs=epoch + 1, initial_epoch=epoch, steps_per_epoch=steps,
               callbacks=[*callbacks, timer], verbose=0)
-    return (len(timer.ends) - 1) * global_batch / (timer.ends[-1] - timer.ends[0])
+    (first, began), (last, ended) = timer.ends[0], timer.ends[-1]
+    return (last - first) * global_batch / (ended - began)
 
 
 def interleaved(sides, rounds, steps, global_batch):

@@ -1,14 +1,24 @@
 """tftrain's training throughput against plain tf_keras `model.fit`, interleaved.
 
-Same model (quickstart CNN), same data (digits), same strategy (mirrored over 2 virtual
-CPUs), same optimizer. Each round times one epoch of training steps on each side (ABBA
-order); the figure is the median over rounds of the per-round ratio, so machine noise
-that hits both sides cancels.
+Three models, each mirrored over 2 virtual CPUs with the same data, optimizer and
+global batch on every side: the quickstart CNN on digits, an MLP on digits (host-bound:
+its step is tiny, so per-step host work shows) and a ResNet-20 on synthetic 32x32x3
+images. Sides:
+
+- plain: `model.fit` as Keras users write it (one step per call, no XLA);
+- tftrain: tftrain's step and callbacks as a run uses them (`steps_per_execution: auto`,
+  batched checks), without XLA;
+- tftrain + XLA: the same with `jit_compile: auto` (XLA where it measured faster; the
+  decision is printed).
+
+Each round times one epoch of training steps of every side (ABBA order); the figures
+are medians over rounds of the per-round ratios, so noise that hits all sides cancels.
 Also prints bfloat16/float32 and float16/float32 throughput of tftrain's step.
 
-    python benchmarks/overhead.py [--rounds 7] [--steps 60]
+    python benchmarks/overhead.py [--rounds 7] [--steps 60] [--json FILE]
 """
 import argparse
+import json
 import statistics
 
 import tftrain  # noqa: F401
@@ -16,39 +26,87 @@ from tftrain import data, strategy
 from tftrain.config import load_config
 from interleave import build_side, interleaved, median_ratio
 
+MODELS = {
+    "quickstart CNN on digits": ([], 1.0),
+    "MLP 128-64 on digits": (["model={name: mlp, params: {hidden: [128, 64]}}"], 1.0),
+    "ResNet-20 on 32x32x3": (["data.name=synthetic",
+                              "data.params={shape: [32, 32, 3], num_examples: 4096}",
+                              "model={name: resnet, params: {depth: 20, width: 16}}"], 0.15),
+}
+
+
+def fit_overhead(rounds: int, steps: int) -> list[dict]:
+    """tftrain / plain fit for each model, without and with `jit_compile: auto`."""
+    rows = []
+    cfg0 = load_config("configs/quickstart.yaml")
+    strategy.configure_devices(cfg0)
+    strat = strategy.build_strategy(cfg0)
+    for name, (sets, share) in MODELS.items():
+        cfg = load_config("configs/quickstart.yaml", sets)
+        source = data.load_source(cfg.data, cfg.run.seed)
+        plan = data.plan_batches(cfg, strat.num_replicas_in_sync)
+        n = max(6, int(steps * share))     # ResNet-20's step is ~20x the CNN's here
+        print(f"{name}:", flush=True)
+        sides = [build_side(cfg, source, plan, strat, False),
+                 build_side(cfg, source, plan, strat, True, steps_per_execution="auto", steps=n),
+                 build_side(cfg, source, plan, strat, True, steps_per_execution="auto",
+                            jit_compile="auto", steps=n)]
+        plain, ours, xla = interleaved(sides, rounds, n, plan.global_batch)
+        row = {"model": name, "tftrain_over_plain": median_ratio(ours, plain),
+               "xla_auto_over_plain": median_ratio(xla, plain),
+               "plain_examples_per_sec": statistics.median(plain),
+               "tftrain_examples_per_sec": statistics.median(ours),
+               "xla_auto_examples_per_sec": statistics.median(xla),
+               "steps_per_execution": int(sides[1][0].steps_per_execution.numpy()),
+               "xla_compiled": bool(sides[2][0].jit_compile_gradients),
+               "rounds": rounds}
+        rows.append(row)
+        print(f"  tftrain / plain model.fit throughput: {row['tftrain_over_plain']:.3f}; "
+              f"with jit_compile auto: {row['xla_auto_over_plain']:.3f} (XLA "
+              f"{'on' if row['xla_compiled'] else 'off'}; medians {row['tftrain_examples_per_sec']:.0f}"
+              f" / {row['xla_auto_examples_per_sec']:.0f} vs plain {row['plain_examples_per_sec']:.0f}"
+              f" ex/s; {row['steps_per_execution']} steps per call) [median of {rounds} rounds]",
+              flush=True)
+    return rows
+
+
+def precision_ratios(rounds: int, steps: int) -> list[dict]:
+    """bfloat16/float32 and float16/float32 throughput of tftrain's step on the quickstart
+    CNN and on a compute-bound CNN (32x32x3 inputs)."""
+    cfg = load_config("configs/quickstart.yaml")
+    strat = strategy.build_strategy(cfg)
+    plan = data.plan_batches(cfg, strat.num_replicas_in_sync)
+    larger = load_config("configs/quickstart.yaml", [
+        "data.name=synthetic", "data.params={shape: [32, 32, 3], num_examples: 4096}",
+        "model.params={filters: [64, 128], dense: [256]}"])
+    rows = []
+    for name, c in (("quickstart CNN", cfg), ("CNN 64-128 on 32x32x3", larger)):
+        src = data.load_source(c.data, c.run.seed)
+        sides = [build_side(c, src, plan, strat, True, p)
+                 for p in ("float32", "mixed_bfloat16", "mixed_float16")]
+        n = min(steps if c is cfg else 20, plan.steps_per_epoch(src.num_train))
+        f32, bf16, f16 = interleaved(sides, rounds, n, plan.global_batch)
+        row = {"model": name, "bfloat16_over_float32": median_ratio(bf16, f32),
+               "float16_over_float32": median_ratio(f16, f32), "rounds": rounds}
+        rows.append(row)
+        print(f"{name}: mixed_bfloat16 / float32 throughput {row['bfloat16_over_float32']:.2f}; "
+              f"mixed_float16 / float32 throughput {row['float16_over_float32']:.2f}", flush=True)
+    return rows
+
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--skip-precision", action="store_true")
+    p.add_argument("--json", help="write the figures to this file")
     args = p.parse_args()
-    cfg = load_config("configs/quickstart.yaml")
-    strategy.configure_devices(cfg)
-    strat = strategy.build_strategy(cfg)
-    source = data.load_source(cfg.data, cfg.run.seed)
-    plan = data.plan_batches(cfg, strat.num_replicas_in_sync)
-
-    ours, plain = interleaved([build_side(cfg, source, plan, strat, True),
-                               build_side(cfg, source, plan, strat, False)],
-                              args.rounds, args.steps, plan.global_batch)
-    ratio = median_ratio(ours, plain)
-    print(f"tftrain / plain model.fit throughput: {ratio:.3f} (median of {args.rounds} "
-          f"interleaved rounds; tftrain {statistics.median(ours):.0f} ex/s, plain "
-          f"{statistics.median(plain):.0f} ex/s)")
-
-    # Precision ratios on the quickstart CNN and on a compute-bound CNN (32x32x3 inputs).
-    larger = load_config("configs/quickstart.yaml", [
-        "data.name=synthetic", "data.params={shape: [32, 32, 3], num_examples: 4096}",
-        "model.params={filters: [64, 128], dense: [256]}"])
-    for name, c in (("quickstart CNN", cfg), ("CNN 64-128 on 32x32x3", larger)):
-        src = data.load_source(c.data, c.run.seed)
-        sides = [build_side(c, src, plan, strat, True, p)
-                 for p in ("float32", "mixed_bfloat16", "mixed_float16")]
-        steps = min(args.steps if c is cfg else 20, plan.steps_per_epoch(src.num_train))
-        f32, bf16, f16 = interleaved(sides, args.rounds, steps, plan.global_batch)
-        bf, fp = median_ratio(bf16, f32), median_ratio(f16, f32)
-        print(f"{name}: mixed_bfloat16 / float32 throughput {bf:.2f}; "
-              f"mixed_float16 / float32 throughput {fp:.2f}")
+    out = {"fit_overhead": fit_overhead(args.rounds, args.steps)}
+    if not args.skip_precision:
+        out["precision"] = precision_ratios(args.rounds, args.steps)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
 
 
 if __name__ == "__main__":

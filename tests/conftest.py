@@ -39,7 +39,8 @@ def cli(*args, cwd=None, timeout=600, env=None):
 def quick_config(tmp_path, *overrides):
     """The quickstart config in a temporary run dir, with overrides."""
     return load_config(ROOT / "configs" / "quickstart.yaml",
-                       [f"run.dir={tmp_path}", "train.verbose=0", *overrides])
+                       [f"run.dir={tmp_path}", "train.verbose=0", "train.jit_compile=false",
+                        *overrides])
 
 
 def model_weights(run_path, stage="train"):

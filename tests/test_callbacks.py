@@ -4,7 +4,7 @@ import pytest
 import tensorflow as tf
 
 from tftrain._keras import keras
-from tftrain.callbacks import Checkpointer, LearningRateLogger, ResumePoint, Throughput
+from tftrain.callbacks import Checkpointer, LearningRateLogger, NonFiniteLoss, ResumePoint, Throughput
 
 
 def tiny():
@@ -92,7 +92,7 @@ def manager_in(path):
 
 
 def test_nan_check_raises_with_the_update(tmp_path):
-    from tftrain.callbacks import NonFiniteLoss
+
     model = tiny()
     model.optimizer.learning_rate = 1e30                  # diverges to inf/nan within steps
     with pytest.raises(NonFiniteLoss) as info:
@@ -102,7 +102,7 @@ def test_nan_check_raises_with_the_update(tmp_path):
 
 
 def test_a_non_finite_update_on_a_checkpoint_boundary_is_never_saved(tmp_path):
-    from tftrain.callbacks import NonFiniteLoss
+
     model = tiny()
     ckpt = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
     manager = tf.train.CheckpointManager(ckpt, str(tmp_path), max_to_keep=10)
@@ -170,3 +170,86 @@ def test_plateau_and_early_stopping_counters_survive_a_restart(tmp_path, make):
     fresh.set_model(again)
     fresh.on_train_begin()
     assert fresh.wait == 0                     # nothing saved: Keras' own reset
+
+
+def _host_bound(steps_per_execution="auto"):
+    """A tiny TrainModel whose steps are far shorter than the host's work per call."""
+    from tftrain.train_step import TrainModel
+    base = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model = TrainModel.wrap(base)
+    model.resizable_calls = steps_per_execution == "auto"
+    model.compile(keras.optimizers.SGD(0.1), "mse",
+                  steps_per_execution=1 if steps_per_execution == "auto" else steps_per_execution)
+    return model
+
+
+def test_execution_sizer_keeps_host_work_under_two_percent_of_step_time():
+    import math
+    from tftrain.callbacks import ExecutionSizer
+    model = _host_bound()
+    sizer = ExecutionSizer(steps_per_epoch=40)
+    fit(model, [sizer], epochs=3, steps=40)
+    assert sizer.chosen is not None and sizer.chosen > 1      # host-bound: more steps per call
+    want = math.ceil(sizer.host_seconds / (0.02 * sizer.step_seconds))
+    assert sizer.chosen == max(1, min(want, int(1.0 // sizer.step_seconds), 40))
+    assert int(model.steps_per_execution.numpy()) == sizer.chosen
+    assert int(model.optimizer.iterations.numpy()) == 3 * 40        # no step lost or added
+
+
+def test_execution_sizer_takes_the_value_the_workers_agree_on():
+    from tftrain.callbacks import ExecutionSizer
+    proposals = []
+
+    def mean(values):               # another worker proposed 3 more steps per call
+        proposals.append(values[0])
+        return [values[0] + 1.5]
+
+    sizer = ExecutionSizer(steps_per_epoch=40, mean=mean, most=30)
+    fit(_host_bound(), [sizer], epochs=2, steps=40)
+    assert len(proposals) == 1 and proposals[0] <= 30
+    assert sizer.chosen == int(np.ceil(proposals[0] + 1.5))
+
+
+def test_execution_sizer_never_exceeds_the_checkpoint_interval():
+    from tftrain.callbacks import ExecutionSizer
+    model = _host_bound()
+    sizer = ExecutionSizer(steps_per_epoch=40, most=5)
+    fit(model, [sizer], epochs=2, steps=40)
+    assert sizer.chosen == 5 < int(np.ceil(sizer.host_seconds / (0.02 * sizer.step_seconds)))
+
+
+def test_checks_are_batched_every_n_updates_and_at_epoch_ends(tmp_path):
+    model = tiny()
+    saver = Checkpointer(manager_in(tmp_path), every=100, steps_per_epoch=10, check_every=4)
+    fit(model, [saver], epochs=2, steps=10)
+    # batch ends at updates 4, 8, 10 (an epoch's last), 12, 16, 20; one at each epoch end
+    assert saver.checks == 6 + 2
+
+
+def test_a_non_finite_loss_between_checks_is_caught_at_the_next_one(tmp_path):
+    model = tiny()
+
+    class Diverge(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 4:          # update 5: every later loss is infinite
+                self.model.optimizer.learning_rate.assign(1e30)
+
+    saver = Checkpointer(manager_in(tmp_path), every=100, steps_per_epoch=10, check_every=4)
+    with pytest.raises(NonFiniteLoss, match="loss became non-finite by update 8"):
+        fit(model, [Diverge(), saver], epochs=1, steps=10)
+
+
+def test_checks_agree_on_both_flags_in_one_call(tmp_path):
+    from tftrain.preemption import Preemption
+    calls = []
+
+    def agree(*flags):
+        calls.append(flags)
+        return tuple(f or i == 1 for i, f in enumerate(flags)) if len(flags) > 1 else flags[0]
+
+    model = tiny()
+    saver = Checkpointer(manager_in(tmp_path), every=100, steps_per_epoch=10, agree=agree,
+                         stop=Preemption(), check_every=3)
+    fit(model, [saver], epochs=1, steps=10)
+    assert calls[0] == (False, False)          # (non-finite loss, stop) in one exchange
+    assert saver.preempted and int(model.optimizer.iterations.numpy()) == 3   # stopped at 3

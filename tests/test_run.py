@@ -164,6 +164,28 @@ def quickstart_run(tmp_path_factory):
     return out / "quickstart", proc
 
 
+SLOW_CALLBACK = "is slow compared to the batch time"
+
+
+def test_keras_slow_callback_warning_is_not_emitted_by_the_quickstart(quickstart_run, capfd):
+    _, proc = quickstart_run
+    assert SLOW_CALLBACK not in proc.stderr + proc.stdout
+    # the check can fail: the same words for a callback that is slow
+    import time as clock
+
+    from tftrain._keras import keras
+
+    class Slow(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            clock.sleep(0.02)
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile("sgd", "mse")
+    model.fit(np.ones((64, 3)), np.ones((64, 2)), batch_size=8, epochs=1, verbose=0,
+              callbacks=[Slow()])
+    assert SLOW_CALLBACK in capfd.readouterr().err
+
+
 def test_quickstart_reaches_095(quickstart_run):
     path, proc = quickstart_run
     summary = json.loads((path / "summary.json").read_text())

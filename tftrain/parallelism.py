@@ -45,6 +45,10 @@ class Parallelism:
         """The model `builder()` builds, laid out for this kind (call in the strategy scope)."""
         return builder()
 
+    def detach(self, net):
+        """The model the chief exports alone (every worker calls this, at the same point)."""
+        return net
+
     def beside(self, variable):
         """The device scope for an op that belongs beside `variable`."""
         return contextlib.nullcontext()
@@ -97,6 +101,22 @@ class MultiWorker(Parallelism):
     @property
     def mean(self):
         return self._mean
+
+    def detach(self, net):
+        """A copy of `net` outside the cluster's strategy, with its weights. The chief
+        exports alone, and a model of the cluster's strategy cannot run alone: its
+        `predict` is distributed, and reading batch-norm statistics (synchronised on
+        read) is a collective. Reading the weights here is that collective, which every
+        worker joins."""
+        import tensorflow_model_optimization as tfmot
+
+        from tftrain._keras import keras
+
+        weights = net.get_weights()
+        with tfmot.quantization.keras.quantize_scope():       # QAT wrappers, if any
+            copy = keras.models.clone_model(net)
+        copy.set_weights(weights)
+        return copy
 
 
 class Placed(Parallelism):

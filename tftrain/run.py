@@ -109,6 +109,7 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption) -> dict
 
     # -- export, verify, report ------------------------------------------------------------
     stop.check("after the last stage", runner.agree)
+    net = plan.parallel.detach(net)       # a model the chief can run alone
     artifacts = export.export_all(net, cfg.export, run.export, plan.source, data_cfg=cfg.data,
                                   qat=plan.stages[-1].quantization_aware) if plan.chief else {}
     stop.check("after the export (the rerun exports again and reports)", runner.agree)

@@ -253,3 +253,44 @@ def worker_mean(strategy: tf.distribute.Strategy):
         return strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None)
 
     return lambda values: reduce_mean(tf.constant(values, tf.float64)).numpy().tolist()
+
+
+COLLECTIVE_OPS = ("CollectiveReduce", "CollectiveReduceV2", "CollectiveReduceV3",
+                  "CollectiveGather", "CollectiveGatherV2", "CollectiveBcastSend",
+                  "CollectiveBcastRecv", "CollectiveBcastSendV2", "CollectiveBcastRecvV2",
+                  "CollectiveAllToAllV2", "CollectiveAllToAllV3", "NcclAllReduce")
+
+
+def graph_collectives(function) -> list[dict]:
+    """The collective ops a traced `tf.function` runs per call, nested functions and loop
+    bodies included: one entry per op with its kind, dtype and elements sent (a diagnostic:
+    a training step should hold only its gradient all-reduce)."""
+    found, seen = [], set()
+
+    def walk(graph):
+        for op in graph.get_operations():
+            if op.type in COLLECTIVE_OPS:
+                shape = op.inputs[0].shape if op.inputs else None
+                found.append({"op": op.type, "dtype": op.inputs[0].dtype.name if op.inputs else "",
+                              "elements": shape.num_elements() if shape is not None else None})
+            for name, value in op.node_def.attr.items():
+                if value.HasField("func"):
+                    nested(graph, value.func.name)
+
+    def nested(graph, name):
+        if name in seen:
+            return
+        seen.add(name)
+        while graph is not None:
+            try:
+                fn = graph._get_function(name)         # noqa: SLF001 (no public lookup)
+            except (AttributeError, KeyError):
+                fn = None
+            if fn is not None and getattr(fn, "graph", None) is not None:
+                walk(fn.graph)
+                return
+            graph = getattr(graph, "outer_graph", None)
+
+    for concrete in function._list_all_concrete_functions():    # noqa: SLF001
+        walk(concrete.graph)
+    return found

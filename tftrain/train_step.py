@@ -144,8 +144,7 @@ class TrainModel(keras.Model):
         """`_replica_gradients` compiled by XLA: one function per replica device, since
         each replica's trace captures that replica's variables (a trace shared between
         replicas makes XLA read one replica's weights from another's device)."""
-        context = tf.distribute.get_replica_context()
-        key = str(getattr(context, "devices", None))
+        key = tf.constant(0, name="replica_device").device    # the replica's device scope
         compiled = self.__dict__.setdefault("_xla_gradients", {})
         if key not in compiled:
             compiled[key] = tf.function(self._replica_gradients, jit_compile=True,

@@ -54,20 +54,24 @@ def check(cfg, stage, parallel) -> None:
                           "train.jit_compile: auto (XLA where it works) or false")
 
 
-def decide(setting, stage, model, parallel, batch, vote=None, margin: float = 1.05,
-           rounds: int = 3, calls: int = 3) -> Decision:
+def decide(setting, model, strategy, batch, vote=None, refused: str = "",
+           margin: float = 1.05, rounds: int = 3, calls: int = 3) -> Decision:
     """Whether `model` (a compiled `TrainModel`) computes its gradients under XLA.
     `batch`: one replica batch `(x, y[, weight])`; `vote(values) -> values`: the mean
-    over a cluster's replicas (None on one worker)."""
+    over a cluster's replicas (None on one worker); `refused`: why XLA cannot be used
+    (`refusal`), "" if it can be tried."""
     if setting is False:
         return Decision(False, "off (train.jit_compile: false)")
-    why = refusal(stage, parallel)
-    if why:
-        return Decision(False, f"off: {why}")
+    if refused:
+        return Decision(False, f"off: {refused}")
     if setting is True:
         return Decision(True, "on (train.jit_compile: true)")
+    from tftrain.train_step import op_determinism
+    if op_determinism():
+        return Decision(False, "off: run.deterministic (a measured choice could differ "
+                               "between runs)")
     try:
-        speedup = _measure(model, parallel.strategy, batch, rounds, calls)
+        speedup = _measure(model, strategy, batch, rounds, calls)
         decision = (Decision(True, f"on: compiled steps ran {speedup:.2f}x as fast", speedup)
                     if speedup >= margin else
                     Decision(False, f"off: compiled steps ran {speedup:.2f}x as fast "

@@ -94,8 +94,9 @@ class StageRunner:
             decision = xla.Decision(bool(jit.numpy()), "as decided before the restart")
         else:
             batch = next(iter(self._batches(1)))
-            decision = xla.decide(setting, stage, model, self.plan.parallel, batch,
-                                  self.plan.parallel.mean)
+            parallel = self.plan.parallel
+            decision = xla.decide(setting, model, parallel.strategy, batch, parallel.mean,
+                                  xla.refusal(stage, parallel))
             jit.assign(xla.ON if decision.compiled else xla.OFF)
         model.jit_compile_gradients = decision.compiled
         self.jit[stage.name] = {"compiled": decision.compiled, "reason": decision.reason,

@@ -1,0 +1,23 @@
+"""How a benchmark reports its figures: `rows(...)` prints them and, under
+`python -m benchmarks`, hands them to the harness, which keeps them in
+`benchmarks/results.json` and writes README's table from that file."""
+import json
+import os
+import sys
+
+ENV = "TFTRAIN_BENCHMARK_RESULTS"
+
+
+def rows(figures: list[tuple[str, str]], command: str | None = None) -> None:
+    """`figures`: (what is measured, value) rows of README's benchmark table, for this
+    script's run; `command`: how to rerun it (default: the script with its arguments)."""
+    command = command or "python " + " ".join(
+        [os.path.relpath(sys.argv[0], os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+         *sys.argv[1:]])
+    for figure, value in figures:
+        print(f"{figure}: {value}", flush=True)
+    path = os.environ.get(ENV)
+    if path:
+        with open(path, "a") as f:
+            for figure, value in figures:
+                f.write(json.dumps({"figure": figure, "value": value, "command": command}) + "\n")
