@@ -243,9 +243,9 @@ def test_checks_agree_on_both_flags_in_one_call(tmp_path):
     from tftrain.preemption import Preemption
     calls = []
 
-    def agree(*flags):
+    def agree(*flags):          # another worker was asked to stop: the stop flag is set
         calls.append(flags)
-        return tuple(f or i == 1 for i, f in enumerate(flags)) if len(flags) > 1 else flags[0]
+        return (flags[0], True) if len(flags) > 1 else True
 
     model = tiny()
     saver = Checkpointer(manager_in(tmp_path), every=100, steps_per_epoch=10, agree=agree,
