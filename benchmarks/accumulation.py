@@ -20,6 +20,7 @@ from tftrain import data, precision, strategy, train_step
 from tftrain._keras import keras
 from tftrain.config import load_config
 from tftrain.models import build_model
+import record
 from interleave import build_side, interleaved, median_ratio
 
 import tensorflow as tf
@@ -36,9 +37,10 @@ MODELS = {
 }
 
 
-def throughput(rounds: int, steps: int = 20):
+def throughput(rounds: int, steps: int = 20) -> list[tuple[str, str]]:
     """(N=4, micro 32) and (N=1, batch 32) against (N=1, batch 128) per replica: the
     second ratio is what the smaller micro-batch alone costs, without accumulation."""
+    figures = []
     for name, extra in MODELS.items():
         cfgs = [load_config(None, BASE + extra + sets) for sets in (
             ["data.per_replica_batch_size=32", "train.accumulation_steps=4"],
@@ -49,10 +51,14 @@ def throughput(rounds: int, steps: int = 20):
         sides = [build_side(c, source, p, strat, True) for c, p in zip(cfgs, plans)]
         accumulated, large, small = interleaved(sides, rounds, steps,
                                                 [p.global_batch for p in plans])
-        print(f"{name}: throughput per example, (N=4, micro 32) / (N=1, batch 128): "
-              f"{median_ratio(accumulated, large):.3f} ({statistics.median(accumulated):.0f} vs "
-              f"{statistics.median(large):.0f} ex/s); micro-batch size alone, (N=1, batch 32) / "
-              f"(N=1, batch 128): {median_ratio(small, large):.3f} [median of {rounds} rounds]")
+        figures.append((
+            f"accumulation: throughput per example, (N=4, micro 32) / (N=1, batch 128), {name}, "
+            "mirrored over 2 virtual CPUs; the micro-batch size alone, (N=1, batch 32) / "
+            "(N=1, batch 128)",
+            f"{median_ratio(accumulated, large):.3f} ({statistics.median(accumulated):,.0f} vs "
+            f"{statistics.median(large):,.0f} ex/s); {median_ratio(small, large):.3f} "
+            f"[median of {rounds} rounds]"))
+    return figures
 
 
 def peak_memory(micro: int, n: int, steps: int = 2) -> int:
@@ -93,13 +99,16 @@ def main():
     p.add_argument("--rounds", type=int, default=7)
     args = p.parse_args()
     strategy.configure_devices(load_config(None, BASE).distribute)
-    throughput(args.rounds)
+    figures = throughput(args.rounds)
     accumulated, large = peak_memory(16, 8), peak_memory(128, 1)
-    print(f"peak memory, ResNet-8 at 64x64, (micro 16, N=8) / (batch 128, N=1): "
-          f"{accumulated / large:.3f} ({accumulated / 2**20:.0f} MiB vs {large / 2**20:.0f} MiB)")
+    figures.append(("accumulation: peak memory, ResNet-8 at 64×64, (micro 16, N=8) / (batch "
+                    "128, N=1)", f"{accumulated / large:.3f} ({accumulated / 2**20:.0f} vs "
+                                 f"{large / 2**20:.0f} MiB)"))
     f16, f32 = reduced_bytes("float16"), reduced_bytes("float32")
-    print(f"bytes all-reduced per update, float16 / float32: {f16 / f32:.3f} "
-          f"({f16:.0f} vs {f32:.0f} bytes per replica, one reduction per update)")
+    figures.append(("bytes all-reduced per update, `all_reduce_dtype: float16` / float32",
+                    f"{f16 / f32:.3f} ({f16:.0f} vs {f32:.0f} bytes per replica, one reduction "
+                    "per update)"))
+    record.rows(figures)
 
 
 if __name__ == "__main__":

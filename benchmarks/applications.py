@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+import record
 
 import numpy as np
 
@@ -135,6 +136,11 @@ def main(argv=None) -> None:
               f"({r['int8_tflite_gzip']:,} B) | {r['latency_ms']:.2f} ms |")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    record.rows([(f"application: {r['recipe']}: baseline / tftrain float / int8 TFLite "
+                  "validation accuracy; int8 TFLite gzip",
+                  f"{'-' if r['baseline'] is None else format(r['baseline'], '.4f')} / "
+                  f"{r['float']:.4f} / {r['int8_tflite']:.4f}; {r['int8_tflite_gzip']:,} B")
+                 for r in rows])
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+import record
+
 ROOT = Path(__file__).resolve().parents[1]
 STAGED = [f"{ROOT}/configs/compress.yaml",
           "--set", "train.epochs=2", "--set", "compression.pruning.epochs=2",
@@ -163,6 +165,15 @@ def main():
         print(f"{name}: {r['kills']} SIGKILLs ({', '.join(f'{k} {v}' for k, v in stages.items())}); "
               f"updates {r['updates']} (planned {r['planned']}); largest weight difference "
               f"{r['max_weight_diff']:.1e} -> {'equal' if r['equal'] else 'DIFFERENT'}")
+    names = {"single": "chaos: SIGKILLs of one process at random moments, each followed by a "
+                       "restart, compression pipeline on digits (`run.deterministic: true`, "
+                       "checkpoint every 2 updates)",
+             "cluster": "chaos: SIGKILLs of one worker of a 2-worker `tftrain.launch` run, each "
+                        "followed by a relaunch"}
+    record.rows([(names[name], f"{r['kills']} kills: {r['updates']} of {r['planned']} planned "
+                               f"updates, largest weight difference from an uninterrupted run "
+                               f"{r['max_weight_diff']:.1e}")
+                 for name, r in results.items()])
     sys.exit(0 if ok else 1)
 
 

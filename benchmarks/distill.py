@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 import tftrain  # noqa: F401
+import record
 from tftrain.config import load_config
 from tftrain.run import run
 
@@ -111,6 +112,15 @@ def main():
           f"alone {med[1]:.4f}, distilled {med[2]:.4f} (gain {statistics.median(gains) * 100:+.2f} "
           f"pt, won {sum(g > 0 for g in gains)}/{len(gains)}), distilled int8 TFLite {med[3]:.4f} "
           f"(drop {statistics.median(drops) * 100:.2f} pt, largest {max(drops) * 100:.2f} pt)")
+    record.rows([(
+        f"distillation: a CNN student ({student_params:,} parameters, "
+        f"{teacher_params / student_params:.1f}× smaller) on {args.train_examples} digits, "
+        f"{args.epochs} epochs, alone / distilled from a teacher ({teacher_params:,} parameters) "
+        f"at T={args.temperature:g}, alpha {args.alpha:g}, same seeds and student updates",
+        f"{med[1]:.4f} / {med[2]:.4f} validation accuracy (medians of {args.seeds} seeds; paired "
+        f"gain median {statistics.median(gains) * 100:+.2f} pt, distilled better on "
+        f"{sum(g > 0 for g in gains)} of {len(gains)}; teacher {med[0]:.4f}); the distilled "
+        f"student as int8 TFLite {med[3]:.4f} (largest drop {max(drops) * 100:.2f} pt)")])
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import statistics
 import tftrain  # noqa: F401
 from tftrain import data, strategy
 from tftrain.config import load_config
+import record
 from interleave import build_side, interleaved, median_ratio
 
 MODELS = {
@@ -107,6 +108,20 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)
+    figures = []
+    for r in out["fit_overhead"]:
+        figures.append((
+            f"tftrain / plain tf_keras `model.fit` throughput, {r['model']}, mirrored over 2 "
+            "virtual CPUs; with `jit_compile: auto` / plain fit without XLA",
+            f"{r['tftrain_over_plain']:.3f}; {r['xla_auto_over_plain']:.3f} (XLA "
+            f"{'on' if r['xla_compiled'] else 'off'}; {r['tftrain_examples_per_sec']:,.0f} / "
+            f"{r['xla_auto_examples_per_sec']:,.0f} vs {r['plain_examples_per_sec']:,.0f} ex/s; "
+            f"{r['steps_per_execution']} steps per call)"))
+    for r in out.get("precision", []):
+        figures.append((f"mixed_bfloat16 / float32 and mixed_float16 / float32 throughput, "
+                        f"{r['model']}",
+                        f"{r['bfloat16_over_float32']:.2f} / {r['float16_over_float32']:.2f}"))
+    record.rows(figures)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ tf.config.threading.set_inter_op_parallelism_threads(2)
 import numpy as np  # noqa: E402
 
 import tftrain  # noqa: E402,F401
+import record  # noqa: E402
 from tftrain.parallelism import Placed  # noqa: E402
 from tftrain import placement, precision, train_step  # noqa: E402,I001
 from tftrain._keras import keras  # noqa: E402
@@ -88,6 +89,15 @@ def main():
     serial = statistics.median(times["serial"])
     print(f"\nserial step (one device, whole model): {serial * 1e3:.1f} ms at batch {BATCH}; "
           f"{args.rounds} interleaved rounds")
+    speeds = [statistics.median(a / b for a, b in zip(times[1], times[m])) for m in (2, 4, 8)]
+    bubbles = [(m, statistics.median(1 - s / (k_stages * t)
+                                     for s, t in zip(times["serial"], times[m])))
+               for m in (1, 2, 4, 8)]
+    record.rows([
+        ("pipelined / unpipelined placement throughput, MLP 6×1024 over 2 virtual CPUs with "
+         "one thread each, M = 2 / 4 / 8", " / ".join(f"{v:.2f}" for v in speeds)),
+        ("measured bubble vs (K−1)/(M+K−1), M = 1 / 2 / 4 / 8",
+         " / ".join(f"{b:.2f} vs {(k_stages - 1) / (m + k_stages - 1):.2f}" for m, b in bubbles))])
     return 0
 
 

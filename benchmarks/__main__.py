@@ -1,0 +1,116 @@
+"""Run the benchmarks, keep their figures, and write README's benchmark table from them.
+
+    python -m benchmarks                      # every benchmark (hours)
+    python -m benchmarks overhead multiworker # some of them
+    python -m benchmarks --table              # only rewrite README's table
+
+Each benchmark runs as its own process (`python benchmarks/NAME.py ARGS`: a strategy and
+logical devices can be set up once per process) and measures against its baseline in the
+same run. Its figures (`benchmarks/record.py`) replace that benchmark's entry in
+`benchmarks/results.json`, with the date, the machine and the command; README's table,
+between its two markers, is then written from that file, so no figure is copied by hand.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results.json"
+README = ROOT / "README.md"
+BEGIN, END = "<!-- benchmarks:table -->", "<!-- /benchmarks:table -->"
+
+# name: the arguments README's figures come from (in the table's order)
+SCRIPTS = {
+    "overhead": ["--rounds", "7"],
+    "accumulation": ["--rounds", "7"],
+    "multiworker": ["--rounds", "3"],
+    "input": ["--rounds", "5"],
+    "augment": ["--epochs", "30", "--seeds", "2"],
+    "planner": [],
+    "pipeline": ["--rounds", "5"],
+    "chaos": ["--kills", "20", "--worker-kills", "5", "--seed", "0"],
+    "distill": ["--seeds", "5"],
+    "compression": ["--rounds", "7"],
+    "applications": [],
+}
+
+
+def machine() -> str:
+    """The CPU model and core count (figures differ between machines)."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return f"{model}, {os.cpu_count()} cores" + (f", GPUs {gpus}" if gpus else "")
+
+
+def run(name: str) -> dict:
+    """Run one benchmark; its entry for results.json."""
+    with tempfile.NamedTemporaryFile("r", suffix=".jsonl") as rows:
+        command = [sys.executable, f"benchmarks/{name}.py", *SCRIPTS[name]]
+        print(f"== {' '.join(['python', *command[1:]])}", flush=True)
+        env = {**os.environ, "TFTRAIN_BENCHMARK_RESULTS": rows.name,
+               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        code = subprocess.run(command, cwd=ROOT, env=env).returncode
+        figures = [json.loads(line) for line in rows.read().splitlines() if line.strip()]
+    if code or not figures:
+        raise SystemExit(f"benchmarks/{name}.py failed (exit {code}); results.json unchanged "
+                         "for it")
+    return {"date": datetime.date.today().isoformat(), "machine": machine(),
+            "command": " ".join(["python", f"benchmarks/{name}.py", *SCRIPTS[name]]),
+            "rows": [{"figure": f["figure"], "value": f["value"]} for f in figures]}
+
+
+def table(results: dict) -> str:
+    """README's table: every kept figure, in SCRIPTS' order."""
+    lines = ["| figure | value | measured | command |", "|---|---|---|---|"]
+    for name in SCRIPTS:
+        entry = results.get(name)
+        if entry is None:
+            continue
+        when = entry["date"] + (f" ({entry['note']})" if entry.get("note") else "")
+        for i, row in enumerate(entry["rows"]):
+            lines.append(f"| {row['figure']} | {row['value']} | {when if i == 0 else 'same run'} "
+                         f"| {'`' + entry['command'] + '`' if i == 0 else 'same run'} |")
+    return "\n".join(lines)
+
+
+def write_readme(results: dict) -> None:
+    text = README.read_text()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"README.md has no {BEGIN} ... {END} markers for the table")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    README.write_text(f"{head}{BEGIN}\n{table(results)}\n{END}{tail}")
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("names", nargs="*", metavar="NAME",
+                   help=f"benchmarks to run (default: all): {', '.join(SCRIPTS)}")
+    p.add_argument("--table", action="store_true", help="only rewrite README's table")
+    args = p.parse_args(argv)
+    unknown = [n for n in args.names if n not in SCRIPTS]
+    if unknown:
+        p.error(f"unknown benchmark {', '.join(unknown)}; choose from {', '.join(SCRIPTS)}")
+    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    for name in [] if args.table else (args.names or list(SCRIPTS)):
+        results[name] = run(name)
+        RESULTS.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
+    write_readme(results)
+    print(f"README.md's table written from {RESULTS.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
