@@ -117,6 +117,20 @@ def test_data_workers_feed_the_same_batches(two_workers, tmp_path):
     assert digests(out) == digests(two_workers[1])        # bit-identical training
 
 
+def test_a_cluster_step_runs_only_the_gradient_all_reduce_and_checks_are_batched(two_workers):
+    path, _ = two_workers
+    summary = json.loads((path / "summary.json").read_text())
+    host = summary["throughput"]["host"]
+    parameters = sum(w.size for w in model_weights(path).values())
+    # the compiled step (all its steps per call) holds one collective: the gradients'
+    # all-reduce, every parameter once, in float32; no flag exchange, no metric reduction
+    assert host["step_collectives"] == [
+        {"op": "CollectiveReduceV2", "dtype": "float32", "elements": parameters}]
+    # flags are exchanged between calls, at most once per call and once per epoch end
+    assert host["steps_per_execution"] > 1 and host["calls"] < summary["steps"]
+    assert host["checks"] <= host["calls"] + EPOCHS < summary["steps"]
+
+
 def test_only_the_chief_writes(two_workers):
     path, out = two_workers
     assert "export saved_model" in out and out.count("export saved_model") == 1

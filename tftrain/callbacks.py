@@ -114,6 +114,7 @@ class Checkpointer(keras.callbacks.Callback):
         self.update = self.last_saved = self.last_checked = start_update
         self.preempted = False
         self.checks = 0           # checks made (each one all-reduce in a cluster)
+        self.calls = 0            # training calls (steps_per_execution steps each)
         self._epoch = 0
         self._finite = None
 
@@ -134,6 +135,7 @@ class Checkpointer(keras.callbacks.Callback):
         return self._flags(self.stop is not None and self.stop.requested is not None)
 
     def on_train_batch_end(self, batch, logs=None):
+        self.calls += 1
         self.update = self._epoch * self.steps_per_epoch + batch + 1
         last_of_epoch = batch + 1 >= self.steps_per_epoch
         save_due = self.update // self.every > self.last_saved // self.every

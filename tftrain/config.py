@@ -37,8 +37,12 @@ class DistributeConfig(Strict):
     cross_device_ops: Literal["auto", "nccl", "hierarchical_copy", "reduce_to_one_device"] = "auto"
     communication: Literal["auto", "ring", "nccl"] = "auto"
     all_reduce_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    # multi-worker: gradients all-reduced in packs of about this size (e.g. 4MiB), each
+    # launched once its gradients exist, so communication overlaps the rest of the
+    # backward pass; null: TensorFlow's default, one pack per update
+    pack_bytes: Optional[int] = None
 
-    @field_validator("device_memory", "gpu_memory_limit", mode="before")
+    @field_validator("device_memory", "gpu_memory_limit", "pack_bytes", mode="before")
     @classmethod
     def _sizes(cls, v):
         return _size_bytes(v)

@@ -136,11 +136,13 @@ def _cross_device_ops(d: DistributeConfig, devices: list[str]):
 
 
 def communication_options(d: DistributeConfig):
-    """Collective implementation for multi-worker: RING, NCCL or AUTO."""
+    """Multi-worker collectives: the implementation (RING, NCCL or AUTO) and the pack
+    size of the gradient all-reduce (`distribute.pack_bytes`)."""
     impl = {"auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
             "ring": tf.distribute.experimental.CommunicationImplementation.RING,
             "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL}[d.communication]
-    return tf.distribute.experimental.CommunicationOptions(implementation=impl)
+    return tf.distribute.experimental.CommunicationOptions(
+        bytes_per_pack=d.pack_bytes or 0, implementation=impl)
 
 
 @dataclass(frozen=True)

@@ -239,11 +239,16 @@ def _generalisation_gap(model, metrics: dict, margin: float = 0.3) -> str:
 
 
 def host_figures(model, checkpointer, sizer) -> dict:
-    """What the host did besides the steps: steps per call, checks made (each one small
-    all-reduce in a cluster) and, when `auto` sized the calls, the host seconds per call
-    and the step time it measured."""
+    """What the host did besides the steps: steps per call, training calls, checks made
+    (each one small all-reduce in a cluster), the collectives inside the compiled step (a
+    cluster's should be its gradient all-reduce alone) and, when `auto` sized the calls,
+    the host seconds per call and the step time it measured."""
+    from tftrain.strategy import graph_collectives
+
+    traced = getattr(model, "train_tf_function", None)
     figures = {"steps_per_execution": int(model.steps_per_execution.numpy()),
-               "checks": checkpointer.checks}
+               "calls": checkpointer.calls, "checks": checkpointer.checks,
+               "step_collectives": graph_collectives(traced) if traced is not None else []}
     if sizer is not None and sizer.chosen is not None:
         figures.update(host_seconds_per_call=sizer.host_seconds,
                        step_seconds=sizer.step_seconds)
