@@ -253,3 +253,36 @@ def test_checks_agree_on_both_flags_in_one_call(tmp_path):
     fit(model, [saver], epochs=1, steps=10)
     assert calls[0] == (False, False)          # (non-finite loss, stop) in one exchange
     assert saver.preempted and int(model.optimizer.iterations.numpy()) == 3   # stopped at 3
+
+
+def test_global_metrics_log_every_replica_while_the_step_logs_its_own():
+    from tftrain.callbacks import GlobalMetrics
+    from tftrain.train_step import TrainModel, build_loss
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(256, 3)).astype(np.float32), rng.integers(0, 2, 256)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
+
+    def history(local: bool):
+        keras.utils.set_random_seed(0)
+        with strategy.scope():
+            model = TrainModel.wrap(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
+            model.compile(keras.optimizers.SGD(0.1), build_loss("sparse_categorical_crossentropy"),
+                          metrics=["accuracy"])
+        if local:
+            model.log_local_metrics()
+        steps = []
+
+        class Seen(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                steps.append(float(logs["loss"]))
+        got = model.fit(ds, epochs=2, validation_data=ds, verbose=0,
+                        callbacks=[GlobalMetrics(), Seen()] if local else [Seen()])
+        return got.history, steps
+
+    synced, synced_steps = history(False)
+    local, local_steps = history(True)
+    for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
+        np.testing.assert_allclose(local[key], synced[key], rtol=1e-6)
+    # the step's own logs are one replica's (16 of 32 examples): not the global values
+    assert not np.allclose(local_steps, synced_steps, rtol=1e-6)

@@ -269,6 +269,35 @@ class InputWait(keras.callbacks.Callback):
         return values[len(values) // 2] if values else None
 
 
+class GlobalMetrics(keras.callbacks.Callback):
+    """Puts each training metric's value over all replicas into the epoch's logs (the
+    train step logs one replica's running values, `TrainModel.local_metrics`, so that a
+    step exchanges nothing but gradients). The values are read at the epoch's last
+    training batch, before validation reuses the metric objects, and written at the
+    epoch's end; it must come before every callback that reads those logs (Keras
+    appends its history and progress bar after the given callbacks)."""
+
+    _supports_tf_logs = True
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._values = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        steps = (self.params or {}).get("steps")
+        if steps and batch + 1 < steps:              # not the epoch's last training batch
+            return
+        values = {}
+        for metric in self.model.metrics:
+            value = metric.result()                  # a synchronised read: every worker
+            values.update({k: float(v) for k, v in value.items()} if isinstance(value, dict)
+                          else {metric.name: float(value)})
+        self._values = values
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None and self._values:
+            logs.update(self._values)
+
+
 class ExecutionSizer(keras.callbacks.Callback):
     """`train.steps_per_execution: auto`: after a few executions of one step, sets the
     steps run per `tf.function` call so that the host's work per call (Python callbacks,

@@ -166,6 +166,32 @@ class TrainModel(keras.Model):
         finally:
             self._steps_per_execution.assign(steps)
 
+    local_step_logs = False
+
+    def log_local_metrics(self) -> None:
+        """Log each replica's own metric values from the step (`local_metrics`); the
+        caller puts the global values into each epoch's logs (`callbacks.GlobalMetrics`,
+        as the runner does). Call before training starts."""
+        self.local_step_logs = True
+        self.distribute_reduction_method = "first"
+
+    def local_metrics(self) -> dict:
+        """Each metric's value on this replica, read without synchronising replicas.
+
+        Keras' `metric.result()` in a train step synchronises every metric variable
+        across replicas on every step (one all-reduce per variable under
+        MultiWorkerMirroredStrategy, a `merge_call` under MirroredStrategy), and `fit`
+        then sums the results over workers, another all-reduce per metric: a cluster's
+        step would exchange three scalars per metric beside its gradients. With
+        `log_local_metrics`, the step returns the local values instead and
+        `callbacks.GlobalMetrics` puts the values over all replicas into each epoch's logs
+        (one read at the epoch's last training batch)."""
+        results = {}
+        for metric in self.metrics:
+            value = type(metric).result(metric)       # the class's: no synchronising wrapper
+            results.update(value if isinstance(value, dict) else {metric.name: value})
+        return results
+
     def _run_hooks(self, method: str) -> None:
         context = tf.distribute.get_replica_context()
         for hook in self.update_hooks:
@@ -287,7 +313,7 @@ class TrainModel(keras.Model):
             skipped = optimizer.loss_scale < scale_before
             optimizer.iterations.assign_sub(tf.cast(skipped, tf.int64))
         self._run_hooks("after_update")
-        results = self.get_metrics_result()
+        results = self.local_metrics() if self.local_step_logs else self.get_metrics_result()
         if timed:           # ... and after the update (the iterations read follows it)
             done = [optimizer.iterations.read_value(), *tf.nest.flatten(results)]
             with tf.control_dependencies(done):

@@ -152,6 +152,7 @@ class Stage:
             optim.build_optimizer(self.cfg.train.optimizer, self.schedule()))
         ctx.parallel.pin(optimizer)
         model.resizable_calls = self.cfg.train.steps_per_execution == "auto"
+        model.log_local_metrics()        # the runner's `GlobalMetrics` logs global values
         model.compile(optimizer=optimizer, loss=self.loss(),
                       metrics=metric_names(self.cfg.train.metrics),
                       steps_per_execution=fixed_steps_per_execution(self.cfg))

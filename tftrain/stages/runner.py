@@ -117,11 +117,14 @@ class StageRunner:
         throughput = cb.Throughput(self.plan.batches.global_batch)
         flops = cb.FlopsLogger(self.plan.flops_per_example, self.plan.peak.flops)
         waiting = cb.InputWait()
-        # The checkpointer comes after every callback whose state it saves at an epoch's end.
         sizer = (cb.ExecutionSizer(spe, self.plan.parallel.mean, most=every)
                  if cfg.train.steps_per_execution == "auto" else None)
-        callbacks = [throughput, waiting, flops, *([sizer] if sizer else []),
-                     cb.LearningRateLogger(), *built.callbacks, *built.stateful, checkpointer]
+        # The global metrics first (Keras appends its history and progress bar after
+        # these), and the checkpointer after every callback whose state it saves at an
+        # epoch's end.
+        callbacks = [cb.GlobalMetrics(), throughput, waiting, flops,
+                     *([sizer] if sizer else []), cb.LearningRateLogger(), *built.callbacks,
+                     *built.stateful, checkpointer]
         if self.chief:
             csv, logs = stage.log_names()
             callbacks += [keras.callbacks.CSVLogger(str(self.run.path / csv), append=start > 0),
