@@ -191,7 +191,7 @@ def test_execution_sizer_keeps_host_work_under_two_percent_of_step_time():
     fit(model, [sizer], epochs=3, steps=40)
     assert sizer.chosen is not None and sizer.chosen > 1      # host-bound: more steps per call
     want = math.ceil(sizer.host_seconds / (0.02 * sizer.step_seconds))
-    assert sizer.chosen == max(1, min(want, int(1.0 // sizer.step_seconds), 40))
+    assert sizer.chosen == max(1, min(want, int(sizer.max_seconds // sizer.step_seconds), 40))
     assert int(model.steps_per_execution.numpy()) == sizer.chosen
     assert int(model.optimizer.iterations.numpy()) == 3 * 40        # no step lost or added
 

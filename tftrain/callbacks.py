@@ -303,14 +303,15 @@ class ExecutionSizer(keras.callbacks.Callback):
     steps run per `tf.function` call so that the host's work per call (Python callbacks,
     the checks, dispatch, the distributed iterator) stays under `target` of the time spent
     inside the steps, and one call lasts at most `max_seconds` (callbacks, checks and
-    signals are looked at between calls). In a cluster every worker takes the same value,
+    signals are looked at between calls: a stop asked for is honoured within that time,
+    well inside the 30 s a scheduler's SIGTERM usually leaves). In a cluster every worker takes the same value,
     the rounded-up mean of their proposals (one all-reduce)."""
 
     _supports_tf_logs = True
     target = 0.02
 
     def __init__(self, steps_per_epoch: int, mean=None, measure: int = 8,
-                 max_seconds: float = 1.0, most: int | None = None):
+                 max_seconds: float = 5.0, most: int | None = None):
         """`most`: an upper bound (the checkpoint interval, so saves stay on time)."""
         super().__init__()
         self.steps_per_epoch, self.mean = steps_per_epoch, mean
