@@ -304,8 +304,10 @@ class ExecutionSizer(keras.callbacks.Callback):
     the checks, dispatch, the distributed iterator) stays under `target` of the time spent
     inside the steps, and one call lasts at most `max_seconds` (callbacks, checks and
     signals are looked at between calls: a stop asked for is honoured within that time,
-    well inside the 30 s a scheduler's SIGTERM usually leaves). In a cluster every worker takes the same value,
-    the rounded-up mean of their proposals (one all-reduce)."""
+    well inside the 30 s a scheduler's SIGTERM usually leaves). In a cluster every worker
+    takes the same value, the rounded-up mean of their proposals (one all-reduce).
+    Without clocks in the step (`run.deterministic`), half of each call is taken as host
+    time, which errs toward more steps per call."""
 
     _supports_tf_logs = True
     target = 0.02
@@ -324,7 +326,7 @@ class ExecutionSizer(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         # A window starts after the epoch's first call (tracing, the iterator) and never
         # spans an epoch's end (validation).
-        self._start, self._calls, self._steps = None, 0, 0
+        self._start, self._calls = None, 0
 
     def on_train_batch_end(self, batch, logs=None):
         if self.chosen is not None:
