@@ -258,7 +258,9 @@ def test_checks_agree_on_both_flags_in_one_call(tmp_path):
 def test_global_metrics_log_every_replica_while_the_step_logs_its_own():
     from tftrain.callbacks import GlobalMetrics
     from tftrain.train_step import TrainModel, build_loss
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    # no collectives (see tests/test_xla.py's `mirrored`)
+    strategy = tf.distribute.MirroredStrategy(
+        ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice())
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(256, 3)).astype(np.float32), rng.integers(0, 2, 256)
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
