@@ -192,19 +192,6 @@ class TrainModel(keras.Model):
             results.update(value if isinstance(value, dict) else {metric.name: value})
         return results
 
-    def evaluate(self, *args, **kwargs):
-        """Keras' evaluate at one step per call: it runs at the training's steps per call
-        otherwise, which Keras refuses for a dataset of unknown size (TFRecord files)."""
-        steps = self._steps_per_execution
-        if steps is None or int(steps.numpy()) == 1:
-            return super().evaluate(*args, **kwargs)
-        value = int(steps.numpy())
-        steps.assign(1)
-        try:
-            return super().evaluate(*args, **kwargs)
-        finally:
-            steps.assign(value)
-
     def _run_hooks(self, method: str) -> None:
         context = tf.distribute.get_replica_context()
         for hook in self.update_hooks:

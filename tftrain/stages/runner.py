@@ -26,6 +26,8 @@ class StageRunner:
     def __init__(self, *, plan, run, stop: Preemption | None = None):
         """`plan`: the run's plan (`tftrain.plan.RunPlan`); `run`: its `RunDir`; `stop`:
         the run's `Preemption` flag."""
+        import tensorflow as tf
+
         from tftrain import data
 
         self.plan, self.cfg, self.run = plan, plan.cfg, run
@@ -33,6 +35,10 @@ class StageRunner:
         self.strat, self.chief = plan.parallel.strategy, plan.chief
         self.steps_per_epoch, self.smoke = plan.steps_per_epoch, plan.smoke
         self.val = data.val_dataset(plan.source, plan.batches, self.cfg.data)
+        if int(self.val.cardinality()) == tf.data.UNKNOWN_CARDINALITY:   # TFRecord: count once;
+            # Keras needs the size to run several steps per call (validation is cached)
+            batches = int(self.val.reduce(0, lambda count, *_: count + 1))
+            self.val = self.val.apply(tf.data.experimental.assert_cardinality(batches))
         self.agree = plan.parallel.agree
         # Every worker saves (the collective runtime needs all of them); only the chief's
         # checkpoints are kept, the others write to a scratch directory removed at the end.
