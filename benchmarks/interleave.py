@@ -9,7 +9,7 @@ import time
 
 import tftrain  # noqa: F401
 from tftrain import callbacks as cb
-from tftrain import data, optim, precision, train_step, xla
+from tftrain import data, epoch_logs, optim, precision, train_step, xla
 from tftrain._keras import keras
 from tftrain.models import build_model
 
@@ -46,9 +46,9 @@ def build_side(cfg, source, plan, strat, tftrain_side: bool, policy="float32",
         ds = data.distribute(strat, source, plan, cfg.data, cfg.run.seed)
         manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model),
                                              tempfile.mkdtemp(), 1)
-        callbacks = [cb.Throughput(plan.global_batch), cb.InputWait(),
-                     *([cb.ExecutionSizer(steps, most=max(1, steps // 6))] if auto else []),
-                     cb.LearningRateLogger(), cb.Checkpointer(manager, 10**9, steps)]
+        callbacks = [epoch_logs.Throughput(plan.global_batch), epoch_logs.InputWait(),
+                     *([epoch_logs.ExecutionSizer(steps, most=max(1, steps // 6))] if auto else []),
+                     epoch_logs.LearningRateLogger(), cb.Checkpointer(manager, 10**9, steps)]
     else:
         ds = (source.calibration(source.num_train).cache().shuffle(source.num_train, seed=0).repeat()
               .batch(plan.global_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE))

@@ -4,7 +4,8 @@ import pytest
 import tensorflow as tf
 
 from tftrain._keras import keras
-from tftrain.callbacks import Checkpointer, LearningRateLogger, NonFiniteLoss, ResumePoint, Throughput
+from tftrain.callbacks import Checkpointer, NonFiniteLoss, ResumePoint
+from tftrain.epoch_logs import LearningRateLogger, Throughput
 
 
 def tiny():
@@ -185,7 +186,7 @@ def _host_bound(steps_per_execution="auto"):
 
 def test_execution_sizer_keeps_host_work_under_two_percent_of_step_time():
     import math
-    from tftrain.callbacks import ExecutionSizer
+    from tftrain.epoch_logs import ExecutionSizer
     model = _host_bound()
     sizer = ExecutionSizer(steps_per_epoch=40)
     fit(model, [sizer], epochs=3, steps=40)
@@ -197,7 +198,7 @@ def test_execution_sizer_keeps_host_work_under_two_percent_of_step_time():
 
 
 def test_execution_sizer_takes_the_value_the_workers_agree_on():
-    from tftrain.callbacks import ExecutionSizer
+    from tftrain.epoch_logs import ExecutionSizer
     proposals = []
 
     def mean(values):               # another worker proposed 3 more steps per call
@@ -211,7 +212,7 @@ def test_execution_sizer_takes_the_value_the_workers_agree_on():
 
 
 def test_execution_sizer_never_exceeds_the_checkpoint_interval():
-    from tftrain.callbacks import ExecutionSizer
+    from tftrain.epoch_logs import ExecutionSizer
     model = _host_bound()
     sizer = ExecutionSizer(steps_per_epoch=40, most=5)
     fit(model, [sizer], epochs=2, steps=40)
@@ -256,7 +257,7 @@ def test_checks_agree_on_both_flags_in_one_call(tmp_path):
 
 
 def test_global_metrics_log_every_replica_while_the_step_logs_its_own():
-    from tftrain.callbacks import GlobalMetrics
+    from tftrain.epoch_logs import GlobalMetrics
     from tftrain.train_step import TrainModel, build_loss
     # no collectives (see tests/test_xla.py's `mirrored`)
     strategy = tf.distribute.MirroredStrategy(

@@ -107,7 +107,7 @@ class TrainModel(keras.Model):
         self.update_hooks = tuple(update_hooks)
         self.unroll = unroll or self.parallel.unroll
         # Seconds spent inside train steps (from the batch's arrival to the update), per
-        # replica; `callbacks.InputWait` compares it with the wall time of the calls. Kept
+        # replica; `epoch_logs.InputWait` compares it with the wall time of the calls. Kept
         # out of Keras' tracking: it is not model state.
         self.__dict__["step_seconds"] = tf.Variable(
             0.0, dtype=tf.float64, trainable=False, name="step_seconds",

@@ -113,6 +113,7 @@ class StageRunner:
     def _fit(self, stage, built, model, optimizer, ckpt, manager, directory, start) -> dict:
         from tftrain import callbacks as cb
         from tftrain import data, optim
+        from tftrain import epoch_logs
         from tftrain._keras import keras
 
         cfg, spe = self.cfg, self.steps_per_epoch
@@ -120,21 +121,21 @@ class StageRunner:
         every = cfg.train.checkpoint.every.steps(spe, stage.updates)
         checkpointer = cb.Checkpointer(manager, every, spe, start, self.agree, self.stop,
                                        position, cfg.train.check_every)
-        throughput = cb.Throughput(self.plan.batches.global_batch)
-        flops = cb.FlopsLogger(self.plan.flops_per_example, self.plan.peak.flops)
-        waiting = cb.InputWait()
-        sizer = (cb.ExecutionSizer(spe, self.plan.parallel.mean, most=every)
+        throughput = epoch_logs.Throughput(self.plan.batches.global_batch)
+        flops = epoch_logs.FlopsLogger(self.plan.flops_per_example, self.plan.peak.flops)
+        waiting = epoch_logs.InputWait()
+        sizer = (epoch_logs.ExecutionSizer(spe, self.plan.parallel.mean, most=every)
                  if cfg.train.steps_per_execution == "auto" else None)
         # The global metrics first (Keras appends its history and progress bar after
         # these), and the checkpointer after every callback whose state it saves at an
         # epoch's end.
-        callbacks = [cb.GlobalMetrics(), throughput, waiting, flops,
-                     *([sizer] if sizer else []), cb.LearningRateLogger(), *built.callbacks,
+        callbacks = [epoch_logs.GlobalMetrics(), throughput, waiting, flops,
+                     *([sizer] if sizer else []), epoch_logs.LearningRateLogger(), *built.callbacks,
                      *built.stateful, checkpointer]
         if self.chief:
             csv, logs = stage.log_names()
             callbacks += [keras.callbacks.CSVLogger(str(self.run.path / csv), append=start > 0),
-                          cb.EpochTensorBoard(str(self.run.path / "tensorboard" / logs))]
+                          epoch_logs.EpochTensorBoard(str(self.run.path / "tensorboard" / logs))]
         if cfg.train.on_nan == "rollback" and start == 0:
             manager.save(checkpoint_number=0)            # something to roll back to
         began = time.perf_counter()
