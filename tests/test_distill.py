@@ -105,6 +105,8 @@ def _args(run_dir, *sets):
 def distilled(tmp_path_factory):
     out = tmp_path_factory.mktemp("distilled")
     assert main(_args(out)) == 0
+    from tensorflow.python.framework import config as tf_config
+    assert not tf_config.is_op_determinism_enabled()     # run.deterministic ends with the run
     return out / "quickstart"
 
 

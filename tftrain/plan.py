@@ -2,11 +2,25 @@
 decided and checked before anything is written (`make`), and printed (`describe`)."""
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 from tftrain.config import Config, ConfigError
+
+
+@contextlib.contextmanager
+def process_settings_kept():
+    """Puts back what a run switches for its whole process (op determinism, which
+    `run.deterministic` turns on), so a Python caller's later code and runs are unaffected."""
+    from tensorflow.python.framework import config as tf_config   # no public disable
+    before = tf_config.is_op_determinism_enabled()
+    try:
+        yield
+    finally:
+        if tf_config.is_op_determinism_enabled() != before:
+            (tf_config.enable_op_determinism if before else tf_config.disable_op_determinism)()
 
 
 @dataclass

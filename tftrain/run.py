@@ -74,10 +74,12 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False,
     """Run the pipeline for `cfg`; returns the summary (None for a dry run). `stop`: the
     flag SIGTERM/SIGINT set (`with Preemption() as stop`); the run raises `Preempted` at
     the next safe point after it is set; by default one is installed for the run."""
-    if stop is None:
-        with Preemption() as stop:
-            return _pipeline(cfg, dry_run, smoke, stop)
-    return _pipeline(cfg, dry_run, smoke, stop)
+    from tftrain.plan import process_settings_kept
+    with process_settings_kept():         # the caller's process is as it was afterwards
+        if stop is None:
+            with Preemption() as stop:
+                return _pipeline(cfg, dry_run, smoke, stop)
+        return _pipeline(cfg, dry_run, smoke, stop)
 
 
 def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption) -> dict | None:
