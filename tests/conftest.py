@@ -71,3 +71,24 @@ def wait_for_checkpoint(path, proc, at_least=20, timeout=240):
         assert proc.poll() is None, "".join(o or "" for o in proc.communicate())[-3000:]
         time.sleep(0.05)
     raise AssertionError("no checkpoint written in time")
+
+
+def tiny():
+    """A one-layer regression model, compiled (for callback tests)."""
+    from tftrain._keras import keras
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    return model
+
+
+def fit(model, callbacks, epochs=2, steps=5, start=0):
+    """`model.fit` on constant data for `epochs` x `steps`, resumed at update `start`."""
+    import numpy as np
+    import tensorflow as tf
+    from tftrain.callbacks import ResumePoint
+    x, y = np.ones((10, 3), np.float32), np.zeros((10, 2), np.float32)
+    model._training_state = ResumePoint(start)
+    history = model.fit(tf.data.Dataset.from_tensors((x, y)).repeat(), epochs=epochs,
+                        steps_per_epoch=steps, callbacks=callbacks, verbose=0)
+    model._training_state = None
+    return history
