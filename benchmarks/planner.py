@@ -7,7 +7,11 @@ estimate. The target is within +-30%.
 
     python benchmarks/planner.py
 """
+import os
 import sys
+
+# the CPU allocator keeps statistics (peak memory) only as a BFC allocator: before TF loads
+os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 import numpy as np
 
