@@ -2,7 +2,8 @@
 
 1. Throughput per example of (N=4, micro-batch 32) over (N=1, batch 128) per replica,
    CNNs on synthetic images, mirrored over 2 virtual CPUs, interleaved rounds; with the
-   ratio (N=1, batch 32) / (N=1, batch 128) that the smaller micro-batch costs by itself.
+   ratio (N=1, batch 32) / (N=1, batch 128) that the smaller micro-batch costs by itself,
+   and the ceiling: bare gradients of 4 micro-batches over those of one large batch.
 2. Peak memory of a ResNet at 64x64 on one device with (micro-batch 16, N=8) over
    (batch 128, N=1), read from TensorFlow's allocator (`get_memory_info`).
 3. Bytes all-reduced per update with `all_reduce_dtype: float16` over float32, counted
@@ -10,12 +11,13 @@
 
     python benchmarks/accumulation.py [--rounds 7]
 """
-import os
 import argparse
+import os
 
 # the CPU allocator keeps statistics (peak memory) only as a BFC allocator: before TF loads
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 import statistics
+import time
 
 import numpy as np
 
@@ -65,6 +67,63 @@ def throughput(rounds: int, steps: int = 20) -> list[tuple[str, str]]:
     return figures
 
 
+def gradient_ceiling(rounds: int, calls: int = 20) -> list[tuple[str, str]]:
+    """The most accumulation could give on this machine: per-example throughput of the
+    bare gradients of 4 micro-batches of 32 (unrolled, summed; no loop, loss tracking,
+    metrics or update) over the gradients of one batch of 128, per replica, interleaved."""
+    figures = []
+    strat = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    for name, extra in MODELS.items():
+        cfg = load_config(None, BASE + extra)
+        source = data.load_source(cfg.data, 0)
+        with strat.scope():
+            model = build_model(cfg.model, source.spec)
+        x = tf.random.uniform([256, *source.spec.shape])
+        y = tf.random.uniform([256], 0, 10, tf.int32)
+        batches = strat.experimental_distribute_values_from_function(
+            lambda ctx: (x[ctx.replica_id_in_sync_group * 128:][:128],
+                         y[ctx.replica_id_in_sync_group * 128:][:128]))
+
+        def sides(n, size=128):
+            def replica(xs, ys):
+                total = None
+                for i in range(n):
+                    with tf.GradientTape() as tape:
+                        part = slice(i * size // n, (i + 1) * size // n)
+                        loss = loss_fn(ys[part], model(xs[part], training=True)) / n
+                    grads = tape.gradient(loss, model.trainable_variables)
+                    total = grads if total is None else [a + b for a, b in zip(total, grads)]
+                return total
+
+            @tf.function
+            def run(xs, ys):
+                return strat.run(replica, (xs, ys))
+            return run
+
+        def rate(fn):
+            tf.nest.map_structure(lambda t: t.numpy(), strat.experimental_local_results(
+                fn(*batches)))
+            began = time.perf_counter()
+            for _ in range(calls):
+                out = fn(*batches)
+            strat.experimental_local_results(out)[0][0].numpy()
+            return calls * 256 / (time.perf_counter() - began)
+
+        micro, large = sides(4), sides(1)
+        rate(micro), rate(large)                               # trace
+        rates = {"micro": [], "large": []}
+        for r in range(rounds):
+            order = [("micro", micro), ("large", large)]
+            for key, fn in order if r % 2 == 0 else order[::-1]:
+                rates[key].append(rate(fn))
+        figures.append((f"accumulation's ceiling: bare gradients of 4 × 32 / 1 × 128 per "
+                        f"replica, {name}, mirrored over 2 virtual CPUs",
+                        f"{median_ratio(rates['micro'], rates['large']):.3f} "
+                        f"[median of {rounds} rounds]"))
+    return figures
+
+
 def peak_memory(micro: int, n: int, steps: int = 2) -> int:
     """Peak allocator bytes while training a ResNet at 64x64, one device, `steps` updates."""
     precision.apply_policy("float32")
@@ -104,6 +163,7 @@ def main():
     args = p.parse_args()
     strategy.configure_devices(load_config(None, BASE).distribute)
     record.rows(throughput(args.rounds))        # each part is reported as it is measured
+    record.rows(gradient_ceiling(args.rounds))
     accumulated, large = peak_memory(16, 8), peak_memory(128, 1)
     record.rows([("accumulation: peak memory, ResNet-8 at 64×64, (micro 16, N=8) / (batch "
                     "128, N=1)", f"{accumulated / large:.3f} ({accumulated / 2**20:.0f} vs "

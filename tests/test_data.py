@@ -145,6 +145,17 @@ def test_tfrecord_streams_every_example_once_and_resumes_anywhere(tmp_path):
         assert resumed == full[start * 8:], start
 
 
+def test_the_training_stream_says_it_never_ends(tmp_path):
+    # a cluster's iterator asks every worker for data on each step (an all-reduce) unless
+    # the input is known to be infinite
+    pattern = write_records(tmp_path / "r", shards=2, sizes=[10, 10])
+    data = record_cfg(pattern, "data.validation_fraction=0.5")
+    source = load_source(data, 0)
+    ds = train_dataset(source, BatchPlan(4, 1, 1), data, seed=0)
+    assert int(ds.cardinality()) == int(tf.data.INFINITE_CARDINALITY)
+    assert len(ids(ds.take(7))) == 7 * 4          # past the 10-example epoch: it goes on
+
+
 def test_tfrecord_file_sharding_gives_disjoint_files(tmp_path):
     pattern = write_records(tmp_path / "r", shards=4, per_shard=25)
     data = record_cfg(pattern, "data.validation_fraction=0", "data.remainder=pad")

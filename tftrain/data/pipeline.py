@@ -119,6 +119,9 @@ def train_dataset(source: Source, plan: BatchPlan, cfg: DataConfig, seed: int,
         from tftrain.data.service import spread
         per_epoch = steps * share // b
         ds = spread(stream, cfg.service.dispatchers, per_epoch, per_epoch - skip * share // b)
+    # The stream never ends; saying so spares a cluster an all-reduce per step: for input of
+    # unknown size, a multi-worker iterator asks every worker whether it still has data.
+    ds = ds.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
     return ds.prefetch(tf.data.AUTOTUNE).with_options(_options())
 
 
