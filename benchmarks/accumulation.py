@@ -36,25 +36,28 @@ BASE = ["distribute.virtual_cpus=2", "distribute.strategy=mirrored", "precision.
         "model.params={filters: [32, 64], dense: [128]}", "train.optimizer.name=sgd"]
 
 
+# name: (settings, steps timed per round: a few seconds of training)
 MODELS = {
-    "CNN 32-64 on 16x16x1": [],
-    "CNN 64-128 on 32x32x3": ["data.params={shape: [32, 32, 3], num_examples: 8192}",
-                              "model.params={filters: [64, 128], dense: [256]}"],
+    "CNN 32-64 on 16x16x1": ([], 80),
+    "CNN 64-128 on 32x32x3": (["data.params={shape: [32, 32, 3], num_examples: 8192}",
+                               "model.params={filters: [64, 128], dense: [256]}"], 20),
 }
 
 
-def throughput(rounds: int, steps: int = 20) -> list[tuple[str, str]]:
+def throughput(rounds: int) -> list[tuple[str, str]]:
     """(N=4, micro 32) and (N=1, batch 32) against (N=1, batch 128) per replica: the
-    second ratio is what the smaller micro-batch alone costs, without accumulation."""
+    second ratio is what the smaller micro-batch alone costs, without accumulation. Steps
+    per call are sized as a run sizes them (`train.steps_per_execution: auto`)."""
     figures = []
-    for name, extra in MODELS.items():
+    for name, (extra, steps) in MODELS.items():
         cfgs = [load_config(None, BASE + extra + sets) for sets in (
             ["data.per_replica_batch_size=32", "train.accumulation_steps=4"],
             ["data.per_replica_batch_size=128"], ["data.per_replica_batch_size=32"])]
         strat = strategy.build_strategy(cfgs[0])
         source = data.load_source(cfgs[0].data, 0)
         plans = [data.plan_batches(c, strat.num_replicas_in_sync) for c in cfgs]
-        sides = [build_side(c, source, p, strat, True) for c, p in zip(cfgs, plans)]
+        sides = [build_side(c, source, p, strat, True, steps_per_execution="auto", steps=steps)
+                 for c, p in zip(cfgs, plans)]
         accumulated, large, small = interleaved(sides, rounds, steps,
                                                 [p.global_batch for p in plans])
         figures.append((
@@ -73,8 +76,9 @@ def gradient_ceiling(rounds: int, calls: int = 20) -> list[tuple[str, str]]:
     metrics or update) over the gradients of one batch of 128, per replica, interleaved."""
     figures = []
     strat = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    for name, extra in MODELS.items():
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, reduction=keras.losses.Reduction.NONE)
+    for name, (extra, _) in MODELS.items():
         cfg = load_config(None, BASE + extra)
         source = data.load_source(cfg.data, 0)
         with strat.scope():
@@ -91,7 +95,7 @@ def gradient_ceiling(rounds: int, calls: int = 20) -> list[tuple[str, str]]:
                 for i in range(n):
                     with tf.GradientTape() as tape:
                         part = slice(i * size // n, (i + 1) * size // n)
-                        loss = loss_fn(ys[part], model(xs[part], training=True)) / n
+                        loss = tf.reduce_mean(loss_fn(ys[part], model(xs[part], training=True))) / n
                     grads = tape.gradient(loss, model.trainable_variables)
                     total = grads if total is None else [a + b for a, b in zip(total, grads)]
                 return total
