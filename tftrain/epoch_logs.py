@@ -10,6 +10,13 @@ from tftrain._keras import keras
 from tftrain.optim import current_lr
 
 
+def steady_median(per_epoch: list[float], empty):
+    """Median over epochs, leaving out the first (it includes tracing); `empty` when
+    nothing was measured."""
+    values = sorted(per_epoch[1:] or per_epoch)
+    return values[len(values) // 2] if values else empty
+
+
 class Throughput(keras.callbacks.Callback):
     """Adds `examples_per_sec` (training examples per second of the epoch) to the logs."""
 
@@ -40,8 +47,7 @@ class Throughput(keras.callbacks.Callback):
 
     def steady_rate(self) -> float:
         """Median over epochs, leaving out the first (it includes tracing)."""
-        rates = sorted(self.per_epoch[1:] or self.per_epoch)
-        return rates[len(rates) // 2] if rates else 0.0
+        return steady_median(self.per_epoch, 0.0)
 
 
 class InputWait(keras.callbacks.Callback):
@@ -70,9 +76,7 @@ class InputWait(keras.callbacks.Callback):
         self._calls += time.perf_counter() - self._began
 
     def on_epoch_end(self, epoch, logs=None):
-        from tftrain.train_step import op_determinism
-
-        if logs is None or not self._calls or not self.model.time_steps or op_determinism():
+        if logs is None or not self._calls or not self.model.clocked:
             return
         inside = float(self.model.step_seconds.numpy()) - self._steps_before
         wait = min(1.0, max(0.0, 1.0 - inside / self._calls))
@@ -88,8 +92,7 @@ class InputWait(keras.callbacks.Callback):
     def fraction(self) -> float | None:
         """Median over epochs, leaving out the first (it includes tracing); None when
         nothing was measured."""
-        values = sorted(self.per_epoch[1:] or self.per_epoch)
-        return values[len(values) // 2] if values else None
+        return steady_median(self.per_epoch, None)
 
 
 class GlobalMetrics(keras.callbacks.Callback):
@@ -169,8 +172,7 @@ class ExecutionSizer(keras.callbacks.Callback):
     def _inside(self) -> float | None:
         """Seconds spent inside steps so far (one read of a replica-synchronised sum:
         milliseconds, so only at a window's ends)."""
-        from tftrain.train_step import op_determinism
-        if not self.model.time_steps or op_determinism():
+        if not self.model.clocked:
             return None
         return float(self.model.step_seconds.numpy())
 

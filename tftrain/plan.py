@@ -15,11 +15,13 @@ def process_settings_kept():
     """Puts back what a run switches for its whole process (op determinism, which
     `run.deterministic` turns on), so a Python caller's later code and runs are unaffected."""
     from tensorflow.python.framework import config as tf_config   # no public disable
-    before = tf_config.is_op_determinism_enabled()
+
+    from tftrain.train_step import op_determinism
+    before = op_determinism()
     try:
         yield
     finally:
-        if tf_config.is_op_determinism_enabled() != before:
+        if op_determinism() != before:
             (tf_config.enable_op_determinism if before else tf_config.disable_op_determinism)()
 
 

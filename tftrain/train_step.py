@@ -134,6 +134,12 @@ class TrainModel(keras.Model):
                    update_hooks=update_hooks, unroll=unroll, parallel=parallel,
                    precision=precision, time_steps=time_steps)
 
+    @property
+    def clocked(self) -> bool:
+        """Whether steps add their time to `step_seconds` (asked for, and op determinism
+        off: TensorFlow then refuses clocks)."""
+        return self.time_steps and not op_determinism()
+
     # `train.jit_compile`: `_replica_gradients` (forward, backward, the accumulation loop,
     # loss and metric updates) compiled by XLA; the all-reduce, loss-scale bookkeeping,
     # update hooks and the optimizer update stay outside it (collectives and `merge_call`
@@ -274,7 +280,7 @@ class TrainModel(keras.Model):
             self.compiled_metrics.build(y_pred, hard_labels(y[:1], y_pred))
 
     def _step(self, data):
-        timed = self.time_steps and not op_determinism()
+        timed = self.clocked
         if timed:           # clocks are ordered by data dependencies only: after the batch,
             with tf.control_dependencies(tf.nest.flatten(data)):     # before any compute
                 began = tf.timestamp()
