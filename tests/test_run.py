@@ -514,7 +514,10 @@ def _signal_during(monkeypatch, owner, name, call=1, after=False):
 
 STAGED = ["train.epochs=1", "compression.pruning.epochs=1", "compression.quantization.epochs=1",
           "model.params.dense=[64]", "train.checkpoint.every=7", "export.tflite=none",
-          "train.verbose=0"]
+          "train.verbose=0",
+          # resume ends equal under run.deterministic only (README): without it, `auto`
+          # choices (XLA, steps per call) are measured and can differ between runs
+          "run.deterministic=true"]
 
 
 def _staged(run_dir):
@@ -570,7 +573,7 @@ STATEFUL = ["train.epochs=7", "export.tflite=none", "export.saved_model=false",
             # min_delta 0.5: after the first epochs nothing counts as better, so the stop
             # comes `patience` epochs after the last improvement, counted across the restart
             "train.early_stopping={monitor: val_loss, patience: 3, min_delta: 0.5}",
-            "train.verbose=0"]
+            "train.verbose=0", "run.deterministic=true"]
 
 
 def test_plateau_and_early_stopping_resume_equal_to_an_uninterrupted_run(
@@ -608,7 +611,7 @@ def tf_checkpoint_values(directory, prefix):
 def test_rollback_learning_rate_cut_survives_a_restart(tmp_path, capsys, monkeypatch):
     from tftrain.train_step import TrainModel
     sets = [*DIVERGING, "train.epochs=3", "train.on_nan=rollback", "train.nan_lr_factor=1.0e-13",
-            "train.verbose=0"]
+            "train.verbose=0", "run.deterministic=true"]
     args = lambda d: [str(QUICKSTART), "--run-dir", str(d), *[a for s in sets for a in ("--set", s)]]  # noqa: E731
     assert main(args(tmp_path / "reference")) == 0
     assert "rolled back to update 0" in capsys.readouterr().out
