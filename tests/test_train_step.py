@@ -140,6 +140,83 @@ def test_metrics_cover_every_micro_batch():
     np.testing.assert_allclose(got.history["accuracy"], ref.history["accuracy"], rtol=1e-6)
 
 
+def _graphs(graph):
+    """A traced graph and the function graphs of its loops and conditionals."""
+    yield graph
+    for op in graph.get_operations():
+        for attr in ("body", "cond", "then_branch", "else_branch"):
+            try:
+                name = op.get_attr(attr).name
+            except (ValueError, AttributeError):
+                continue
+            yield from _graphs(graph._get_function(name).graph)
+
+
+def _ancestors(op):
+    """Every op `op` waits for: through inputs and control dependencies."""
+    seen, todo = set(), [op]
+    while todo:
+        current = todo.pop()
+        for parent in [t.op for t in current.inputs] + list(current.control_inputs):
+            if parent not in seen:
+                seen.add(parent)
+                todo.append(parent)
+    return seen
+
+
+def _later_slices_wait_for_a_forward_pass(net):
+    """For the unrolled step: whether every micro-batch after the first is sliced only
+    after a forward pass (MatMul) of the ones before it; and how many slices there are."""
+    traced = tf.function(net.train_step).get_concrete_function(
+        (tf.TensorSpec([32, 8, 8, 1]), tf.TensorSpec([32], tf.int32))).graph
+    later = [op for op in traced.get_operations() if op.type == "StridedSlice"
+             and "micro_batch" in op.name and not op.name.startswith("micro_batch/")]
+    return all(any(a.type == "MatMul" for a in _ancestors(op)) for op in later), len(later)
+
+
+def test_unrolled_micro_batches_run_one_after_another():
+    # Nothing but the gradient sum orders micro-batches: each is sliced only once the
+    # previous ones' gradients exist, or the executor runs two forward passes side by
+    # side and holds both sets of activations (peak memory of accumulation).
+    net = TrainModel.wrap(MODELS.get("mlp")(SPEC), 4, unroll=True, time_steps=False)
+    net.compile(keras.optimizers.SGD(0.1), build_loss("sparse_categorical_crossentropy"))
+    assert _later_slices_wait_for_a_forward_pass(net) == (True, 6)   # x, y of micro-batches 1-3
+
+
+def test_looped_micro_batches_run_one_after_another():
+    # In the while loop: each micro-batch is sliced after the running gradient sum (the
+    # loop variables shaped as the model's kernels), so the loop's first micro-batch
+    # does not run beside the one before the loop.
+    net = TrainModel.wrap(MODELS.get("mlp")(SPEC), 4, time_steps=False)
+    net.compile(keras.optimizers.SGD(0.1), build_loss("sparse_categorical_crossentropy"))
+    traced = tf.function(net.train_step).get_concrete_function(
+        (tf.TensorSpec([32, 8, 8, 1]), tf.TensorSpec([32], tf.int32))).graph
+    kernel = [v.shape for v in net.trainable_variables if len(v.shape) == 2][0]
+    bodies = [g for g in _graphs(traced) if "while_body" in g.name]
+    slices = [op for g in bodies for op in g.get_operations()
+              if "micro_batch" in op.name and op.type == "StridedSlice"]
+    assert len(bodies) == 1 and len(slices) == 2                          # x and y
+    for op in slices:
+        assert any(a.type == "Placeholder" and a.outputs[0].shape == kernel
+                   for a in _ancestors(op)), op.name
+
+
+def test_a_pipeline_keeps_its_micro_batches_side_by_side():
+    # A placed pipeline's stage k works on micro-batch i while stage k+1 works on i-1.
+    from tftrain.parallelism import Parallelism
+
+    class Pipelined(Parallelism):
+        unroll = overlap_micro_batches = True
+
+    def built(parallel):
+        net = TrainModel.wrap(MODELS.get("mlp")(SPEC), 4, parallel=parallel, time_steps=False)
+        net.compile(keras.optimizers.SGD(0.1), build_loss("sparse_categorical_crossentropy"))
+        return net
+
+    waits, count = _later_slices_wait_for_a_forward_pass(built(Pipelined()))
+    assert count == 6 and not waits                 # x and y of micro-batches 1-3, free
+
+
 def test_non_finite_micro_batch_skips_update_under_float16():
     from tftrain import precision
     from tftrain.config import load_config

@@ -21,6 +21,10 @@ class Parallelism:
 
     microbatches = 1        # a placed pipeline splits each micro-batch further
     unroll = False          # whether the step must loop over micro-batches in Python
+    # whether micro-batches may run side by side (a pipeline's stages work on different
+    # ones at once); otherwise each starts after the previous one's gradients, so one
+    # micro-batch's activations are alive at a time
+    overlap_micro_batches = False
 
     def __init__(self, *, strategy=None, memory_plan=None):
         from tftrain.strategy import describe
@@ -128,6 +132,7 @@ class Placed(Parallelism):
     counters where the model's outputs are."""
 
     unroll = True
+    overlap_micro_batches = True
 
     def __init__(self, *, placement, memory_plan=None):
         from tftrain.strategy import StrategyInfo

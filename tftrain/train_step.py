@@ -65,11 +65,16 @@ def build_loss(name: str):
     return LOSSES.get(name)()
 
 
-def _micro_batch(x, y, sample_weight, index, size):
-    """Micro-batch `index` of the replica's batch (contiguous slices of `size`)."""
-    take = lambda t: t[index * size:(index + 1) * size]  # noqa: E731
-    return (tf.nest.map_structure(take, x), tf.nest.map_structure(take, y),
-            None if sample_weight is None else take(sample_weight))
+def _micro_batch(x, y, sample_weight, index, size, after=()):
+    """Micro-batch `index` of the replica's batch (contiguous slices of `size`), sliced
+    only once the tensors `after` (the previous micro-batches' gradient sums) exist.
+    Nothing else orders micro-batches: TensorFlow's executor would run the next one's
+    forward pass beside the previous one's and hold both sets of activations (a
+    pipeline wants exactly that: `Parallelism.overlap_micro_batches`)."""
+    with tf.name_scope("micro_batch"), tf.control_dependencies(list(after)):
+        take = lambda t: t[index * size:(index + 1) * size]  # noqa: E731
+        return (tf.nest.map_structure(take, x), tf.nest.map_structure(take, y),
+                None if sample_weight is None else take(sample_weight))
 
 
 def _size(x, n: int):
@@ -248,9 +253,11 @@ class TrainModel(keras.Model):
         size = _size(x, n)
         if self.unroll:
             grads = self._gradients(*_micro_batch(x, y, sample_weight, 0, size), variables)
+            wait = not self.parallel.overlap_micro_batches
             for i in range(1, n):
-                grads = _add(grads, self._gradients(*_micro_batch(x, y, sample_weight, i, size),
-                                                    variables), variables, self.parallel)
+                grads = _add(grads, self._gradients(
+                    *_micro_batch(x, y, sample_weight, i, size, after=grads if wait else ()),
+                    variables), variables, self.parallel)
             return grads
         # The first micro-batch runs outside the loop: Keras creates its metric
         # variables on first use, and variables cannot be created inside a while loop.
@@ -258,7 +265,7 @@ class TrainModel(keras.Model):
 
         def accumulate(i, acc):
             return i + 1, _add(acc, self._gradients(
-                *_micro_batch(x, y, sample_weight, i, size), variables), variables,
+                *_micro_batch(x, y, sample_weight, i, size, after=acc), variables), variables,
                                self.parallel)
 
         # parallel_iterations=1: one micro-batch's activations alive at a time.
