@@ -1,11 +1,13 @@
 """Multi-worker scaling on localhost: 2 workers pinned to one core each against 1 worker
 pinned to one core, same per-replica batch, real processes over gRPC collectives.
 
-Rounds alternate the two sides (ABBA); figures are medians over rounds. The all-reduce
+Rounds alternate the sides (ABBA); figures are medians over rounds. The all-reduce
 time per update is the step time of the 2-worker run minus that of the 1-worker run
 (each replica does the same work per step, so the difference is communication and sync).
+At the first batch size a third side runs 2 workers with `distribute.pack_bytes` (the
+gradient all-reduce in packs launched as their gradients exist) against one pack.
 
-    python benchmarks/multiworker.py [--rounds 3]
+    python benchmarks/multiworker.py [--rounds 3] [--pack-bytes 65536]
 """
 import argparse
 import json
@@ -26,13 +28,14 @@ SETS = ["distribute.strategy=auto", "distribute.virtual_cpus=null", "precision.p
         "train.epochs=3", "export.saved_model=false", "export.tflite=none", "train.verbose=0"]
 
 
-def throughput(workers: int, batch: int) -> tuple[float, int, dict]:
+def throughput(workers: int, batch: int, pack_bytes: int | None = None) -> tuple[float, int, dict]:
     """(examples/s, global batch, host figures) of one launch with `workers` workers, one
-    core each."""
+    core each, the gradient all-reduce in packs of `pack_bytes` (None: one pack)."""
     with tempfile.TemporaryDirectory() as out:
         args = [sys.executable, "-m", "tftrain.launch", "--workers", str(workers),
                 "--cpus-per-worker", "1", str(ROOT / "configs" / "quickstart.yaml"),
                 "--run-dir", out, "--set", f"data.per_replica_batch_size={batch}",
+                "--set", f"distribute.pack_bytes={pack_bytes or 'null'}",
                 *[a for s in SETS for a in ("--set", s)]]
         proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
         if proc.returncode:
@@ -47,14 +50,22 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--batches", type=int, nargs="+", default=[64, 128],
                    help="per-replica batch sizes")
+    p.add_argument("--pack-bytes", type=int, default=65536,
+                   help="pack size of the packed side at the first batch size (0: no such side)")
     args = p.parse_args()
     figures = []
     for batch in args.batches:
-        one, two, ratios, reduce_ms, steps, host_ms = [], [], [], [], [], []
+        one, two, ratios, reduce_ms, steps, host_ms, packed = [], [], [], [], [], [], []
+        pack = args.pack_bytes if batch == args.batches[0] else 0
         for r in range(args.rounds):
-            order = [1, 2] if r % 2 == 0 else [2, 1]
-            measured = {w: throughput(w, batch) for w in order}
-            (rate1, batch1, _), (rate2, batch2, host) = measured[1], measured[2]
+            order = ["one", "two", "packed"][:3 if pack else 2]
+            measured = {side: throughput(*{"one": (1, batch), "two": (2, batch),
+                                            "packed": (2, batch, pack)}[side])
+                        for side in (order if r % 2 == 0 else order[::-1])}
+            (rate1, batch1, _), (rate2, batch2, host) = measured["one"], measured["two"]
+            if pack:
+                packs = measured["packed"][2]["step_collectives"]
+                packed.append((measured["packed"][0] / rate2, len(packs)))
             # the host's work per update in the cluster: per call, over the steps per call
             host_ms.append(1e3 * host["host_seconds_per_call"] / host["steps_per_execution"])
             one.append(rate1)
@@ -73,6 +84,12 @@ def main():
              f"{statistics.median(reduce_ms):.1f} ms (step {step2:.1f} vs {step1:.1f} ms); "
              f"{statistics.median(host_ms):.2f} ms ({host['steps_per_execution']} steps per "
              f"call)")]
+        if packed:
+            figures.append((
+                f"2 localhost workers, {batch} per replica: gradient all-reduce in packs of "
+                f"`distribute.pack_bytes: {pack}` / one pack, throughput (median of rounds)",
+                f"{statistics.median(r for r, _ in packed):.2f} ({packed[0][1]} collectives "
+                f"per update; {args.rounds} rounds)"))
     record.rows(figures)
 
 
