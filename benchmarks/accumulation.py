@@ -5,11 +5,12 @@
    ratio (N=1, batch 32) / (N=1, batch 128) that the smaller micro-batch costs by itself,
    and the ceiling: bare gradients of 4 micro-batches over those of one large batch.
 2. Peak memory of a ResNet at 64x64 on one device with (micro-batch 16, N=8) over
-   (batch 128, N=1), read from TensorFlow's allocator (`get_memory_info`).
+   (batch 128, N=1), read from TensorFlow's allocator (`get_memory_info`), medians of
+   alternating measurements.
 3. Bytes all-reduced per update with `all_reduce_dtype: float16` over float32, counted
    by a reduction that counts what it executes.
 
-    python benchmarks/accumulation.py [--rounds 7]
+    python benchmarks/accumulation.py [--rounds 7] [--memory-rounds 5]
 """
 import argparse
 import os
@@ -164,14 +165,20 @@ def reduced_bytes(dtype: str) -> float:
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--memory-rounds", type=int, default=5)
     args = p.parse_args()
     strategy.configure_devices(load_config(None, BASE).distribute)
     record.rows(throughput(args.rounds))        # each part is reported as it is measured
     record.rows(gradient_ceiling(args.rounds))
-    accumulated, large = peak_memory(16, 8), peak_memory(128, 1)
+    # The allocator's peak moves from one measurement to the next (which free chunk a
+    # tensor gets, what runs beside what): alternate the sides, take medians.
+    peaks = [(peak_memory(16, 8), peak_memory(128, 1)) for _ in range(args.memory_rounds)]
+    accumulated, large = (statistics.median(p) for p in zip(*peaks))
     record.rows([("accumulation: peak memory, ResNet-8 at 64×64, (micro 16, N=8) / (batch "
                     "128, N=1)", f"{accumulated / large:.3f} ({accumulated / 2**20:.0f} vs "
-                                 f"{large / 2**20:.0f} MiB)")])
+                                 f"{large / 2**20:.0f} MiB; medians of {len(peaks)}, micro "
+                                 f"{min(a for a, _ in peaks) / 2**20:.0f}–"
+                                 f"{max(a for a, _ in peaks) / 2**20:.0f} MiB)")])
     f16, f32 = reduced_bytes("float16"), reduced_bytes("float32")
     record.rows([("bytes all-reduced per update, `all_reduce_dtype: float16` / float32",
                     f"{f16 / f32:.3f} ({f16:.0f} vs {f32:.0f} bytes per replica, one reduction "

@@ -26,15 +26,19 @@ def build_side(cfg, source, plan, strat, tftrain_side: bool, policy="float32",
     precision.apply_policy(policy)
     keras.utils.set_random_seed(0)
     auto = steps_per_execution == "auto"
+    # as a run's stage has it: loss scaling in the step where the optimizer scales
+    numerics = precision.Precision.for_strategy(policy=policy, config=cfg.precision,
+                                                distribute=cfg.distribute, strategy=strat)
     with strat.scope():
         base = precision.float32_outputs(build_model(cfg.model, source.spec))
         model = (train_step.TrainModel.wrap(base, plan.accumulation,
-                                            cfg.distribute.all_reduce_dtype)
+                                            cfg.distribute.all_reduce_dtype, precision=numerics)
                  if tftrain_side else base)
         opt = optim.build_optimizer(cfg.train.optimizer, cfg.train.optimizer.learning_rate)
         if tftrain_side:
             model.resizable_calls = auto
-        model.compile(precision.wrap_optimizer(opt, policy, cfg.precision),
+        model.compile(numerics.wrap_optimizer(opt) if tftrain_side
+                      else precision.wrap_optimizer(opt, policy, cfg.precision),
                       train_step.build_loss(cfg.train.loss), metrics=["accuracy"],
                       steps_per_execution=1 if auto else steps_per_execution)
     if tftrain_side:
