@@ -164,11 +164,23 @@ def _ancestors(op):
     return seen
 
 
+def _accumulating(**kwargs):
+    """A compiled MLP accumulating 4 micro-batches."""
+    net = TrainModel.wrap(MODELS.get("mlp")(SPEC), 4, time_steps=False, **kwargs)
+    net.compile(keras.optimizers.SGD(0.1), build_loss("sparse_categorical_crossentropy"))
+    return net
+
+
+def _traced_step(net):
+    """The graph of the net's train step on a batch of 32."""
+    return tf.function(net.train_step).get_concrete_function(
+        (tf.TensorSpec([32, 8, 8, 1]), tf.TensorSpec([32], tf.int32))).graph
+
+
 def _later_slices_wait_for_a_forward_pass(net):
     """For the unrolled step: whether every micro-batch after the first is sliced only
     after a forward pass (MatMul) of the ones before it; and how many slices there are."""
-    traced = tf.function(net.train_step).get_concrete_function(
-        (tf.TensorSpec([32, 8, 8, 1]), tf.TensorSpec([32], tf.int32))).graph
+    traced = _traced_step(net)
     later = [op for op in traced.get_operations() if op.type == "StridedSlice"
              and "micro_batch" in op.name and not op.name.startswith("micro_batch/")]
     return all(any(a.type == "MatMul" for a in _ancestors(op)) for op in later), len(later)
@@ -178,19 +190,15 @@ def test_unrolled_micro_batches_run_one_after_another():
     # Nothing but the gradient sum orders micro-batches: each is sliced only once the
     # previous ones' gradients exist, or the executor runs two forward passes side by
     # side and holds both sets of activations (peak memory of accumulation).
-    net = TrainModel.wrap(MODELS.get("mlp")(SPEC), 4, unroll=True, time_steps=False)
-    net.compile(keras.optimizers.SGD(0.1), build_loss("sparse_categorical_crossentropy"))
-    assert _later_slices_wait_for_a_forward_pass(net) == (True, 6)   # x, y of micro-batches 1-3
+    assert _later_slices_wait_for_a_forward_pass(_accumulating(unroll=True)) == (True, 6)   # x, y of micro-batches 1-3
 
 
 def test_looped_micro_batches_run_one_after_another():
     # In the while loop: each micro-batch is sliced after the running gradient sum (the
     # loop variables shaped as the model's kernels), so the loop's first micro-batch
     # does not run beside the one before the loop.
-    net = TrainModel.wrap(MODELS.get("mlp")(SPEC), 4, time_steps=False)
-    net.compile(keras.optimizers.SGD(0.1), build_loss("sparse_categorical_crossentropy"))
-    traced = tf.function(net.train_step).get_concrete_function(
-        (tf.TensorSpec([32, 8, 8, 1]), tf.TensorSpec([32], tf.int32))).graph
+    net = _accumulating()
+    traced = _traced_step(net)
     kernel = [v.shape for v in net.trainable_variables if len(v.shape) == 2][0]
     bodies = [g for g in _graphs(traced) if "while_body" in g.name]
     slices = [op for g in bodies for op in g.get_operations()
@@ -208,12 +216,7 @@ def test_a_pipeline_keeps_its_micro_batches_side_by_side():
     class Pipelined(Parallelism):
         unroll = overlap_micro_batches = True
 
-    def built(parallel):
-        net = TrainModel.wrap(MODELS.get("mlp")(SPEC), 4, parallel=parallel, time_steps=False)
-        net.compile(keras.optimizers.SGD(0.1), build_loss("sparse_categorical_crossentropy"))
-        return net
-
-    waits, count = _later_slices_wait_for_a_forward_pass(built(Pipelined()))
+    waits, count = _later_slices_wait_for_a_forward_pass(_accumulating(parallel=Pipelined()))
     assert count == 6 and not waits                 # x and y of micro-batches 1-3, free
 
 
