@@ -322,6 +322,8 @@ class CompressionConfig(Strict):
 
 class ExportConfig(Strict):
     saved_model: bool = True
+    # export/saved_model_int8/: int8 kernels (QAT's ranges, else post-training weight-only)
+    saved_model_int8: bool = False
     tflite: Literal["none", "float", "dynamic", "float16", "int8"] = "float"
     calibration_examples: int = Field(200, ge=1)
     max_logit_diff: float = Field(1e-3, gt=0)     # float artifacts vs the in-memory model

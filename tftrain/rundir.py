@@ -134,6 +134,8 @@ def report_table(summary: dict) -> str:
         rows.append((f"export {name}", f"{art['size_bytes']} B, gzip {art['gzip_bytes']} B"
                      + (f", accuracy {acc:.4f}" if acc is not None else "")
                      + (f", {art['latency_ms']:.3f} ms/example" if "latency_ms" in art else "")
+                     + (f", variables gzip {art['variables_gzip_bytes']} B, int8 kernels "
+                        f"{art['int8_zero_fraction']:.3f} zeros" if "int8_layers" in art else "")
                      + ("" if art.get("verified", True) else f"  FAILED: {art['check']}")))
     width = max(len(k) for k, _ in rows)
     line = "-" * (width + 40)
