@@ -4,7 +4,10 @@ For each model, three runs of the same config differ only in the stages they run
 float32 (train only, float TFLite), pruned (train + 80% pruning, float TFLite) and
 pruned + prune-preserving QAT (int8 TFLite). Each row gives validation accuracy of the
 exported TFLite model, SavedModel and TFLite sizes (raw and gzip) and TFLite latency per
-example at 1 thread. The int8 / float latency ratio is measured by timing both models
+example at 1 thread. The float32 and PQAT runs also write the int8 SavedModel
+(`export.saved_model_int8`: post-training weight-only int8 for the float32 model, QAT's
+codes and ranges for the PQAT one): its accuracy, variables gzip against the float32
+SavedModel's, the zero fraction of its int8 kernels and the batch norms folded. The int8 / float latency ratio is measured by timing both models
 alternately (ABBA rounds) and taking the median of per-round ratios.
 
     python benchmarks/compression.py [--rounds 7] [--quick]
@@ -33,9 +36,9 @@ MODELS = {
 }
 STAGES = {
     "float32": ["compression.pruning.enabled=false", "compression.quantization.enabled=false",
-                "export.tflite=float"],
+                "export.tflite=float", "export.saved_model_int8=true"],
     "pruned 80%": ["compression.quantization.enabled=false", "export.tflite=float"],
-    "pruned + PQAT, int8": [],
+    "pruned + PQAT, int8": ["export.saved_model_int8=true"],
 }
 
 
@@ -67,10 +70,12 @@ def main():
     report = []
     with tempfile.TemporaryDirectory(prefix="tftrain-bench-") as tmp:
         for model, model_sets in list(MODELS.items())[:1 if args.quick else None]:
-            rows, blobs = [], {}
+            rows, blobs, int8s = [], {}, {}
             for i, (stage, stage_sets) in enumerate(STAGES.items()):
                 summary, blob = one_run(Path(tmp), f"m{len(report)}s{i}", model_sets + stage_sets)
                 blobs[stage] = blob
+                if "saved_model_int8" in summary["artifacts"]:
+                    int8s[stage] = summary["artifacts"]["saved_model_int8"]
                 saved = summary["artifacts"]["saved_model"]
                 lite_name, lite = next((k, v) for k, v in summary["artifacts"].items()
                                        if k.startswith("tflite"))
@@ -79,8 +84,8 @@ def main():
                              lite["latency_ms"]))
             baseline_vars = summary["stages"]["train"]["float32_variables_gzip_bytes"]
             ratio = latency_ratio(blobs["float32"], blobs["pruned + PQAT, int8"], x_val, args.rounds)
-            report.append((model, rows, ratio, baseline_vars))
-    for model, rows, ratio, baseline_vars in report:
+            report.append((model, rows, ratio, baseline_vars, int8s))
+    for model, rows, ratio, baseline_vars, int8s in report:
         print(f"\n### {model}\n")
         print("| stage | TFLite accuracy | SavedModel | SavedModel gzip | TFLite | TFLite size "
               "| TFLite gzip | latency ms/example (1 thread) |")
@@ -93,13 +98,31 @@ def main():
         print(f"accuracy change float32 -> int8: {(int8[1] - rows[0][1]) * 100:+.2f} points; "
               f"float32 SavedModel variables gzip / int8 TFLite gzip: "
               f"{baseline_vars / int8[6]:.1f}x")
+        for stage, entry in int8s.items():
+            print(f"int8 SavedModel of {stage}: {_int8_figures(entry, baseline_vars)}")
     record.rows([(f"compression, {model}: 80% pruning + PQAT; int8 TFLite accuracy vs float32; "
                   "float32 SavedModel variables gzip / int8 TFLite gzip; int8 / float TFLite "
                   "latency per example, 1 thread",
                   f"{rows[-1][1]:.4f} vs {rows[0][1]:.4f} ({(rows[-1][1] - rows[0][1]) * 100:+.2f} "
                   f"pt); {baseline_vars / rows[-1][6]:.1f}×; {ratio:.2f}")
-                 for model, rows, ratio, baseline_vars in report])
+                 for model, rows, ratio, baseline_vars, _ in report]
+                + [(f"int8 SavedModel, {model}, {stage} ({entry['kernels']}): accuracy (vs "
+                    "float32; vs the run's int8 TFLite); float32 SavedModel variables gzip / "
+                    "its variables gzip; int8 kernel zeros; batch norms folded",
+                    _int8_figures(entry, baseline_vars, rows[0][1],
+                                  rows[-1][1] if "PQAT" in stage else None))
+                   for model, _, _, baseline_vars, int8s in report
+                   for stage, entry in int8s.items()])
     return 0
+
+
+def _int8_figures(entry: dict, baseline_vars: int, float_acc=None, lite_acc=None) -> str:
+    versus = [f"{(entry['accuracy'] - a) * 100:+.2f} pt vs {name}"
+              for name, a in (("float32", float_acc), ("int8 TFLite", lite_acc)) if a is not None]
+    return (f"{entry['accuracy']:.4f}" + (f" ({'; '.join(versus)})" if versus else "")
+            + f"; {baseline_vars / entry['variables_gzip_bytes']:.1f}× "
+            f"({entry['variables_gzip_bytes']:,} B); zeros {entry['int8_zero_fraction']:.3f}; "
+            f"{entry['folded_batch_norms']} folded")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from conftest import ROOT, cli, model_weights, quick_config, wait_for_checkpoint
 from tftrain.run import main, run
@@ -451,6 +452,31 @@ def test_compressed_saved_model_matches_and_runs_in_saved_model_cli(compress_run
     ran = subprocess.run(tool + ["run", "--dir", str(path / "export" / "saved_model"), "--tag_set",
                                  "serve", "--signature_def", "serving_default", "--inputs",
                                  f"inputs={tmp_path / 'x.npy'}"], capture_output=True, text=True)
+    assert ran.returncode == 0 and "logits" in ran.stdout, ran.stderr[-2000:]
+
+
+def test_compressed_int8_saved_model_is_8x_smaller_keeps_zeros_and_runs_alone(compress_run,
+                                                                            tmp_path):
+    path, summary = compress_run
+    int8, lite = summary["artifacts"]["saved_model_int8"], summary["artifacts"]["tflite_int8"]
+    float32 = summary["stages"]["train"]
+    assert int8["variables_gzip_bytes"] * 8 <= float32["float32_variables_gzip_bytes"]
+    assert int8["accuracy"] >= float32["metrics"]["val_accuracy"] - 0.01
+    assert abs(int8["accuracy"] - lite["accuracy"]) <= 0.002 and int8["verified"]
+    saved = path / "export" / "saved_model_int8"
+    reader = tf.train.load_checkpoint(str(saved / "variables" / "variables"))
+    kernels = [reader.get_tensor(k) for k, d in reader.get_variable_to_dtype_map().items()
+               if d == tf.int8]
+    assert len(kernels) == 4
+    for kernel in kernels:
+        assert float(np.mean(kernel == 0)) == pytest.approx(0.8, abs=0.01)
+    tool = [sys.executable, "-m", "tensorflow.python.tools.saved_model_cli"]
+    show = subprocess.run(tool + ["show", "--all", "--dir", str(saved)], capture_output=True, text=True)
+    assert show.returncode == 0 and "serving_default" in show.stdout and "DT_FLOAT" in show.stdout
+    np.save(tmp_path / "x.npy", np.zeros((3, 8, 8, 1), np.float32))
+    ran = subprocess.run(tool + ["run", "--dir", str(saved), "--tag_set", "serve", "--signature_def",
+                                 "serving_default", "--inputs", f"inputs={tmp_path / 'x.npy'}"],
+                         capture_output=True, text=True)
     assert ran.returncode == 0 and "logits" in ran.stdout, ran.stderr[-2000:]
 
 

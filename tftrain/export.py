@@ -166,6 +166,7 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None) 
     logits = loaded(inputs=tf.constant(raw))["logits"].numpy()
     report["saved_model"] = {**_sizes(_dir_bytes(saved)), "accuracy": _accuracy(logits, y_val),
                              "max_abs_logit_diff": float(np.max(np.abs(logits - reference))),
+                             "latency_ms": _signature_latency(loaded, raw) * 1e3,
                              "input": _input_kind(plain, serving)}
     if cfg.saved_model_int8:
         report["saved_model_int8"] = _int8_saved_model(model, out / "saved_model_int8", serving,
