@@ -111,7 +111,7 @@ def main():
                     "its variables gzip; int8 kernel zeros; batch norms folded",
                     _int8_figures(entry, baseline_vars, rows[0][1],
                                   rows[-1][1] if "PQAT" in stage else None))
-                   for model, _, _, baseline_vars, int8s in report
+                   for model, rows, _, baseline_vars, int8s in report
                    for stage, entry in int8s.items()])
     return 0
 

@@ -216,3 +216,15 @@ def test_a_conv1d_through_qat_becomes_a_keras_conv1d(tmp_path):
     conv = getattr(conv, "layer", conv)               # inside its activation ranges
     assert isinstance(conv, keras.layers.Conv1D) and conv.kernel_int8.shape == (3, 4, 8)
     np.testing.assert_allclose(model.predict(x, verbose=0), q.predict(x, verbose=0), atol=1e-5)
+
+
+def test_weight_only_int8_of_a_mixed_precision_model_computes_in_float32(digits):
+    from tftrain import precision
+    precision.apply_policy("mixed_bfloat16")
+    net = precision.float32_outputs(MODELS.get("cnn")(digits[0].spec, filters=[4], dense=[8]))
+    plain = export.inference_model(net)
+    model, layers = quantized_model(plain, qat=False)
+    assert set(layers) == {"conv_0", "dense_0", "logits"}
+    assert all(layer.compute_dtype in (None, "float32") for layer in model.layers)
+    x = digits[1][:64]
+    np.testing.assert_allclose(model.predict(x, verbose=0), plain.predict(x, verbose=0), atol=0.05)

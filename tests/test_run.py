@@ -480,6 +480,38 @@ def test_compressed_int8_saved_model_is_8x_smaller_keeps_zeros_and_runs_alone(co
     assert ran.returncode == 0 and "logits" in ran.stdout, ran.stderr[-2000:]
 
 
+def tensorboard_scalars(directory) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar of an event directory, read by TensorBoard's own reader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(directory), size_guidance={"tensors": 0, "scalars": 0})
+    acc.Reload()
+    found = {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    for tag in acc.Tags()["tensors"]:          # Keras writes scalars as summary v2 tensors
+        values = [(e.step, tf.make_ndarray(e.tensor_proto)) for e in acc.Tensors(tag)]
+        if values and values[0][1].ndim == 0 and values[0][1].dtype.kind == "f":
+            found[tag] = [(step, float(v)) for step, v in values]
+    return found
+
+
+def test_tensorboard_reads_every_epoch_and_each_stage_under_its_tag(compress_run):
+    path, summary = compress_run
+    tb = path / "tensorboard"
+    train, val = tensorboard_scalars(tb / "train"), tensorboard_scalars(tb / "validation")
+    for tag in ("epoch_loss", "epoch_accuracy", "epoch_lr", "epoch_examples_per_sec", "epoch_mfu"):
+        assert [step for step, _ in train[tag]] == list(range(10)), tag
+    assert [step for step, _ in val["epoch_accuracy"]] == list(range(10))
+    assert val["epoch_accuracy"][-1][1] == pytest.approx(
+        summary["stages"]["train"]["metrics"]["val_accuracy"], abs=1e-6)
+    rows = list(csv.DictReader(open(path / "metrics.csv")))
+    assert [v for _, v in train["epoch_loss"]] == pytest.approx([float(r["loss"]) for r in rows])
+    assert all(v > 0 for _, v in train["epoch_mfu"] + train["epoch_examples_per_sec"])
+    prune, qat = tensorboard_scalars(tb / "prune" / "train"), tensorboard_scalars(tb / "qat" / "train")
+    assert prune["epoch_sparsity_dense_0"][-1][1] == pytest.approx(0.8, abs=0.01)
+    assert len(prune["epoch_loss"]) == 10 and len(qat["epoch_loss"]) == 2
+    assert tensorboard_scalars(tb / "qat" / "validation")["epoch_accuracy"][-1][1] == pytest.approx(
+        summary["stages"]["qat"]["metrics"]["val_accuracy"], abs=1e-6)
+
+
 def test_compression_after_mixed_bfloat16_with_accumulation(tmp_path):
     summary = run(quick_config(
         tmp_path, "precision.policy=mixed_bfloat16", "train.accumulation_steps=2",

@@ -169,7 +169,7 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None) 
                              "latency_ms": _signature_latency(loaded, raw) * 1e3,
                              "input": _input_kind(plain, serving)}
     if cfg.saved_model_int8:
-        report["saved_model_int8"] = _int8_saved_model(model, out / "saved_model_int8", serving,
+        report["saved_model_int8"] = _int8_saved_model(plain, out / "saved_model_int8", serving,
                                                        raw, y_val, reference, qat)
         report["saved_model_int8"]["input"] = _input_kind(plain, serving)
     if serving is not None and hasattr(serving.layer, "get_vocabulary"):

@@ -69,8 +69,7 @@ def qat_codes(weight, quantizer, variables, class_name: str) -> Codes:
                          "learned asymmetric ranges")
     fake = quantizer(value, training=False, weights=variables).numpy().astype(np.float64)
     scale = np.where(scale > 0, scale, 1.0)
-    shape = fake.shape[fake.ndim - _output_axes(class_name):]
-    scale = np.broadcast_to(scale, (int(np.prod(shape)),) if scale.ndim else shape).reshape(shape)
+    scale = np.broadcast_to(scale, fake.shape[fake.ndim - _output_axes(class_name):])
     values = np.round(fake / scale)
     if np.max(np.abs(values * scale - fake)) > 1e-6 * max(float(np.max(np.abs(fake))), 1e-12):
         raise ValueError("the fake-quantized kernel is not codes * scale")

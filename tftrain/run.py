@@ -4,7 +4,7 @@ config -> plan -> strategy -> precision -> data -> model -> optimizer -> fit ->
 evaluate -> export -> verify -> summary.json and a report table.
 
 Exit codes: 0 done, 2 bad config or arguments, 1 runtime failure (a failed export check
-included), 42 stopped by SIGTERM or SIGINT at a safe point (rerun the same command to
+and an incoherent package stack included), 42 stopped by SIGTERM or SIGINT at a safe point (rerun the same command to
 resume).
 """
 from __future__ import annotations
@@ -15,6 +15,7 @@ import sys
 import traceback
 
 import tftrain  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)
+from tftrain import doctor
 from tftrain.config import Config, ConfigError, json_schema, load_config
 from tftrain.preemption import Preempted, Preemption
 
@@ -50,6 +51,7 @@ def main(argv=None) -> int:
                               "configs/quickstart.yaml")
         overrides = args.set + ([f"run.dir={args.run_dir}"] if args.run_dir else [])
         cfg = load_config(args.config, overrides)
+        doctor.check_stack()            # versions only: an incoherent stack fails here
         with Preemption() as stop:      # SIGTERM/SIGINT from here on: stop at a safe point
             run(cfg, dry_run=args.dry_run, smoke=args.smoke, stop=stop)
         return 0
@@ -57,6 +59,9 @@ def main(argv=None) -> int:
         for problem in err.problems:
             print(f"tftrain: config error: {problem}", file=sys.stderr)
         return EXIT_CONFIG
+    except doctor.StackError as err:
+        print(f"tftrain: environment: {err}", file=sys.stderr)
+        return EXIT_RUNTIME
     except Preempted as err:
         print(f"tftrain: {err}", file=sys.stderr)
         return EXIT_PREEMPTED
