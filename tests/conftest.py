@@ -36,6 +36,21 @@ def cli(*args, cwd=None, timeout=600, env=None):
                           env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
+def saved_model_cli_show_and_run(path, x, tmp_path) -> None:
+    """`saved_model_cli show --all` and `run` on a SavedModel in a fresh process: both
+    succeed, the signature is `serving_default` and it returns `logits` for `x`."""
+    import numpy as np
+
+    tool = [sys.executable, "-m", "tensorflow.python.tools.saved_model_cli"]
+    show = subprocess.run(tool + ["show", "--all", "--dir", str(path)], capture_output=True, text=True)
+    assert show.returncode == 0 and "serving_default" in show.stdout and "logits" in show.stdout
+    np.save(tmp_path / "x.npy", x)
+    ran = subprocess.run(tool + ["run", "--dir", str(path), "--tag_set", "serve", "--signature_def",
+                                 "serving_default", "--inputs", f"inputs={tmp_path / 'x.npy'}"],
+                         capture_output=True, text=True)
+    assert ran.returncode == 0 and "logits" in ran.stdout, ran.stderr[-2000:]
+
+
 def quick_config(tmp_path, *overrides):
     """The quickstart config in a temporary run dir, with overrides."""
     return load_config(ROOT / "configs" / "quickstart.yaml",

@@ -1,10 +1,9 @@
 """Export: SavedModel signature and float32 logits, TFLite in LiteRT, verification."""
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import saved_model_cli_show_and_run
 
 from tftrain import precision
 from tftrain.config import load_config
@@ -90,12 +89,4 @@ def test_mixed_precision_model_exports_float32(tmp_path, policy):
 def test_saved_model_cli_show_and_run(tmp_path, trained):
     model, _ = trained
     path = save_saved_model(model, tmp_path / "sm")
-    cli = [sys.executable, "-m", "tensorflow.python.tools.saved_model_cli"]
-    show = subprocess.run(cli + ["show", "--all", "--dir", str(path)], capture_output=True, text=True)
-    assert show.returncode == 0 and "serving_default" in show.stdout and "logits" in show.stdout
-    np.save(tmp_path / "x.npy", np.zeros((2, 8, 8, 1), np.float32))
-    ran = subprocess.run(cli + ["run", "--dir", str(path), "--tag_set", "serve", "--signature_def",
-                                "serving_default", "--inputs", f"inputs={tmp_path / 'x.npy'}"],
-                         capture_output=True, text=True)
-    assert ran.returncode == 0, ran.stderr[-2000:]
-    assert "logits" in ran.stdout
+    saved_model_cli_show_and_run(path, np.zeros((2, 8, 8, 1), np.float32), tmp_path)

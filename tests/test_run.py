@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import ROOT, cli, model_weights, quick_config, wait_for_checkpoint
+from conftest import (ROOT, cli, model_weights, quick_config, saved_model_cli_show_and_run,
+                      wait_for_checkpoint)
 from tftrain.run import main, run
 
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
@@ -444,15 +445,8 @@ def test_compressed_saved_model_matches_and_runs_in_saved_model_cli(compress_run
     saved = summary["artifacts"]["saved_model"]
     assert saved["max_abs_logit_diff"] < 1e-4
     assert saved["accuracy"] == pytest.approx(summary["metrics"]["val_accuracy"], abs=1e-6)
-    tool = [sys.executable, "-m", "tensorflow.python.tools.saved_model_cli"]
-    show = subprocess.run(tool + ["show", "--all", "--dir", str(path / "export" / "saved_model")],
-                          capture_output=True, text=True)
-    assert show.returncode == 0 and "serving_default" in show.stdout and "DT_FLOAT" in show.stdout
-    np.save(tmp_path / "x.npy", np.zeros((3, 8, 8, 1), np.float32))
-    ran = subprocess.run(tool + ["run", "--dir", str(path / "export" / "saved_model"), "--tag_set",
-                                 "serve", "--signature_def", "serving_default", "--inputs",
-                                 f"inputs={tmp_path / 'x.npy'}"], capture_output=True, text=True)
-    assert ran.returncode == 0 and "logits" in ran.stdout, ran.stderr[-2000:]
+    saved_model_cli_show_and_run(path / "export" / "saved_model", np.zeros((3, 8, 8, 1), np.float32),
+                                 tmp_path)
 
 
 def test_compressed_int8_saved_model_is_8x_smaller_keeps_zeros_and_runs_alone(compress_run,
@@ -470,14 +464,7 @@ def test_compressed_int8_saved_model_is_8x_smaller_keeps_zeros_and_runs_alone(co
     assert len(kernels) == 4
     for kernel in kernels:
         assert float(np.mean(kernel == 0)) == pytest.approx(0.8, abs=0.01)
-    tool = [sys.executable, "-m", "tensorflow.python.tools.saved_model_cli"]
-    show = subprocess.run(tool + ["show", "--all", "--dir", str(saved)], capture_output=True, text=True)
-    assert show.returncode == 0 and "serving_default" in show.stdout and "DT_FLOAT" in show.stdout
-    np.save(tmp_path / "x.npy", np.zeros((3, 8, 8, 1), np.float32))
-    ran = subprocess.run(tool + ["run", "--dir", str(saved), "--tag_set", "serve", "--signature_def",
-                                 "serving_default", "--inputs", f"inputs={tmp_path / 'x.npy'}"],
-                         capture_output=True, text=True)
-    assert ran.returncode == 0 and "logits" in ran.stdout, ran.stderr[-2000:]
+    saved_model_cli_show_and_run(saved, np.zeros((3, 8, 8, 1), np.float32), tmp_path)
 
 
 def tensorboard_scalars(directory) -> dict[str, list[tuple[int, float]]]:
