@@ -169,9 +169,9 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None) 
                              "latency_ms": _signature_latency(loaded, raw) * 1e3,
                              "input": _input_kind(plain, serving)}
     if cfg.saved_model_int8:
-        report["saved_model_int8"] = _int8_saved_model(plain, out / "saved_model_int8", serving,
-                                                       raw, y_val, reference, qat)
-        report["saved_model_int8"]["input"] = _input_kind(plain, serving)
+        report["saved_model_int8"] = {**_int8_saved_model(plain, out / "saved_model_int8", serving,
+                                                          raw, y_val, reference, qat),
+                                      "input": _input_kind(plain, serving)}
     if serving is not None and hasattr(serving.layer, "get_vocabulary"):
         (out / "vocabulary.txt").write_text(
             "\n".join(serving.layer.get_vocabulary()) + "\n", encoding="utf-8")
@@ -212,7 +212,8 @@ def _int8_saved_model(model, path: Path, serving, raw, y_val, reference, qat: bo
             "latency_ms": _signature_latency(loaded, raw) * 1e3,
             "kernels": "int8 codes x per-channel scale from " + (
                 "the QAT ranges" if qat else "post-training weight-only quantization"),
-            "int8_layers": len(layers), "folded_batch_norms": sum("folded" in e for e in layers.values()),
+            "int8_layers": len(layers),
+            "folded_batch_norms": sum("folded" in e for e in layers.values()),
             "int8_zero_fraction": float(np.mean(zeros)) if zeros else 0.0}
 
 

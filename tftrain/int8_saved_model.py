@@ -82,7 +82,8 @@ def fold_batch_norm(codes: Codes, bias, bn) -> tuple[Codes, np.ndarray]:
     channels = codes.scale.size
     gamma = weights.get("gamma", np.ones(channels, np.float32))
     beta = weights.get("beta", np.zeros(channels, np.float32))
-    multiplier = (gamma / np.sqrt(weights["moving_variance"] + bn.epsilon)).reshape(codes.scale.shape)
+    multiplier = gamma / np.sqrt(weights["moving_variance"] + bn.epsilon)
+    multiplier = multiplier.reshape(codes.scale.shape)
     sign = np.where(multiplier < 0, -1, 1).astype(np.int8)
     folded = Codes((codes.values * sign).astype(np.int8),
                    (codes.scale * np.abs(multiplier)).astype(np.float32))

@@ -4,8 +4,8 @@ config -> plan -> strategy -> precision -> data -> model -> optimizer -> fit ->
 evaluate -> export -> verify -> summary.json and a report table.
 
 Exit codes: 0 done, 2 bad config or arguments, 1 runtime failure (a failed export check
-and an incoherent package stack included), 42 stopped by SIGTERM or SIGINT at a safe point (rerun the same command to
-resume).
+and an incoherent package stack included), 42 stopped by SIGTERM or SIGINT at a safe
+point (rerun the same command to resume).
 """
 from __future__ import annotations
 
