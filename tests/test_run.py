@@ -402,6 +402,32 @@ def test_non_finite_loss_rolls_back_with_a_lower_rate(tmp_path, capsys):
     assert np.isfinite(summary["metrics"]["val_loss"]) and summary["metrics"]["val_accuracy"] > 0.3
 
 
+def test_profile_window_writes_a_trace_the_profiler_can_read(tmp_path):
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    assert main([str(ROOT / "configs" / "quickstart.yaml"), "--run-dir", str(tmp_path), "--profile",
+                 "3:13", "--set", "train.epochs=1", "--set", "train.verbose=0",
+                 "--set", "train.steps_per_execution=1", "--set", "export.tflite=none"]) == 0
+    traces = list((tmp_path / "quickstart" / "tensorboard" / "plugins" / "profile").glob("*/*.xplane.pb"))
+    assert len(traces) == 1
+    space = xplane_pb2.XSpace()
+    space.ParseFromString(traces[0].read_bytes())
+    host, = [plane for plane in space.planes if plane.name == "/host:CPU"]
+    calls = [e for line in host.lines for e in line.events
+             if host.event_metadata[e.metadata_id].name == "train_function"]
+    assert len(calls) == 10                       # updates 3..12, one per call here
+    # the window closed: starting the profiler again does not find it running
+    tf.profiler.experimental.start(str(tmp_path / "again"))
+    tf.profiler.experimental.stop()
+
+
+@pytest.mark.parametrize("window", ["5", "5:5", "a:b", "-1:3"])
+def test_a_bad_profile_window_exits_2_naming_the_flag(tmp_path, capsys, window):
+    assert main([str(ROOT / "configs" / "quickstart.yaml"), "--run-dir", str(tmp_path),
+                 f"--profile={window}"]) == 2
+    assert capsys.readouterr().err.startswith("tftrain: config error: --profile: ")
+    assert not any(tmp_path.iterdir())
+
+
 # --- compression: train -> prune -> QAT -> int8, from configs/compress.yaml --------------
 COMPRESS = ROOT / "configs" / "compress.yaml"
 

@@ -37,6 +37,8 @@ def parse_args(argv):
     p.add_argument("--smoke", action="store_true",
                    help="whole pipeline on a few batches on one device")
     p.add_argument("--schema", action="store_true", help="print the config JSON Schema")
+    p.add_argument("--profile", metavar="START:STOP",
+                   help="profiler trace of training updates START to STOP into tensorboard/")
     return p.parse_args(argv)
 
 
@@ -52,8 +54,12 @@ def main(argv=None) -> int:
         overrides = args.set + ([f"run.dir={args.run_dir}"] if args.run_dir else [])
         cfg = load_config(args.config, overrides)
         doctor.check_stack()            # versions only: an incoherent stack fails here
+        profile = None
+        if args.profile:
+            from tftrain.profiling import parse_window
+            profile = parse_window(args.profile)
         with Preemption() as stop:      # SIGTERM/SIGINT from here on: stop at a safe point
-            run(cfg, dry_run=args.dry_run, smoke=args.smoke, stop=stop)
+            run(cfg, dry_run=args.dry_run, smoke=args.smoke, stop=stop, profile=profile)
         return 0
     except ConfigError as err:
         for problem in err.problems:
@@ -75,7 +81,7 @@ def main(argv=None) -> int:
 
 
 def run(cfg: Config, dry_run: bool = False, smoke: bool = False,
-        stop: Preemption | None = None) -> dict | None:
+        stop: Preemption | None = None, profile: tuple[int, int] | None = None) -> dict | None:
     """Run the pipeline for `cfg`; returns the summary (None for a dry run). `stop`: the
     flag SIGTERM/SIGINT set (`with Preemption() as stop`); the run raises `Preempted` at
     the next safe point after it is set; by default one is installed for the run."""
@@ -83,11 +89,12 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False,
     with process_settings_kept():         # the caller's process is as it was afterwards
         if stop is None:
             with Preemption() as stop:
-                return _pipeline(cfg, dry_run, smoke, stop)
-        return _pipeline(cfg, dry_run, smoke, stop)
+                return _pipeline(cfg, dry_run, smoke, stop, profile)
+        return _pipeline(cfg, dry_run, smoke, stop, profile)
 
 
-def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption) -> dict | None:
+def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
+              profile: tuple[int, int] | None) -> dict | None:
     # TensorFlow is imported only once the config has parsed: a typo costs no TF start-up.
     from tftrain import data, export, report, rundir
     from tftrain import plan as planning
@@ -107,7 +114,7 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption) -> dict
         return done
     run = rundir.open_run_dir(cfg, smoke, write=plan.chief)
     plan.source = data.cached(plan.source, cfg.data)     # the decoded set in memory when it fits
-    runner = StageRunner(plan=plan, run=run, stop=stop)
+    runner = StageRunner(plan=plan, run=run, stop=stop, profile=profile)
 
     # -- stages: train -> prune (+ fine-tune) -> QAT, each checkpointed and resumable --------
     net, results = None, {}

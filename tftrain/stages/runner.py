@@ -23,14 +23,15 @@ class StageRunner:
     SIGTERM, non-finite losses, logs; then evaluates it. Stage results are kept in
     `stages.json` so a resumed run reports the stages it does not redo."""
 
-    def __init__(self, *, plan, run, stop: Preemption | None = None):
+    def __init__(self, *, plan, run, stop: Preemption | None = None, profile=None):
         """`plan`: the run's plan (`tftrain.plan.RunPlan`); `run`: its `RunDir`; `stop`:
-        the run's `Preemption` flag."""
+        the run's `Preemption` flag; `profile`: (START, STOP) updates of the first stage
+        to trace with the profiler (`--profile`)."""
         import tensorflow as tf
 
         from tftrain import data
 
-        self.plan, self.cfg, self.run = plan, plan.cfg, run
+        self.plan, self.cfg, self.run, self.profile = plan, plan.cfg, run, profile
         self.stop = stop or Preemption()
         self.strat, self.chief = plan.parallel.strategy, plan.chief
         self.steps_per_epoch, self.smoke = plan.steps_per_epoch, plan.smoke
@@ -136,6 +137,10 @@ class StageRunner:
             csv, logs = stage.log_names()
             callbacks += [keras.callbacks.CSVLogger(str(self.run.path / csv), append=start > 0),
                           epoch_logs.EpochTensorBoard(str(self.run.path / "tensorboard" / logs))]
+            if self.profile and stage is self.plan.stages[0]:
+                from tftrain.profiling import ProfileWindow
+                callbacks.append(ProfileWindow(*self.profile, str(self.run.path / "tensorboard"),
+                                               spe))
         if cfg.train.on_nan == "rollback" and start == 0:
             manager.save(checkpoint_number=0)            # something to roll back to
         began = time.perf_counter()
