@@ -299,9 +299,8 @@ def _int8_layer(plans: dict[str, _Layer]):
             base = cls.from_config(config)
         if not ranges:
             return base
-        return ActivationRanges(base, activation if inner is not None and "activation" in
-                                inner.get_config() else "linear",
-                                **{k: v[:2] for k, v in ranges.items()}, name=name)
+        return ActivationRanges(base, activation, **{k: v[:2] for k, v in ranges.items()},
+                                name=name)
     return clone
 
 
@@ -311,13 +310,10 @@ def quantized_model(model, qat: bool):
     model whose kernels are int8 variables with float32 scales. Returns it and, per
     int8 layer, its zero fraction and the batch norm folded into it."""
     plans = _plan(model, qat)
-    by_clone = {}
     clone = keras.models.clone_model(model, clone_function=_int8_layer(plans))
-    for source, layer in zip(model.layers, clone.layers):
-        by_clone[layer.name] = plans.get(source.name)
     described = {}
-    for layer in clone.layers:
-        plan = by_clone.get(layer.name)
+    for source, layer in zip(model.layers, clone.layers):    # clone_model keeps the order
+        plan = plans.get(source.name)
         if plan is None:
             continue
         target = layer.layer if isinstance(layer, ActivationRanges) else layer

@@ -55,8 +55,8 @@ class ProfileWindow(keras.callbacks.Callback):
             self._finish()
 
     def _per_call(self) -> int:
-        return max(1, int(getattr(self.model, "_steps_per_execution", None).numpy())
-                   if getattr(self.model, "_steps_per_execution", None) is not None else 1)
+        """Updates per call now (`train.steps_per_execution`; auto sizing changes it)."""
+        return max(1, int(self.model._steps_per_execution.numpy()))
 
     def _finish(self):
         import tensorflow as tf
