@@ -43,7 +43,7 @@ def pqat_cnn(digits):
     """A CNN with half of every kernel zeroed (smallest magnitudes), then prune-preserving
     QAT: (float model, QAT model)."""
     source = digits[0]
-    net = trained(MODELS.get("cnn")(source.spec, filters=[8, 16], dense=[32]), source, 3)
+    net = trained(MODELS.get("cnn")(source.spec, filters=[16, 32], dense=[64]), source, 6)
     for layer in net.layers:
         if hasattr(layer, "kernel"):
             kernel = layer.kernel.numpy()
