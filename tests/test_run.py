@@ -731,3 +731,14 @@ def test_an_early_stopped_stage_is_never_re_entered(tmp_path, capsys, monkeypatc
     summary = json.loads((tmp_path / "compress" / "summary.json").read_text())
     assert summary["steps"] == summary["stages"]["train"]["updates"] == 2 * 23
     assert summary["epochs"] == 2 and summary["stages"]["prune"]["updates"] == 23
+
+
+def test_compressed_onnx_is_a_qdq_model_onnx_runtime_runs_in_int8(compress_run):
+    path, summary = compress_run
+    onnx8, lite = summary["artifacts"]["onnx_int8"], summary["artifacts"]["tflite_int8"]
+    assert abs(onnx8["accuracy"] - lite["accuracy"]) <= 0.01 and onnx8["verified"]
+    assert onnx8["max_abs_diff_vs_tflite_int8"] <= 1e-5
+    assert onnx8["int8_kernels"] == {"QLinearConv": 2, "QGemm": 2}
+    assert (path / "export" / "model_int8.onnx").stat().st_size == onnx8["size_bytes"]
+    # a QAT model's float graph holds fake-quant ops: no float ONNX file for it
+    assert "onnx" not in summary["artifacts"] and not (path / "export" / "model.onnx").exists()

@@ -324,10 +324,22 @@ class ExportConfig(Strict):
     saved_model: bool = True
     # export/saved_model_int8/: int8 kernels (QAT's ranges, else post-training weight-only)
     saved_model_int8: bool = False
+    # model.onnx (float32) and, with an int8 TFLite model, model_int8.onnx (QDQ); [onnx] extra
+    onnx: bool = False
     tflite: Literal["none", "float", "dynamic", "float16", "int8"] = "float"
     calibration_examples: int = Field(200, ge=1)
     max_logit_diff: float = Field(1e-3, gt=0)     # float artifacts vs the in-memory model
     max_accuracy_drop: float = Field(0.01, ge=0, le=1)   # reduced-precision artifacts
+
+
+class MlflowConfig(Strict):
+    uri: str = Field(..., min_length=1)  # tracking URI: sqlite:///mlflow.db, http://host:5000
+    experiment: str = Field("tftrain", min_length=1)
+
+
+class TrackingConfig(Strict):
+    # the chief logs the run once: config as params, per-epoch metrics, summary, artifacts
+    mlflow: Optional[MlflowConfig] = None
 
 
 class Config(Strict):
@@ -339,6 +351,7 @@ class Config(Strict):
     train: TrainConfig = TrainConfig()
     compression: CompressionConfig = CompressionConfig()
     export: ExportConfig = ExportConfig()
+    tracking: TrackingConfig = TrackingConfig()
 
     @model_validator(mode="before")
     @classmethod

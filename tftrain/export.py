@@ -1,9 +1,10 @@
-"""Export to SavedModel and TFLite, then load every artifact back and evaluate it.
+"""Export to SavedModel, TFLite and ONNX, then load every artifact back and evaluate it.
 
 The SavedModel has a `serving_default` signature taking `inputs` and returning float32
 `logits` whatever the training precision. TFLite models are converted from that
 SavedModel (`float`, `dynamic`, `float16`, or full-integer `int8` calibrated on training
-examples) and run with LiteRT (`ai-edge-litert`).
+examples) and run with LiteRT (`ai-edge-litert`). ONNX files (`tftrain.onnx_export`) run
+with ONNX Runtime.
 """
 from __future__ import annotations
 
@@ -153,7 +154,8 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None) 
     from tftrain.data import BatchPlan, preprocess, val_dataset
 
     report = {}
-    if not cfg.saved_model and not cfg.saved_model_int8 and cfg.tflite == "none":
+    if not cfg.saved_model and not cfg.saved_model_int8 and cfg.tflite == "none" \
+            and not cfg.onnx:
         return report
     x_val, y_val = (np.concatenate(parts) for parts in zip(
         *val_dataset(source, BatchPlan(1024, 1, 1), data_cfg).as_numpy_iterator()))
@@ -165,6 +167,7 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None) 
     raw = x_val if serving is None else serving.validation
     logits = loaded(inputs=tf.constant(raw))["logits"].numpy()
     report["saved_model"] = {**_sizes(_dir_bytes(saved)), "accuracy": _accuracy(logits, y_val),
+                             "logits": logits,
                              "max_abs_logit_diff": float(np.max(np.abs(logits - reference))),
                              "latency_ms": _signature_latency(loaded, raw) * 1e3,
                              "input": _input_kind(plain, serving)}
@@ -175,20 +178,28 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None) 
     if serving is not None and hasattr(serving.layer, "get_vocabulary"):
         (out / "vocabulary.txt").write_text(
             "\n".join(serving.layer.get_vocabulary()) + "\n", encoding="utf-8")
-    if cfg.tflite != "none":
+    int8 = None            # the int8 TFLite flatbuffer, also the source of the int8 ONNX
+    if cfg.tflite != "none" or (cfg.onnx and qat):
+        mode = "int8" if qat else cfg.tflite
         examples = preprocess(source.calibration(cfg.calibration_examples), data_cfg)
         calibration = np.concatenate([x for x, _ in examples.batch(256).as_numpy_iterator()])
         # TFLite takes the model's own input (token ids for text): convert a plain copy
         source_dir = saved if serving is None else _write_saved_model(plain, out / "tflite_source")
-        blob = convert_tflite(source_dir, cfg.tflite, calibration, qat=qat)
+        blob = convert_tflite(source_dir, mode, calibration, qat=qat)
         if serving is not None:
             shutil.rmtree(source_dir)
+        int8 = blob if mode == "int8" else None
+    if cfg.tflite != "none":
         (out / "model.tflite").write_bytes(blob)
         logits, latency = tflite_logits(blob, x_val)
         report[f"tflite_{cfg.tflite}"] = {
             **_sizes(blob), "accuracy": _accuracy(logits, y_val),
             "max_abs_logit_diff": float(np.max(np.abs(logits - reference))),
             "latency_ms": latency * 1e3, "input": _input_kind(plain, None)}
+    if cfg.onnx:
+        report.update(_onnx(plain, out, x_val, y_val, reference, int8, qat,
+                            saved_model_logits=report["saved_model"]["logits"]))
+    del report["saved_model"]["logits"]
     if not cfg.saved_model:   # it was only the conversion's source
         shutil.rmtree(saved)
         del report["saved_model"]
@@ -217,6 +228,35 @@ def _int8_saved_model(model, path: Path, serving, raw, y_val, reference, qat: bo
             "int8_zero_fraction": float(np.mean(zeros)) if zeros else 0.0}
 
 
+def _onnx(plain, out: Path, x_val, y_val, reference, int8: bytes | None, qat: bool,
+          saved_model_logits) -> dict:
+    """`model.onnx` (float32; not for a QAT model, whose float graph holds fake-quant
+    ops) and, where there is an int8 TFLite model, `model_int8.onnx` (QDQ); each run with
+    ONNX Runtime on the validation set."""
+    from tftrain import onnx_export
+
+    entries = {}
+    files = ([] if qat else [("onnx", "model.onnx", onnx_export.float_onnx(plain), False)]) \
+        + ([] if int8 is None else [("onnx_int8", "model_int8.onnx",
+                                     onnx_export.int8_onnx(int8), True)])
+    for name, filename, blob, quantized in files:
+        (out / filename).write_bytes(blob)
+        sess = onnx_export.session(blob, int8=quantized)
+        logits = onnx_export.logits(sess, x_val)
+        entries[name] = {**_sizes(blob), "accuracy": _accuracy(logits, y_val),
+                         "max_abs_logit_diff": float(np.max(np.abs(logits - reference))),
+                         "max_abs_diff_vs_saved_model": float(np.max(np.abs(
+                             logits - saved_model_logits))),
+                         "latency_ms": onnx_export.latency(sess, x_val) * 1e3,
+                         "input": _input_kind(plain, None)}
+        if quantized:
+            entries[name]["max_abs_diff_vs_tflite_int8"] = float(np.max(np.abs(
+                logits - tflite_logits(int8, x_val)[0])))
+            entries[name]["int8_kernels"] = onnx_export.int8_kernels(blob)
+            entries[name]["session_config"] = dict(onnx_export.INT8_SESSION_CONFIG)
+    return entries
+
+
 def _signature_latency(signature, raw, examples: int = 100) -> float:
     """Seconds per example of a loaded signature called on one example at a time."""
     rows = [tf.constant(raw[i:i + 1]) for i in range(min(examples, len(raw)))]
@@ -234,7 +274,7 @@ def _input_kind(plain, serving) -> str:
     return f"{plain.inputs[0].dtype.name} {list(plain.input_shape[1:])}"
 
 
-FLOAT_ARTIFACTS = ("saved_model", "tflite_float")
+FLOAT_ARTIFACTS = ("saved_model", "tflite_float", "onnx")
 
 
 def verify(report: dict, cfg, accuracy: float) -> dict:

@@ -96,9 +96,11 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False,
 def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
               profile: tuple[int, int] | None) -> dict | None:
     # TensorFlow is imported only once the config has parsed: a typo costs no TF start-up.
-    from tftrain import data, export, report, rundir
+    from tftrain import data, export, extras, report, rundir
     from tftrain import plan as planning
     from tftrain.stages import StageRunner
+
+    extras.require(cfg)                   # a missing optional package: config error, exit 2
 
     # -- plan: devices, strategy, precision, data, batches, stages (nothing written yet) --
     plan = planning.make(cfg, smoke=smoke, stop=stop)

@@ -1,0 +1,138 @@
+"""ONNX artifacts, converted with tf2onnx and run with ONNX Runtime (extra `[onnx]`).
+
+- `model.onnx`: the float32 serving computation (the model's own input, as TFLite takes:
+  token ids for text) converted from a `tf.function`, the portable route to GPU serving
+  (ONNX Runtime's CUDA/TensorRT providers) now that TF-TRT is gone.
+- `model_int8.onnx`: a QDQ model converted from the int8 TFLite flatbuffer, so it carries
+  exactly its int8 kernels, per-channel scales and activation ranges (a QAT model's
+  learned ranges, or post-training calibration). An activation (Relu, Clip) between a
+  quantized op and its QuantizeLinear gets a QuantizeLinear/DequantizeLinear pair in
+  front of it with the same parameters (exact: the activation of a quantized value is
+  quantized the same way), so that ONNX Runtime fuses `DQ -> Conv/MatMul -> Q` into its
+  int8 kernels (QLinearConv, QGemm). Verified with ONNX Runtime's int8 path enabled
+  (`session.qdqisint8allowed`), counting the int8 kernels of the optimized graph.
+"""
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+OPSET = 17
+INT8_SESSION_CONFIG = {"session.qdqisint8allowed": "1"}   # int8 activations on x86 too
+_INT8_KERNELS = ("QLinear", "QGemm", "ConvInteger", "MatMulInteger", "DynamicQuantize")
+_ACTIVATIONS = ("Relu", "Clip")
+
+
+def float_onnx(plain) -> bytes:
+    """The float32 model `plain` (its own input) as an ONNX model with input `inputs`
+    and output `logits`."""
+    import tensorflow as tf
+    import tf2onnx
+
+    spec = tf.TensorSpec([None, *plain.input_shape[1:]], plain.inputs[0].dtype, name="inputs")
+
+    @tf.function(input_signature=[spec])
+    def serve(inputs):
+        return tf.cast(plain(inputs, training=False), tf.float32)
+
+    proto, _ = tf2onnx.convert.from_function(serve, input_signature=[spec], opset=OPSET)
+    return _renamed(proto).SerializeToString()
+
+
+def int8_onnx(tflite: bytes) -> bytes:
+    """The int8 TFLite flatbuffer `tflite` as an ONNX QDQ model (`inputs` -> `logits`)."""
+    import tf2onnx
+
+    with tempfile.TemporaryDirectory(prefix="tftrain-onnx-") as tmp:
+        path = Path(tmp) / "model.tflite"
+        path.write_bytes(tflite)
+        proto, _ = tf2onnx.convert.from_tflite(str(path), opset=OPSET)
+    _quantize_before_activations(proto.graph)
+    return _renamed(proto).SerializeToString()
+
+
+def _renamed(proto):
+    """Name the graph's single input `inputs` and single output `logits`."""
+    graph = proto.graph
+    names = {graph.input[0].name: "inputs", graph.output[0].name: "logits"}
+    for node in graph.node:
+        node.input[:] = [names.get(i, i) for i in node.input]
+        node.output[:] = [names.get(o, o) for o in node.output]
+    graph.input[0].name, graph.output[0].name = "inputs", "logits"
+    return proto
+
+
+def _quantize_before_activations(graph) -> int:
+    """`x -> Relu -> Q(s, z)` becomes `x -> Q(s, z) -> DQ(s, z) -> Relu -> Q(s, z)`:
+    the same values, and `x`'s producer now ends in a QuantizeLinear that ONNX Runtime
+    can fuse into an int8 kernel. Returns how many activations it changed."""
+    from onnx import helper
+
+    consumers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    changed = 0
+    for node in [n for n in graph.node if n.op_type in _ACTIVATIONS]:
+        after = consumers.get(node.output[0], [])
+        if len(after) != 1 or after[0].op_type != "QuantizeLinear":
+            continue
+        source, (_, scale, zero) = node.input[0], after[0].input
+        quantize = helper.make_node("QuantizeLinear", [source, scale, zero], [f"{source}/q"])
+        dequantize = helper.make_node("DequantizeLinear", [f"{source}/q", scale, zero],
+                                      [f"{source}/dq"])
+        node.input[0] = f"{source}/dq"
+        index = list(graph.node).index(node)
+        graph.node.insert(index, dequantize)
+        graph.node.insert(index, quantize)
+        changed += 1
+    return changed
+
+
+def session(blob: bytes, int8: bool = False, optimized: Path | None = None):
+    """An ONNX Runtime CPU session with every graph optimization (`int8`: its int8 QDQ
+    kernels allowed); `optimized`: also write the optimized graph there."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    for key, value in (INT8_SESSION_CONFIG if int8 else {}).items():
+        options.add_session_config_entry(key, value)
+    if optimized is not None:
+        options.optimized_model_filepath = str(optimized)
+    return ort.InferenceSession(blob, options, providers=["CPUExecutionProvider"])
+
+
+def logits(sess, x: np.ndarray, batch: int = 256) -> np.ndarray:
+    return np.concatenate([sess.run(["logits"], {"inputs": x[i:i + batch]})[0]
+                           for i in range(0, len(x), batch)])
+
+
+def latency(sess, x: np.ndarray, examples: int = 100) -> float:
+    """Seconds per example, one example at a time (as the TFLite figures)."""
+    rows = [x[i:i + 1] for i in range(min(examples, len(x)))]
+    sess.run(["logits"], {"inputs": rows[0]})
+    start = time.perf_counter()
+    for row in rows:
+        sess.run(["logits"], {"inputs": row})
+    return (time.perf_counter() - start) / max(len(rows), 1)
+
+
+def int8_kernels(blob: bytes) -> dict[str, int]:
+    """The int8 kernels ONNX Runtime runs for `blob` (op type -> count), read from the
+    graph it optimized."""
+    import onnx
+
+    with tempfile.TemporaryDirectory(prefix="tftrain-onnx-") as tmp:
+        path = Path(tmp) / "optimized.onnx"
+        session(blob, int8=True, optimized=path)
+        graph = onnx.load(str(path)).graph
+    counts: dict[str, int] = {}
+    for node in graph.node:
+        if node.op_type.startswith(_INT8_KERNELS):
+            counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return counts
