@@ -82,7 +82,8 @@ def test_wait_lets_preempted_workers_finish_and_stops_failed_ones():
 def two_workers(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("two-workers")
     before = scratch_dirs()
-    code, out = finish(launch(out_dir))
+    code, out = finish(launch(out_dir, f"tracking.mlflow={{uri: 'sqlite:///{out_dir}/mlflow.db', "
+                                       "experiment: launch}"))
     assert code == 0, out[-3000:]
     assert scratch_dirs() == before           # non-chief scratch checkpoints cleaned up
     return out_dir / "quickstart", out
@@ -135,7 +136,18 @@ def test_a_cluster_step_runs_only_the_gradient_all_reduce_and_checks_are_batched
 def test_only_the_chief_writes(two_workers):
     path, out = two_workers
     assert "export saved_model" in out and out.count("export saved_model") == 1
-    assert sorted(p.name for p in path.parent.iterdir()) == ["quickstart"]
+    assert sorted(p.name for p in path.parent.iterdir()) == ["mlflow.db", "quickstart"]
+
+
+def test_a_two_worker_launch_logs_one_mlflow_run(two_workers):
+    from mlflow.tracking import MlflowClient
+    path, _ = two_workers
+    client = MlflowClient(f"sqlite:///{path.parent}/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("launch").experiment_id])
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    history = client.get_metric_history(runs[0].info.run_id, "val_accuracy")
+    assert sorted(m.step for m in history) == list(range(EPOCHS))
+    assert runs[0].data.params["distribute.strategy"] == "auto"
 
 
 def _children(pid):

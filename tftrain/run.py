@@ -96,7 +96,7 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False,
 def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
               profile: tuple[int, int] | None) -> dict | None:
     # TensorFlow is imported only once the config has parsed: a typo costs no TF start-up.
-    from tftrain import data, export, extras, report, rundir
+    from tftrain import data, export, extras, report, rundir, tracking
     from tftrain import plan as planning
     from tftrain.stages import StageRunner
 
@@ -116,26 +116,31 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
         return done
     run = rundir.open_run_dir(cfg, smoke, write=plan.chief)
     plan.source = data.cached(plan.source, cfg.data)     # the decoded set in memory when it fits
-    runner = StageRunner(plan=plan, run=run, stop=stop, profile=profile)
+    tracker = tracking.open_tracker(cfg, run.path, rundir.dump_config(cfg), plan.chief)
+    runner = StageRunner(plan=plan, run=run, stop=stop, profile=profile, tracker=tracker)
+    try:
+        # -- stages: train -> prune (+ fine-tune) -> QAT, each checkpointed and resumable ----
+        net, results = None, {}
+        for stage in plan.stages:          # each gets the model the one before finished with
+            net, results[stage.name] = runner.run_stage(stage, net)
 
-    # -- stages: train -> prune (+ fine-tune) -> QAT, each checkpointed and resumable --------
-    net, results = None, {}
-    for stage in plan.stages:          # each gets the model the one before finished with
-        net, results[stage.name] = runner.run_stage(stage, net)
-
-    # -- export, verify, report ------------------------------------------------------------
-    stop.check("after the last stage", runner.agree)
-    net = plan.parallel.detach(net)       # a model the chief can run alone
-    artifacts = export.export_all(net, cfg.export, run.export, plan.source, data_cfg=cfg.data,
-                                  qat=plan.stages[-1].quantization_aware) if plan.chief else {}
-    stop.check("after the export (the rerun exports again and reports)", runner.agree)
+        # -- export, verify, report --------------------------------------------------------
+        stop.check("after the last stage", runner.agree)
+        net = plan.parallel.detach(net)       # a model the chief can run alone
+        artifacts = export.export_all(net, cfg.export, run.export, plan.source, data_cfg=cfg.data,
+                                      qat=plan.stages[-1].quantization_aware) if plan.chief else {}
+        stop.check("after the export (the rerun exports again and reports)", runner.agree)
+    except BaseException:
+        tracker.fail()                        # a restart sets the same tracked run running
+        raise
     summary = report.summary(plan, results, artifacts, net)
     print(f"final weights sha256: {report.weights_digest(net)}")
     if plan.chief:
         rundir.write_summary(run, summary)
     runner.clean_up()
-    print(rundir.report_table(summary))
     failed = export.failures(artifacts)
+    tracker.finish(summary, run.export, ok=not failed)
+    print(rundir.report_table(summary))
     if failed:     # the artifacts stay, marked failed; the run is not completed
         raise RuntimeError(f"export verification failed: {'; '.join(failed)}; the artifact is "
                            "marked failed in summary.json (loosen export.max_logit_diff or "

@@ -23,15 +23,20 @@ class StageRunner:
     SIGTERM, non-finite losses, logs; then evaluates it. Stage results are kept in
     `stages.json` so a resumed run reports the stages it does not redo."""
 
-    def __init__(self, *, plan, run, stop: Preemption | None = None, profile=None):
+    def __init__(self, *, plan, run, stop: Preemption | None = None, profile=None,
+                 tracker=None):
         """`plan`: the run's plan (`tftrain.plan.RunPlan`); `run`: its `RunDir`; `stop`:
         the run's `Preemption` flag; `profile`: (START, STOP) updates of the first stage
-        to trace with the profiler (`--profile`)."""
+        to trace with the profiler (`--profile`); `tracker`: the run's
+        `tftrain.tracking.Tracker` (each epoch's metrics, on the chief)."""
         import tensorflow as tf
 
         from tftrain import data
 
+        from tftrain.tracking import Tracker
+
         self.plan, self.cfg, self.run, self.profile = plan, plan.cfg, run, profile
+        self.tracker = tracker or Tracker()
         self.stop = stop or Preemption()
         self.strat, self.chief = plan.parallel.strategy, plan.chief
         self.steps_per_epoch, self.smoke = plan.steps_per_epoch, plan.smoke
@@ -127,12 +132,13 @@ class StageRunner:
         waiting = epoch_logs.InputWait()
         sizer = (epoch_logs.ExecutionSizer(spe, self.plan.parallel.mean, most=every)
                  if cfg.train.steps_per_execution == "auto" else None)
+        tracked = self.tracker.callback(stage.name, checkpointer, spe, stage.updates)
         # The global metrics first (Keras appends its history and progress bar after
         # these), and the checkpointer after every callback whose state it saves at an
-        # epoch's end.
+        # epoch's end (and after the tracker: an epoch is logged before it is saved).
         callbacks = [epoch_logs.GlobalMetrics(), throughput, waiting, flops,
                      *([sizer] if sizer else []), epoch_logs.LearningRateLogger(), *built.callbacks,
-                     *built.stateful, checkpointer]
+                     *built.stateful, *([tracked] if tracked else []), checkpointer]
         if self.chief:
             csv, logs = stage.log_names()
             callbacks += [keras.callbacks.CSVLogger(str(self.run.path / csv), append=start > 0),
