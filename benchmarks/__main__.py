@@ -38,6 +38,7 @@ SCRIPTS = {
     "distill": ["--seeds", "5"],
     "compression": ["--rounds", "7"],
     "applications": [],
+    "sweep": ["--trials", "8", "--seeds", "3"],
 }
 
 

@@ -1,0 +1,289 @@
+"""`python -m tftrain.sweep CONFIG --space SPACE.yaml --trials N`: a hyperparameter sweep.
+
+Each trial is a `tftrain.run` subprocess (a strategy cannot be created twice in one
+process) with the trial's values as `--set` overrides, or a `tftrain.launch` of several
+workers (`--workers K`). Optuna samples with TPE and prunes with the median rule on the
+per-epoch validation metric the trial writes to its metrics.csv (a pruned trial gets
+SIGTERM and stops at a safe point). The study lives in `DIR/NAME/study.db`: rerunning
+the same command resumes the sweep, never rerunning a finished trial; a trial the
+interruption cut short runs again with the same values, resuming its own checkpoints.
+
+SPACE.yaml:
+    metric: val_accuracy          # a per-epoch metric of metrics.csv and summary.json
+    direction: maximize           # or minimize
+    pruner: {warmup_epochs: 2, startup_trials: 3}     # median pruning; `pruner: none`
+    seed: 0
+    params:                       # dotted config keys
+      train.optimizer.learning_rate: {low: 1.0e-4, high: 1.0e-2, log: true}
+      train.epochs: {low: 5, high: 20, int: true}
+      model.params.dense: {choices: [[64], [128]]}
+
+Writes `DIR/NAME/trials.csv` and `DIR/NAME/best.yaml` (CONFIG with the best values) and
+prints the table. Exit codes as `tftrain.run`: 2 for a bad space, config or arguments.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from tftrain.config_types import ConfigError
+
+EXIT_CONFIG = 2
+
+
+def parse_space(path: Path) -> dict:
+    """The space file, checked: a clear `ConfigError` for anything malformed."""
+    try:
+        space = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise ConfigError(f"--space: cannot read {path}: {err}") from None
+    unknown = set(space) - {"metric", "direction", "pruner", "seed", "params"}
+    if unknown:
+        raise ConfigError(f"--space: unknown key(s) {sorted(unknown)}; expected metric, "
+                          "direction, pruner, seed, params")
+    if space.get("direction", "maximize") not in ("maximize", "minimize"):
+        raise ConfigError("--space direction: expected maximize or minimize")
+    params = space.get("params")
+    if not isinstance(params, dict) or not params:
+        raise ConfigError("--space params: give at least one dotted config key with "
+                          "{low, high[, log, int]} or {choices: [...]}")
+    for key, dist in params.items():
+        ok = isinstance(dist, dict) and (
+            (set(dist) == {"choices"} and isinstance(dist["choices"], list) and dist["choices"])
+            or ({"low", "high"} <= set(dist) <= {"low", "high", "log", "int"}
+                and all(isinstance(dist[k], (int, float)) for k in ("low", "high"))
+                and dist["low"] < dist["high"]))
+        if not ok:
+            raise ConfigError(f"--space params.{key}: expected {{low, high[, log, int]}} with "
+                              "low < high, or {choices: [...]}")
+    pruner = space.get("pruner", {})
+    if pruner != "none" and not (isinstance(pruner, dict)
+                                 and set(pruner) <= {"warmup_epochs", "startup_trials"}):
+        raise ConfigError("--space pruner: expected {warmup_epochs, startup_trials} or none")
+    return {"metric": "val_accuracy", "direction": "maximize", "seed": 0, **space,
+            "pruner": pruner}
+
+
+def _suggest(trial, key: str, dist: dict):
+    if "choices" in dist:
+        index = trial.suggest_categorical(key, list(range(len(dist["choices"]))))
+        return dist["choices"][index]
+    if dist.get("int"):
+        return trial.suggest_int(key, int(dist["low"]), int(dist["high"]), log=dist.get("log", False))
+    return trial.suggest_float(key, float(dist["low"]), float(dist["high"]), log=dist.get("log", False))
+
+
+def overrides(values: dict) -> list[str]:
+    """`--set` items for a trial's values (YAML flow values)."""
+    return [f"{k}={json.dumps(v)}" for k, v in values.items()]
+
+
+def _trial_name(values: dict) -> str:
+    """Named by its values: a trial cut short and run again resumes its own run directory."""
+    return "trial-" + hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:10]
+
+
+class Sweep:
+    def __init__(self, config: str, space: dict, trials: int, directory: Path, sets: list[str],
+                 workers: int = 1):
+        import optuna
+
+        self.config, self.space, self.trials, self.sets = config, space, trials, sets
+        self.directory, self.workers = directory, workers
+        directory.mkdir(parents=True, exist_ok=True)
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        pruner = (optuna.pruners.NopPruner() if space["pruner"] == "none" else
+                  optuna.pruners.MedianPruner(
+                      n_startup_trials=space["pruner"].get("startup_trials", 3),
+                      n_warmup_steps=space["pruner"].get("warmup_epochs", 2)))
+        self.study = optuna.create_study(
+            study_name="sweep", storage=f"sqlite:///{directory / 'study.db'}",
+            load_if_exists=True, direction=space["direction"], pruner=pruner,
+            sampler=optuna.samplers.TPESampler(seed=space["seed"]))
+
+    def run(self) -> dict:
+        """Run trials until `trials` have ended; returns the best trial's values."""
+        import optuna
+        from optuna.trial import TrialState
+
+        for cut in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            self.study.tell(cut.number, state=TrialState.FAIL)        # cut short: run again
+            self.study.enqueue_trial(cut.params)
+            print(f"trial {cut.number} was cut short: it runs again with the same values")
+        while self.ended() < self.trials:
+            trial = self.study.ask()
+            values = {k: _suggest(trial, k, d) for k, d in self.space["params"].items()}
+            try:
+                value = self._run_trial(trial, values)
+            except optuna.TrialPruned:
+                self.study.tell(trial, state=TrialState.PRUNED)
+                print(f"trial {trial.number} pruned", flush=True)
+                continue
+            self.study.tell(trial, value, state=TrialState.COMPLETE if value is not None
+                            else TrialState.FAIL)
+            self.write_table()
+        self.write_table()
+        return self.best()
+
+    def ended(self) -> int:
+        """Trials that ran to their end: completed, pruned, or failed on their own (not
+        cut short by an interruption: those run again)."""
+        return sum(1 for t in self.study.get_trials(deepcopy=False)
+                   if t.state.name in ("COMPLETE", "PRUNED")
+                   or (t.state.name == "FAIL" and "exit_code" in t.user_attrs))
+
+    def command(self, values: dict) -> list[str]:
+        sets = [*self.sets, *overrides(values), f"run.dir={self.directory / 'runs'}",
+                f"run.name={_trial_name(values)}", "train.verbose=0"]
+        head = ([sys.executable, "-m", "tftrain.run"] if self.workers == 1 else
+                [sys.executable, "-m", "tftrain.launch", "--workers", str(self.workers)])
+        return [*head, self.config, *[a for s in sets for a in ("--set", s)]]
+
+    def _run_trial(self, trial, values: dict):
+        import optuna
+
+        run_path = self.directory / "runs" / _trial_name(values)
+        trial.set_user_attr("run", str(run_path))
+        print(f"trial {trial.number}: {' '.join(overrides(values))}", flush=True)
+        log = open(self.directory / f"{_trial_name(values)}.log", "a")
+        proc = subprocess.Popen(self.command(values), stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, preexec_fn=_stop_with_parent)
+        reported = -1
+        while True:
+            done = proc.poll() is not None
+            for epoch, value in self._epochs(run_path):
+                if epoch > reported:
+                    trial.report(value, epoch)
+                    reported = epoch
+                    if trial.should_prune() and not done:
+                        os.killpg(proc.pid, signal.SIGTERM)    # stops at a safe point
+                        proc.wait()
+                        raise optuna.TrialPruned()
+            if done:
+                break
+            time.sleep(0.5)
+        log.close()
+        trial.set_user_attr("exit_code", proc.returncode)
+        if proc.returncode == EXIT_CONFIG:
+            raise ConfigError(f"trial {trial.number} ({' '.join(overrides(values))}): tftrain.run "
+                              f"refused its config; see {log.name}")
+        if proc.returncode != 0:
+            print(f"trial {trial.number} failed (exit {proc.returncode}); see {log.name}")
+            return None
+        summary = json.loads((run_path / "summary.json").read_text())
+        return float(summary["metrics"][self.space["metric"]])
+
+    def _epochs(self, run_path: Path) -> list[tuple[int, float]]:
+        try:
+            rows = list(csv.DictReader(open(run_path / "metrics.csv")))
+        except OSError:
+            return []
+        metric = self.space["metric"]
+        return [(int(r["epoch"]), float(r[metric])) for r in rows if r.get(metric)]
+
+    def best(self) -> dict:
+        from tftrain.config import dump_config, load_config
+
+        done = [t for t in self.study.trials if t.state.name == "COMPLETE"]
+        if not done:
+            raise RuntimeError("no trial completed; see the trial logs in " + str(self.directory))
+        trial = self.study.best_trial
+        values = self._values(trial)
+        cfg = load_config(self.config, [*self.sets, *overrides(values)])
+        (self.directory / "best.yaml").write_text(
+            f"# best of {len(done)} completed trials: trial {trial.number}, "
+            f"{self.space['metric']} {trial.value:.4f}\n" + dump_config(cfg))
+        return {"trial": trial.number, "value": trial.value, "values": values}
+
+    def _values(self, trial) -> dict:
+        return {k: d["choices"][trial.params[k]] if "choices" in d else trial.params[k]
+                for k, d in self.space["params"].items()}
+
+    def write_table(self) -> str:
+        keys = list(self.space["params"])
+        rows = []
+        for t in self.study.trials:
+            if t.state.name == "RUNNING" or not set(keys) <= set(t.params):
+                continue
+            values = self._values(t)
+            rows.append({"trial": t.number, "state": t.state.name.lower(), **values,
+                         self.space["metric"]: "" if t.value is None else f"{t.value:.4f}",
+                         "epochs": len(t.intermediate_values),
+                         "seconds": f"{(t.datetime_complete - t.datetime_start).total_seconds():.0f}"
+                         if t.datetime_complete else ""})
+        with open(self.directory / "trials.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, ["trial", "state", *keys, self.space["metric"], "epochs",
+                                        "seconds"])
+            writer.writeheader()
+            writer.writerows(rows)
+        return (self.directory / "trials.csv").read_text()
+
+
+def _stop_with_parent() -> None:
+    """In the trial's process: SIGTERM when the sweep dies, even by SIGKILL (Linux), so
+    it stops at a safe point and the resumed sweep continues it."""
+    import ctypes
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)             # PR_SET_PDEATHSIG
+
+
+def check_values(config: str, space: dict, sets: list[str]) -> None:
+    """Every key of the space must be a config key taking such values: checked with the
+    low end (or first choice) of each, before any trial runs."""
+    from tftrain.config import load_config
+
+    first = {k: d["choices"][0] if "choices" in d else (int(d["low"]) if d.get("int") else d["low"])
+             for k, d in space["params"].items()}
+    load_config(config, [*sets, *overrides(first)])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tftrain.sweep", description=__doc__.splitlines()[0])
+    p.add_argument("config")
+    p.add_argument("--space", required=True, help="SPACE.yaml: the parameters and their ranges")
+    p.add_argument("--trials", type=int, required=True, help="trials to run in all")
+    p.add_argument("--dir", default="sweeps", help="parent directory of the sweep")
+    p.add_argument("--name", help="the sweep's name (default: the space file's stem)")
+    p.add_argument("--workers", type=int, default=1, help="workers per trial (tftrain.launch)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key in every trial (repeatable)")
+    try:
+        args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    except SystemExit as exit_:
+        return EXIT_CONFIG if exit_.code else 0
+    try:
+        if args.trials < 1 or args.workers < 1:
+            raise ConfigError("--trials and --workers: at least 1")
+        if importlib_missing("optuna"):
+            raise ConfigError('python -m tftrain.sweep needs optuna: pip install -e ".[sweep]"')
+        space = parse_space(Path(args.space))
+        check_values(args.config, space, args.set)
+        sweep = Sweep(args.config, space, args.trials,
+                      Path(args.dir) / (args.name or Path(args.space).stem), args.set, args.workers)
+        best = sweep.run()
+    except ConfigError as err:
+        for problem in err.problems:
+            print(f"tftrain: config error: {problem}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(sweep.write_table())
+    print(f"best: trial {best['trial']}, {space['metric']} {best['value']:.4f}: "
+          f"{' '.join(overrides(best['values']))}; config in {sweep.directory / 'best.yaml'}")
+    return 0
+
+
+def importlib_missing(name: str) -> bool:
+    import importlib.util
+    return importlib.util.find_spec(name) is None
+
+
+if __name__ == "__main__":
+    sys.exit(main())
