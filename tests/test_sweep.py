@@ -1,0 +1,120 @@
+"""Sweeps: the space file checked, trials as tftrain.run subprocesses, median pruning, and
+an interrupted sweep resumed without rerunning a finished trial."""
+
+import csv
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import ROOT
+
+from tftrain import sweep
+from tftrain.config import ConfigError
+
+QUICKSTART = str(ROOT / "configs" / "quickstart.yaml")
+TINY = ["train.epochs=3", "export.tflite=none", "export.saved_model=false",
+        "model.params={filters: [8], dense: [16]}"]
+
+
+def write_space(tmp_path, text):
+    path = tmp_path / "space.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("text,problem", [
+    ("params: {}", "--space params: give at least one"),
+    ("params: {train.epochs: {low: 5, high: 2}}", "--space params.train.epochs: expected"),
+    ("params: {a: {choices: []}}", "--space params.a: expected"),
+    ("direction: up\nparams: {a: {choices: [1]}}", "--space direction: expected maximize"),
+    ("metrics: val_loss\nparams: {a: {choices: [1]}}", "--space: unknown key(s) ['metrics']"),
+    ("pruner: {patience: 2}\nparams: {a: {choices: [1]}}", "--space pruner: expected"),
+])
+def test_a_malformed_space_is_a_config_error(tmp_path, text, problem):
+    with pytest.raises(ConfigError) as err:
+        sweep.parse_space(write_space(tmp_path, text))
+    assert err.value.problems[0].startswith(problem), err.value.problems
+
+
+def test_defaults_and_overrides():
+    space = sweep.parse_space(ROOT / "configs" / "sweep_quickstart.yaml")
+    assert space["metric"] == "val_accuracy" and space["direction"] == "maximize"
+    assert sweep.overrides({"train.optimizer.learning_rate": 0.001, "model.params.dense": [64]}) \
+        == ["train.optimizer.learning_rate=0.001", "model.params.dense=[64]"]
+
+
+def test_a_key_the_config_refuses_exits_2_before_any_trial(tmp_path, capsys):
+    space = write_space(tmp_path, "params: {train.optimiser.learning_rate: {low: 0.001, high: 0.01}}")
+    code = sweep.main([QUICKSTART, "--space", str(space), "--trials", "2", "--dir", str(tmp_path)])
+    assert code == 2 and sorted(p.name for p in tmp_path.iterdir()) == ["space.yaml"]
+    assert capsys.readouterr().err == (
+        "tftrain: config error: --space params (tried with train.optimiser.learning_rate=0.001): "
+        f"{QUICKSTART}: train.optimiser: unknown key; did you mean optimizer?\n")
+
+
+def test_a_trial_far_below_the_median_is_pruned_and_the_best_config_written(tmp_path, capsys):
+    space = write_space(tmp_path, "pruner: {warmup_epochs: 1, startup_trials: 1}\nparams:\n"
+                                  "  train.optimizer.learning_rate: {low: 1.0e-7, high: 0.01, log: true}\n")
+    parsed = sweep.parse_space(space)
+    study = sweep.Sweep(QUICKSTART, parsed, 2, tmp_path / "space", TINY).study
+    for rate in (0.003, 1e-7):                   # a good trial, then a hopeless one
+        study.enqueue_trial({"train.optimizer.learning_rate": rate})
+    args = [QUICKSTART, "--space", str(space), "--trials", "2", "--dir", str(tmp_path),
+            *[a for s in TINY for a in ("--set", s)]]
+    assert sweep.main(args) == 0
+    rows = list(csv.DictReader(open(tmp_path / "space" / "trials.csv")))
+    assert [(r["state"], float(r["train.optimizer.learning_rate"])) for r in rows] == [
+        ("complete", 0.003), ("pruned", 1e-7)]
+    assert int(rows[0]["epochs"]) == 3 and int(rows[1]["epochs"]) < 3
+    best = (tmp_path / "space" / "best.yaml").read_text()
+    assert "learning_rate: 0.003" in best and best.startswith("# best of 1 completed trials: trial 0")
+    assert "best: trial 0, val_accuracy" in capsys.readouterr().out
+
+
+def _state(directory):
+    try:
+        return list(csv.DictReader(open(directory / "trials.csv")))
+    except OSError:
+        return []
+
+
+@pytest.mark.slow
+def test_an_interrupted_sweep_resumes_without_rerunning_finished_trials(tmp_path):
+    space = write_space(tmp_path, "pruner: none\nparams:\n"
+                                  "  train.optimizer.learning_rate: {low: 0.001, high: 0.01, log: true}\n")
+    sets = [*TINY, "train.epochs=6"]
+    args = [sys.executable, "-m", "tftrain.sweep", QUICKSTART, "--space", str(space),
+            "--trials", "2", "--dir", str(tmp_path), *[a for s in sets for a in ("--set", s)]]
+    directory = tmp_path / "space"
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and not _state(directory):         # trial 0 finished
+        time.sleep(0.5)
+    first = _state(directory)
+    assert len(first) == 1 and first[0]["state"] == "complete"
+    runs = directory / "runs"
+    while time.time() < deadline and not [p for p in runs.glob("*/checkpoints/checkpoint")
+                                          if p.parent.parent.name != first_run(directory)]:
+        time.sleep(0.5)                           # trial 1 saved its first checkpoint
+    proc.send_signal(signal.SIGKILL)              # the sweep dies mid-trial 1
+    proc.communicate(timeout=60)
+    done_summary = runs / first_run(directory) / "summary.json"
+    stamp = done_summary.stat().st_mtime_ns
+    again = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "trial 1 was cut short: it runs again with the same values" in again.stdout
+    assert "trial 0:" not in again.stdout and done_summary.stat().st_mtime_ns == stamp
+    rows = _state(directory)
+    assert [(r["trial"], r["state"]) for r in rows] == [("0", "complete"), ("1", "fail"),
+                                                        ("2", "complete")]
+    assert rows[1]["train.optimizer.learning_rate"] == rows[2]["train.optimizer.learning_rate"]
+    cut = runs.parent / (sorted(p.name for p in runs.iterdir() if p.name != first_run(directory))[0]
+                         + ".log")
+    assert "resuming from" in cut.read_text()     # the cut trial's run continued from its checkpoint
+
+
+def first_run(directory) -> str:
+    row = _state(directory)[0]
+    return sweep._trial_name({"train.optimizer.learning_rate": float(row["train.optimizer.learning_rate"])})
