@@ -7,7 +7,9 @@ exported TFLite model, SavedModel and TFLite sizes (raw and gzip) and TFLite lat
 example at 1 thread. The float32 and PQAT runs also write the int8 SavedModel
 (`export.saved_model_int8`: post-training weight-only int8 for the float32 model, QAT's
 codes and ranges for the PQAT one): its accuracy, variables gzip against the float32
-SavedModel's, the zero fraction of its int8 kernels and the batch norms folded. The int8 / float latency ratio is measured by timing both models
+SavedModel's, the zero fraction of its int8 kernels and the batch norms folded. They
+also write ONNX (`export.onnx`): the float32 model.onnx against the SavedModel, and the
+PQAT model_int8.onnx against the int8 TFLite model, run with ONNX Runtime. The int8 / float latency ratio is measured by timing both models
 alternately (ABBA rounds) and taking the median of per-round ratios.
 
     python benchmarks/compression.py [--rounds 7] [--quick]
@@ -36,8 +38,9 @@ MODELS = {
 }
 STAGES = {
     "float32": ["compression.pruning.enabled=false", "compression.quantization.enabled=false",
-                "export.tflite=float", "export.saved_model_int8=true"],
-    "pruned 80%": ["compression.quantization.enabled=false", "export.tflite=float"],
+                "export.tflite=float", "export.saved_model_int8=true", "export.onnx=true"],
+    "pruned 80%": ["compression.quantization.enabled=false", "export.tflite=float",
+                   "export.onnx=false"],
     "pruned + PQAT, int8": ["export.saved_model_int8=true"],
 }
 
@@ -70,12 +73,14 @@ def main():
     report = []
     with tempfile.TemporaryDirectory(prefix="tftrain-bench-") as tmp:
         for model, model_sets in list(MODELS.items())[:1 if args.quick else None]:
-            rows, blobs, int8s = [], {}, {}
+            rows, blobs, int8s, onnxs = [], {}, {}, {}
             for i, (stage, stage_sets) in enumerate(STAGES.items()):
                 summary, blob = one_run(Path(tmp), f"m{len(report)}s{i}", model_sets + stage_sets)
                 blobs[stage] = blob
                 if "saved_model_int8" in summary["artifacts"]:
                     int8s[stage] = summary["artifacts"]["saved_model_int8"]
+                onnxs.update({(stage, k): v for k, v in summary["artifacts"].items()
+                              if k.startswith("onnx")})
                 saved = summary["artifacts"]["saved_model"]
                 lite_name, lite = next((k, v) for k, v in summary["artifacts"].items()
                                        if k.startswith("tflite"))
@@ -84,8 +89,8 @@ def main():
                              lite["latency_ms"]))
             baseline_vars = summary["stages"]["train"]["float32_variables_gzip_bytes"]
             ratio = latency_ratio(blobs["float32"], blobs["pruned + PQAT, int8"], x_val, args.rounds)
-            report.append((model, rows, ratio, baseline_vars, int8s))
-    for model, rows, ratio, baseline_vars, int8s in report:
+            report.append((model, rows, ratio, baseline_vars, int8s, onnxs))
+    for model, rows, ratio, baseline_vars, int8s, onnxs in report:
         print(f"\n### {model}\n")
         print("| stage | TFLite accuracy | SavedModel | SavedModel gzip | TFLite | TFLite size "
               "| TFLite gzip | latency ms/example (1 thread) |")
@@ -100,20 +105,41 @@ def main():
               f"{baseline_vars / int8[6]:.1f}x")
         for stage, entry in int8s.items():
             print(f"int8 SavedModel of {stage}: {_int8_figures(entry, baseline_vars)}")
+        for (stage, kind), entry in onnxs.items():
+            print(f"{kind} of {stage}: {_onnx_figures(entry, rows)}")
     record.rows([(f"compression, {model}: 80% pruning + PQAT; int8 TFLite accuracy vs float32; "
                   "float32 SavedModel variables gzip / int8 TFLite gzip; int8 / float TFLite "
                   "latency per example, 1 thread",
                   f"{rows[-1][1]:.4f} vs {rows[0][1]:.4f} ({(rows[-1][1] - rows[0][1]) * 100:+.2f} "
                   f"pt); {baseline_vars / rows[-1][6]:.1f}×; {ratio:.2f}")
-                 for model, rows, ratio, baseline_vars, _ in report]
+                 for model, rows, ratio, baseline_vars, _, _ in report]
                 + [(f"int8 SavedModel, {model}, {stage} ({entry['kernels']}): accuracy (vs "
                     "float32; vs the run's int8 TFLite); float32 SavedModel variables gzip / "
                     "its variables gzip; int8 kernel zeros; batch norms folded",
                     _int8_figures(entry, baseline_vars, rows[0][1],
                                   rows[-1][1] if "PQAT" in stage else None))
-                   for model, rows, _, baseline_vars, int8s in report
-                   for stage, entry in int8s.items()])
+                   for model, rows, _, baseline_vars, int8s, _ in report
+                   for stage, entry in int8s.items()]
+                + [(f"ONNX, {model}, {stage}: " + (
+                    "model.onnx (float32, tf2onnx): largest logit difference vs the SavedModel; "
+                    "accuracy" if kind == "onnx" else
+                    "model_int8.onnx (QDQ from the int8 TFLite model): accuracy vs int8 TFLite; "
+                    "largest logit difference vs it; ONNX Runtime int8 kernels")
+                    + "; gzip; ONNX Runtime latency ms/example (1 example per call)",
+                    _onnx_figures(entry, rows))
+                   for model, rows, _, _, _, onnxs in report
+                   for (stage, kind), entry in onnxs.items()])
     return 0
+
+
+def _onnx_figures(entry: dict, rows) -> str:
+    if "int8_kernels" not in entry:
+        return (f"{entry['max_abs_diff_vs_saved_model']:.1e}; {entry['accuracy']:.4f}; "
+                f"{entry['gzip_bytes']:,} B; {entry['latency_ms']:.3f}")
+    kernels = ", ".join(f"{n} {k}" for k, n in entry["int8_kernels"].items())
+    return (f"{entry['accuracy']:.4f} vs {rows[-1][1]:.4f} ({(entry['accuracy'] - rows[-1][1]) * 100:+.2f}"
+            f" pt); {entry['max_abs_diff_vs_tflite_int8']:.1e}; {kernels}; {entry['gzip_bytes']:,} B; "
+            f"{entry['latency_ms']:.3f}")
 
 
 def _int8_figures(entry: dict, baseline_vars: int, float_acc=None, lite_acc=None) -> str:

@@ -402,7 +402,7 @@ def test_non_finite_loss_rolls_back_with_a_lower_rate(tmp_path, capsys):
     assert np.isfinite(summary["metrics"]["val_loss"]) and summary["metrics"]["val_accuracy"] > 0.3
 
 
-def test_profile_window_writes_a_trace_the_profiler_can_read(tmp_path):
+def test_profile_window_writes_a_trace_the_profiler_and_xprof_read(tmp_path):
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
     assert main([str(ROOT / "configs" / "quickstart.yaml"), "--run-dir", str(tmp_path), "--profile",
                  "3:13", "--set", "train.epochs=1", "--set", "train.verbose=0",
@@ -415,6 +415,12 @@ def test_profile_window_writes_a_trace_the_profiler_can_read(tmp_path):
     calls = [e for line in host.lines for e in line.events
              if host.event_metadata[e.metadata_id].name == "train_function"]
     assert len(calls) == 10                       # updates 3..12, one per call here
+    # and xprof (the profile plugin TensorBoard loads) converts it for its trace viewer
+    from xprof.convert import raw_to_tool_data
+    data, kind = raw_to_tool_data.xspace_to_tool_data([str(traces[0])], "trace_viewer", {})
+    events = json.loads(data)["traceEvents"]
+    assert kind == "application/json"
+    assert sum(e.get("name") == "train_function" for e in events) == 10
     # the window closed: starting the profiler again does not find it running
     tf.profiler.experimental.start(str(tmp_path / "again"))
     tf.profiler.experimental.stop()
