@@ -1,7 +1,7 @@
 """Does a sweep find a configuration at least as good as the default? The quickstart
 with its own values at the trials' seed (and the median of `--seeds` seeds, to show the
 seed-to-seed spread) against the best of an N-trial `python -m tftrain.sweep` over
-learning rate and weight decay (configs/sweep_quickstart.yaml), on the same validation
+learning rate and weight decay (configs/spaces/quickstart.yaml), on the same validation
 split.
 
     python benchmarks/sweep.py [--trials 8] [--seeds 3]
@@ -18,7 +18,7 @@ import record
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
-SPACE = ROOT / "configs" / "sweep_quickstart.yaml"
+SPACE = ROOT / "configs" / "spaces" / "quickstart.yaml"
 SETS = ["export.tflite=none", "export.saved_model=false"]
 
 
@@ -41,7 +41,7 @@ def main():
                               *[a for s in SETS for a in ("--set", s)]],
                              check=True, cwd=ROOT, capture_output=True, text=True).stdout
         print(out)
-        rows = (Path(tmp) / "sweep_quickstart" / "trials.csv").read_text().splitlines()
+        rows = (Path(tmp) / SPACE.stem / "trials.csv").read_text().splitlines()
         best = max(float(r.split(",")[4]) for r in rows[1:] if ",complete," in r)
         pruned = sum(",pruned," in r for r in rows[1:])
         median = statistics.median(default)

@@ -39,7 +39,7 @@ def test_a_malformed_space_is_a_config_error(tmp_path, text, problem):
 
 
 def test_defaults_and_overrides():
-    space = sweep.parse_space(ROOT / "configs" / "sweep_quickstart.yaml")
+    space = sweep.parse_space(ROOT / "configs" / "spaces" / "quickstart.yaml")
     assert space["metric"] == "val_accuracy" and space["direction"] == "maximize"
     assert sweep.overrides({"train.optimizer.learning_rate": 0.001, "model.params.dense": [64]}) \
         == ["train.optimizer.learning_rate=0.001", "model.params.dense=[64]"]
