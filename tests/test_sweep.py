@@ -107,7 +107,7 @@ def test_an_interrupted_sweep_resumes_without_rerunning_finished_trials(tmp_path
     assert "trial 1 was cut short: it runs again with the same values" in again.stdout
     assert "trial 0:" not in again.stdout and done_summary.stat().st_mtime_ns == stamp
     rows = _state(directory)
-    assert [(r["trial"], r["state"]) for r in rows] == [("0", "complete"), ("1", "fail"),
+    assert [(r["trial"], r["state"]) for r in rows] == [("0", "complete"), ("1", "cut short"),
                                                         ("2", "complete")]
     assert rows[1]["train.optimizer.learning_rate"] == rows[2]["train.optimizer.learning_rate"]
     cut = runs.parent / (sorted(p.name for p in runs.iterdir() if p.name != first_run(directory))[0]

@@ -7,17 +7,18 @@ import importlib.util
 from tftrain.config_types import ConfigError
 
 
-def _missing(*modules: str) -> list[str]:
+def missing(*modules: str) -> list[str]:
+    """Those of `modules` that are not installed."""
     return [name for name in modules if importlib.util.find_spec(name) is None]
 
 
 def require(cfg) -> None:
     """Raise `ConfigError` for each configured feature whose extra is not installed."""
     problems = []
-    if cfg.export.onnx and (gone := _missing("tf2onnx", "onnxruntime", "onnx")):
+    if cfg.export.onnx and (gone := missing("tf2onnx", "onnxruntime", "onnx")):
         problems.append(f"export.onnx: needs {', '.join(gone)}, not installed: "
                         "pip install -e \".[onnx]\" (or set export.onnx: false)")
-    if cfg.tracking.mlflow is not None and (gone := _missing("mlflow")):
+    if cfg.tracking.mlflow is not None and (gone := missing("mlflow")):
         problems.append(f"tracking.mlflow: needs {', '.join(gone)}, not installed: "
                         "pip install -e \".[mlflow]\" (or remove tracking.mlflow)")
     if problems:

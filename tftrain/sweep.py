@@ -37,6 +37,7 @@ from pathlib import Path
 import yaml
 
 from tftrain.config_types import ConfigError
+from tftrain.extras import missing
 
 EXIT_CONFIG = 2
 
@@ -129,6 +130,9 @@ class Sweep:
                 self.study.tell(trial, state=TrialState.PRUNED)
                 print(f"trial {trial.number} pruned", flush=True)
                 continue
+            except ConfigError:
+                self.study.tell(trial, state=TrialState.FAIL)
+                raise
             self.study.tell(trial, value, state=TrialState.COMPLETE if value is not None
                             else TrialState.FAIL)
             self.write_table()
@@ -180,8 +184,11 @@ class Sweep:
         if proc.returncode != 0:
             print(f"trial {trial.number} failed (exit {proc.returncode}); see {log.name}")
             return None
-        summary = json.loads((run_path / "summary.json").read_text())
-        return float(summary["metrics"][self.space["metric"]])
+        metrics = json.loads((run_path / "summary.json").read_text())["metrics"]
+        if self.space["metric"] not in metrics:
+            raise ConfigError(f"--space metric: {self.space['metric']} is not one of the run's "
+                              f"metrics ({', '.join(metrics)})")
+        return float(metrics[self.space["metric"]])
 
     def _epochs(self, run_path: Path) -> list[tuple[int, float]]:
         try:
@@ -216,7 +223,10 @@ class Sweep:
             if t.state.name == "RUNNING" or not set(keys) <= set(t.params):
                 continue
             values = self._values(t)
-            rows.append({"trial": t.number, "state": t.state.name.lower(), **values,
+            state = t.state.name.lower()
+            if state == "fail" and "exit_code" not in t.user_attrs:
+                state = "cut short"                  # ran again as a later trial
+            rows.append({"trial": t.number, "state": state, **values,
                          self.space["metric"]: "" if t.value is None else f"{t.value:.4f}",
                          "epochs": len(t.intermediate_values),
                          "seconds": f"{(t.datetime_complete - t.datetime_start).total_seconds():.0f}"
@@ -267,7 +277,7 @@ def main(argv=None) -> int:
     try:
         if args.trials < 1 or args.workers < 1:
             raise ConfigError("--trials and --workers: at least 1")
-        if importlib_missing("optuna"):
+        if missing("optuna"):
             raise ConfigError('python -m tftrain.sweep needs optuna: pip install -e ".[sweep]"')
         space = parse_space(Path(args.space))
         check_values(args.config, space, args.set)
@@ -282,11 +292,6 @@ def main(argv=None) -> int:
     print(f"best: trial {best['trial']}, {space['metric']} {best['value']:.4f}: "
           f"{' '.join(overrides(best['values']))}; config in {sweep.directory / 'best.yaml'}")
     return 0
-
-
-def importlib_missing(name: str) -> bool:
-    import importlib.util
-    return importlib.util.find_spec(name) is None
 
 
 if __name__ == "__main__":
