@@ -53,6 +53,20 @@ def test_this_machine_gets_the_full_report_and_exit_0(capsys):
     assert rows["precision auto"].split()[0] in ("float32", "mixed_bfloat16", "mixed_float16")
     assert rows["NCCL"].startswith("no")                 # no GPU on this machine
     assert rows["cluster"].startswith("none")
+    # the test extras install every optional extra
+    assert rows["extra [onnx]"] == ", ".join(f"{d} {doctor.installed_version(d)}"
+                                             for d in ("tf2onnx", "onnxruntime", "onnx"))
+    assert rows["extra [sweep]"] == f"optuna {doctor.installed_version('optuna')}"
+
+
+def test_a_missing_extra_says_how_to_install_it(monkeypatch):
+    real = doctor.installed_version
+    monkeypatch.setattr(doctor, "installed_version",
+                        lambda d: None if d in ("onnxruntime", "mlflow", "mlflow-skinny") else real(d))
+    rows = dict(doctor.extras())
+    assert rows["extra [onnx]"] == 'not installed: pip install -e ".[onnx]"'
+    assert rows["extra [mlflow]"] == 'not installed: pip install -e ".[mlflow]"'
+    assert rows["extra [sweep]"].startswith("optuna ")
 
 
 def test_cluster_kinds_are_recognised():

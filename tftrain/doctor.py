@@ -3,7 +3,7 @@
     python -m tftrain.doctor
 
 prints the TensorFlow, tf_keras, Keras, tfmot and LiteRT versions and whether they work
-together, the devices (GPU compute capabilities), what `precision.policy: auto` picks,
+together, the optional extras installed (onnx, mlflow, sweep, profile), the devices (GPU compute capabilities), what `precision.policy: auto` picks,
 whether NCCL can reduce gradients, and the cluster this process belongs to (TF_CONFIG,
 SLURM, Kubeflow). Exit 0 when a run can work, 1 with the fix for each problem when it
 cannot. `tftrain.run` checks the cheap part (`stack_problems`: versions only, no
@@ -17,6 +17,12 @@ import sys
 
 PACKAGES = {"TensorFlow": "tensorflow", "tf_keras": "tf_keras", "Keras": "keras",
             "tfmot": "tensorflow-model-optimization", "LiteRT": "ai-edge-litert"}
+
+
+# optional extras: each needs one distribution of every group
+EXTRAS = {"onnx": (("tf2onnx",), ("onnxruntime", "onnxruntime-gpu"), ("onnx",)),
+          "mlflow": (("mlflow", "mlflow-skinny"),), "sweep": (("optuna",),),
+          "profile": (("xprof", "tensorboard-plugin-profile"),)}
 
 
 class StackError(RuntimeError):
@@ -33,6 +39,17 @@ def installed_version(distribution: str) -> str | None:
 def versions() -> dict[str, str | None]:
     """Installed version of each package of the stack, None when missing."""
     return {name: installed_version(dist) for name, dist in PACKAGES.items()}
+
+
+def extras() -> list[tuple[str, str]]:
+    """A report row per optional extra: its packages' versions, or how to install it."""
+    rows = []
+    for extra, groups in EXTRAS.items():
+        found = [next(((d, v) for d in group if (v := installed_version(d))), None)
+                 for group in groups]
+        rows.append((f"extra [{extra}]", ", ".join(f"{d} {v}" for d, v in found) if all(found)
+                     else f'not installed: pip install -e ".[{extra}]"'))
+    return rows
 
 
 def _minor(version: str) -> tuple[int, int]:
@@ -163,6 +180,7 @@ def report(env=None) -> tuple[list[tuple[str, str]], list[str]]:
     if not problems:
         problems += import_problems()
     rows.append(("stack", "coherent" if not problems else "INCOHERENT"))
+    rows += extras()
     if not problems:
         rows += [("devices", line) for line in devices()]
         rows += [("precision auto", precision_choice()), ("NCCL", nccl())]
