@@ -118,3 +118,17 @@ def test_an_interrupted_sweep_resumes_without_rerunning_finished_trials(tmp_path
 def first_run(directory) -> str:
     row = _state(directory)[0]
     return sweep._trial_name({"train.optimizer.learning_rate": float(row["train.optimizer.learning_rate"])})
+
+
+@pytest.mark.slow
+def test_trials_of_two_workers_run_through_the_launcher(tmp_path):
+    space = write_space(tmp_path, "pruner: none\nparams:\n"
+                                  "  train.optimizer.learning_rate: {low: 0.001, high: 0.01, log: true}\n")
+    args = [QUICKSTART, "--space", str(space), "--trials", "1", "--workers", "2", "--dir", str(tmp_path),
+            *[a for s in [*TINY, "train.epochs=1", "distribute.strategy=auto"] for a in ("--set", s)]]
+    assert sweep.main(args) == 0
+    rows = _state(tmp_path / "space")
+    assert [r["state"] for r in rows] == ["complete"] and float(rows[0]["val_accuracy"]) > 0.2
+    log = next((tmp_path / "space").glob("trial-*.log")).read_text()
+    assert "[worker 0] strategy: multi_worker   replicas: 2   workers: 2" in log
+    assert "[worker 1]" in log
