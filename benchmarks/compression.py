@@ -39,9 +39,8 @@ MODELS = {
 STAGES = {
     "float32": ["compression.pruning.enabled=false", "compression.quantization.enabled=false",
                 "export.tflite=float", "export.saved_model_int8=true", "export.onnx=true"],
-    "pruned 80%": ["compression.quantization.enabled=false", "export.tflite=float",
-                   "export.onnx=false"],
-    "pruned + PQAT, int8": ["export.saved_model_int8=true"],
+    "pruned 80%": ["compression.quantization.enabled=false", "export.tflite=float"],
+    "pruned + PQAT, int8": ["export.saved_model_int8=true", "export.onnx=true"],
 }
 
 

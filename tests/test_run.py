@@ -442,7 +442,7 @@ COMPRESS = ROOT / "configs" / "compress.yaml"
 def compress_run(tmp_path_factory):
     from tftrain.config import load_config
     out = tmp_path_factory.mktemp("compress")
-    summary = run(load_config(COMPRESS, [f"run.dir={out}", "train.verbose=0"]))
+    summary = run(load_config(COMPRESS, [f"run.dir={out}", "train.verbose=0", "export.onnx=true"]))
     return out / "compress", summary
 
 
