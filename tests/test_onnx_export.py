@@ -17,10 +17,11 @@ from tftrain.train_step import TrainModel
 
 @pytest.fixture(scope="module")
 def cnn():
+    tf.keras.utils.set_random_seed(0)
     source = load_source(load_config().data, 0)
     model = TrainModel.wrap(MODELS.get("cnn")(source.spec, filters=[8, 16], dense=[32]))
     model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    model.fit(source.calibration(source.num_train).batch(64), epochs=3, verbose=0)
+    model.fit(source.calibration(source.num_train).batch(32), epochs=10, verbose=0)
     return model, source
 
 
@@ -47,7 +48,8 @@ def test_int8_onnx_equals_the_int8_tflite_model_and_runs_int8_kernels(tmp_path, 
     report = export_all(model, cfg, tmp_path, source)
     entry, lite = report["onnx_int8"], report["tflite_int8"]
     assert entry["max_abs_diff_vs_tflite_int8"] <= 1e-5
-    assert entry["accuracy"] == lite["accuracy"] and entry["verified"]
+    assert report["onnx"]["accuracy"] > 0.9                 # a trained model, not noise
+    assert entry["accuracy"] == lite["accuracy"] and entry["verified"] and lite["verified"]
     # both convolutions and both dense layers (MatMul + bias) run as int8 kernels
     assert entry["int8_kernels"] == {"QLinearConv": 2, "QGemm": 2}
     assert report["onnx"]["max_abs_diff_vs_saved_model"] < 1e-4       # and the float one
@@ -82,3 +84,19 @@ def test_quantizing_before_an_activation_changes_no_value():
                      for r in (False, True))
     np.testing.assert_array_equal(before, after)
     assert before.min() == 0.0 and before.max() == pytest.approx(0.05 * 130)
+
+
+def test_a_mixed_precision_model_exports_a_float32_onnx_model():
+    from tftrain import precision
+    from tftrain.export import inference_model
+    precision.apply_policy("mixed_bfloat16")
+    source = load_source(load_config().data, 0)
+    model = precision.float32_outputs(MODELS.get("cnn")(source.spec, filters=[4], dense=[8]))
+    plain = inference_model(model)                 # float32 copies (tensorflow#45441)
+    proto = onnx.load_from_string(onnx_export.float_onnx(plain))
+    assert proto.graph.input[0].type.tensor_type.elem_type == TensorProto.FLOAT
+    assert proto.graph.output[0].type.tensor_type.elem_type == TensorProto.FLOAT
+    assert not {"Cast"} & {n.op_type for n in proto.graph.node}    # no bfloat16 inside
+    x = np.random.default_rng(2).random((4, 8, 8, 1), np.float32)
+    sess = onnx_export.session(proto.SerializeToString())
+    np.testing.assert_allclose(onnx_export.logits(sess, x), plain.predict(x, verbose=0), atol=1e-5)
