@@ -166,8 +166,8 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None) 
     loaded = tf.saved_model.load(str(saved)).signatures["serving_default"]
     raw = x_val if serving is None else serving.validation
     logits = loaded(inputs=tf.constant(raw))["logits"].numpy()
+    saved_logits = logits
     report["saved_model"] = {**_sizes(_dir_bytes(saved)), "accuracy": _accuracy(logits, y_val),
-                             "logits": logits,
                              "max_abs_logit_diff": float(np.max(np.abs(logits - reference))),
                              "latency_ms": _signature_latency(loaded, raw) * 1e3,
                              "input": _input_kind(plain, serving)}
@@ -197,9 +197,7 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None) 
             "max_abs_logit_diff": float(np.max(np.abs(logits - reference))),
             "latency_ms": latency * 1e3, "input": _input_kind(plain, None)}
     if cfg.onnx:
-        report.update(_onnx(plain, out, x_val, y_val, reference, int8, qat,
-                            saved_model_logits=report["saved_model"]["logits"]))
-    del report["saved_model"]["logits"]
+        report.update(_onnx(plain, out, x_val, y_val, reference, int8, qat, saved_logits))
     if not cfg.saved_model:   # it was only the conversion's source
         shutil.rmtree(saved)
         del report["saved_model"]
