@@ -15,6 +15,16 @@ from tftrain.tracking import EpochMetrics, flat_params
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 
 
+def test_a_sqlite_store_keeps_artifacts_beside_its_database(tmp_path):
+    from tftrain.config import load_config
+    from tftrain.tracking import artifact_location
+    mlflow = lambda **kw: load_config(None, [f"tracking.mlflow={kw}"]).tracking.mlflow  # noqa: E731
+    assert artifact_location(mlflow(uri=f"sqlite:///{tmp_path}/m.db")) == \
+        (tmp_path / "mlartifacts").as_uri()
+    assert artifact_location(mlflow(uri="http://host:5000")) is None
+    assert artifact_location(mlflow(uri="http://h", artifact_location="s3://b/x")) == "s3://b/x"
+
+
 def test_config_flattens_to_string_params():
     assert flat_params({"run": {"name": "q", "seed": 3}, "train": {"optimizer": {"lr": 0.1}},
                         "data": {"augment": [{"flip": True}], "params": {}}, "x": None}) == {
@@ -91,6 +101,8 @@ def test_a_killed_and_resumed_run_is_one_mlflow_run_with_each_epoch_once(tmp_pat
     assert metrics["export/saved_model/accuracy"] == summary["artifacts"]["saved_model"]["accuracy"]
     params = runs[0].data.params
     assert params["train.epochs"] == "6" and params["tracking.mlflow.experiment"] == "resumed"
+    assert runs[0].info.artifact_uri.startswith((tmp_path / "mlartifacts").as_uri())
+    assert (tmp_path / "mlartifacts" / run_id / "artifacts" / "summary.json").is_file()
     artifacts = {a.path for a in client.list_artifacts(run_id)}
     assert artifacts == {"config.yaml", "summary.json", "export"}
     assert {a.path for a in client.list_artifacts(run_id, "export")} == {"export/saved_model"}

@@ -335,6 +335,9 @@ class ExportConfig(Strict):
 class MlflowConfig(Strict):
     uri: str = Field(..., min_length=1)  # tracking URI: sqlite:///mlflow.db, http://host:5000
     experiment: str = Field("tftrain", min_length=1)
+    # where a new experiment keeps its artifacts; null: the server's choice, or for a
+    # sqlite:///PATH store, mlartifacts/ beside the database (not the working directory)
+    artifact_location: Optional[str] = None
 
 
 class TrackingConfig(Strict):

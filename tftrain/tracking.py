@@ -48,7 +48,8 @@ class MlflowTracker(Tracker):
         else:
             experiment = self.client.get_experiment_by_name(cfg.tracking.mlflow.experiment)
             experiment_id = (experiment.experiment_id if experiment else
-                             self.client.create_experiment(cfg.tracking.mlflow.experiment))
+                             self.client.create_experiment(cfg.tracking.mlflow.experiment,
+                                                           artifact_location(cfg.tracking.mlflow)))
             run = self.client.create_run(experiment_id, run_name=cfg.run.name,
                                          tags={"tftrain.run_dir": str(run_path.resolve())})
             self.run_id = run.info.run_id
@@ -127,6 +128,14 @@ def flat_params(config: dict, prefix: str = "") -> dict[str, str]:
         else:
             flat[f"{prefix}{key}"] = json.dumps(value) if not isinstance(value, str) else value
     return flat
+
+
+def artifact_location(mlflow_cfg) -> str | None:
+    """`artifact_location`, else for a local SQLite store `mlartifacts/` beside the
+    database (MLflow's own default there is ./mlruns in the working directory)."""
+    if mlflow_cfg.artifact_location or not mlflow_cfg.uri.startswith("sqlite:///"):
+        return mlflow_cfg.artifact_location
+    return (Path(mlflow_cfg.uri[len("sqlite:///"):]).resolve().parent / "mlartifacts").as_uri()
 
 
 def open_tracker(cfg, run_path: Path, config_text: str, chief: bool) -> Tracker:
