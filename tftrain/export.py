@@ -189,15 +189,20 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None) 
         if serving is not None:
             shutil.rmtree(source_dir)
         int8 = blob if mode == "int8" else None
+    int8_logits = None
     if cfg.tflite != "none":
         (out / "model.tflite").write_bytes(blob)
         logits, latency = tflite_logits(blob, x_val)
+        int8_logits = logits if int8 is not None else None
         report[f"tflite_{cfg.tflite}"] = {
             **_sizes(blob), "accuracy": _accuracy(logits, y_val),
             "max_abs_logit_diff": float(np.max(np.abs(logits - reference))),
             "latency_ms": latency * 1e3, "input": _input_kind(plain, None)}
     if cfg.onnx:
-        report.update(_onnx(plain, out, x_val, y_val, reference, int8, qat, saved_logits))
+        if int8 is not None and int8_logits is None:   # a QAT model without a TFLite file
+            int8_logits = tflite_logits(int8, x_val)[0]
+        report.update(_onnx(plain, out, x_val, y_val, reference, int8, int8_logits, qat,
+                            saved_logits))
     if not cfg.saved_model:   # it was only the conversion's source
         shutil.rmtree(saved)
         del report["saved_model"]
@@ -226,8 +231,8 @@ def _int8_saved_model(model, path: Path, serving, raw, y_val, reference, qat: bo
             "int8_zero_fraction": float(np.mean(zeros)) if zeros else 0.0}
 
 
-def _onnx(plain, out: Path, x_val, y_val, reference, int8: bytes | None, qat: bool,
-          saved_model_logits) -> dict:
+def _onnx(plain, out: Path, x_val, y_val, reference, int8: bytes | None, int8_logits,
+          qat: bool, saved_model_logits) -> dict:
     """`model.onnx` (float32; not for a QAT model, whose float graph holds fake-quant
     ops) and, where there is an int8 TFLite model, `model_int8.onnx` (QDQ); each run with
     ONNX Runtime on the validation set."""
@@ -249,7 +254,7 @@ def _onnx(plain, out: Path, x_val, y_val, reference, int8: bytes | None, qat: bo
                          "input": _input_kind(plain, None)}
         if quantized:
             entries[name]["max_abs_diff_vs_tflite_int8"] = float(np.max(np.abs(
-                logits - tflite_logits(int8, x_val)[0])))
+                logits - int8_logits)))
             entries[name]["int8_kernels"] = onnx_export.int8_kernels(blob)
             entries[name]["session_config"] = dict(onnx_export.INT8_SESSION_CONFIG)
     return entries

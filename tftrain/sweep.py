@@ -126,17 +126,15 @@ class Sweep:
             values = {k: _suggest(trial, k, d) for k, d in self.space["params"].items()}
             try:
                 value = self._run_trial(trial, values)
+                self.study.tell(trial, value, state=TrialState.COMPLETE if value is not None
+                                else TrialState.FAIL)
             except optuna.TrialPruned:
                 self.study.tell(trial, state=TrialState.PRUNED)
                 print(f"trial {trial.number} pruned", flush=True)
-                continue
             except ConfigError:
                 self.study.tell(trial, state=TrialState.FAIL)
                 raise
-            self.study.tell(trial, value, state=TrialState.COMPLETE if value is not None
-                            else TrialState.FAIL)
-            self.write_table()
-        self.write_table()
+            self.write_table()                 # after every trial, however it ended
         return self.best()
 
     def ended(self) -> int:
@@ -156,10 +154,11 @@ class Sweep:
     def _run_trial(self, trial, values: dict):
         import optuna
 
-        run_path = self.directory / "runs" / _trial_name(values)
+        name = _trial_name(values)
+        run_path = self.directory / "runs" / name
         trial.set_user_attr("run", str(run_path))
         print(f"trial {trial.number}: {' '.join(overrides(values))}", flush=True)
-        log = open(self.directory / f"{_trial_name(values)}.log", "a")
+        log = open(self.directory / f"{name}.log", "a")
         proc = subprocess.Popen(self.command(values), stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, preexec_fn=_stop_with_parent)
         reported = -1
@@ -216,7 +215,7 @@ class Sweep:
         return {k: d["choices"][trial.params[k]] if "choices" in d else trial.params[k]
                 for k, d in self.space["params"].items()}
 
-    def write_table(self) -> str:
+    def write_table(self) -> None:
         keys = list(self.space["params"])
         rows = []
         for t in self.study.trials:
@@ -236,7 +235,6 @@ class Sweep:
                                         "seconds"])
             writer.writeheader()
             writer.writerows(rows)
-        return (self.directory / "trials.csv").read_text()
 
 
 def _stop_with_parent() -> None:
@@ -288,7 +286,7 @@ def main(argv=None) -> int:
         for problem in err.problems:
             print(f"tftrain: config error: {problem}", file=sys.stderr)
         return EXIT_CONFIG
-    print(sweep.write_table())
+    print((sweep.directory / "trials.csv").read_text())
     print(f"best: trial {best['trial']}, {space['metric']} {best['value']:.4f}: "
           f"{' '.join(overrides(best['values']))}; config in {sweep.directory / 'best.yaml'}")
     return 0
