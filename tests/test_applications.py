@@ -12,7 +12,7 @@ from tftrain.models import build_model
 from tftrain.models.applications import Preprocess
 from tftrain.run import main
 
-from conftest import ROOT, model_weights, quick_config
+from helpers import ROOT, model_weights, quick_config
 
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 DIGITS_32 = "data.params={image_size: 32, channels: 3}"
@@ -67,13 +67,15 @@ def test_bad_applications_exit_2(tmp_path, capsys, sets, pattern):
     assert "Traceback" not in err and not runs.exists()
 
 
+@pytest.mark.slow
 def test_frozen_phase_keeps_the_backbone_then_fine_tuning_trains_it(tmp_path, backbone_file):
     from tftrain.run import run
     path, saved = backbone_file
     summary = run(quick_config(
         tmp_path, "run.name=ft", DIGITS_32, "distribute.strategy=default",
         f"model={{name: 'keras_applications:MobileNetV2', params: {{weights: {path}, alpha: 0.35}}}}",
-        "train.freeze={epochs: 1, learning_rate: 0.01}", "train.epochs=3"))
+        "train.freeze={epochs: 1, learning_rate: 0.01}", "train.epochs=2",
+        "export.tflite=none", "export.saved_model=false"))
     assert list(summary["stages"]) == ["frozen", "train"]
     assert summary["steps"] == summary["stages"]["train"]["updates"]
     frozen = model_weights(tmp_path / "ft", "frozen")

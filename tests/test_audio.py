@@ -12,7 +12,7 @@ from tftrain.data.audio import fit_length, group_split, resample
 from tftrain.data.augment import build
 from tftrain.run import main
 
-from conftest import ROOT
+from helpers import ROOT
 
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 TONES = {"hi": 1000.0, "lo": 440.0}

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import fit, tiny
+from helpers import fit, tiny
 from tftrain._keras import keras
 from tftrain.callbacks import Checkpointer, NonFiniteLoss, ResumePoint
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 from tftrain.cluster import (Task, current_task, expand_hostlist, expand_tasks_per_node,
                              slurm_task, tf_config_task)
 from tftrain.config import ConfigError

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import ROOT, model_weights
+from helpers import ROOT, model_weights, shared_run
 from tftrain._keras import keras
 from tftrain.data import InputSpec
 from tftrain.models import MODELS
@@ -103,13 +103,14 @@ def _args(run_dir, *sets):
 
 @pytest.fixture(scope="module")
 def distilled(tmp_path_factory):
-    out = tmp_path_factory.mktemp("distilled")
-    assert main(_args(out)) == 0
-    from tensorflow.python.framework import config as tf_config
-    assert not tf_config.is_op_determinism_enabled()     # run.deterministic ends with the run
-    return out / "quickstart"
+    def build(out):
+        assert main(_args(out)) == 0
+        from tensorflow.python.framework import config as tf_config
+        assert not tf_config.is_op_determinism_enabled()   # run.deterministic ends with the run
+    return shared_run(tmp_path_factory, "distilled", build)[0] / "quickstart"
 
 
+@pytest.mark.slow
 def test_the_student_is_trained_from_the_teacher_and_exported(distilled):
     summary = json.loads((distilled / "summary.json").read_text())
     assert list(summary["stages"]) == ["train", "distill"]
@@ -125,6 +126,7 @@ def test_the_student_is_trained_from_the_teacher_and_exported(distilled):
     assert (distilled / "metrics-distill.csv").exists()
 
 
+@pytest.mark.slow
 def test_sigterm_in_distillation_resumes_to_the_same_student(tmp_path, capsys, monkeypatch,
                                                              distilled):
     import os
@@ -150,6 +152,7 @@ def test_sigterm_in_distillation_resumes_to_the_same_student(tmp_path, capsys, m
         np.testing.assert_allclose(ours[name], reference[name], rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_saved_model_teacher_replaces_training_and_pruning_follows(distilled, tmp_path):
     teacher = distilled / "export" / "saved_model"
     args = _args(tmp_path, f"compression.distillation.teacher={teacher}",
@@ -182,12 +185,13 @@ def test_bad_distillation_config_exits_2(tmp_path, capsys, sets, pattern):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy,accumulation", [("mixed_float16", 2), ("mixed_bfloat16", 1)])
 def test_distillation_under_mixed_precision_and_accumulation(tmp_path, policy, accumulation):
     sets = ["train.epochs=1", "train.verbose=0", "export.tflite=none", "export.saved_model=false",
             f"precision.policy={policy}", f"train.accumulation_steps={accumulation}",
             "data.per_replica_batch_size=16",
-            "compression.distillation={enabled: true, epochs: 2, temperature: 2, alpha: 0.5, "
+            "compression.distillation={enabled: true, epochs: 1, temperature: 2, alpha: 0.5, "
             "student: {name: cnn, params: {filters: [16, 32], dense: [32]}}}"]
     args = [str(QUICKSTART), "--run-dir", str(tmp_path), *[a for s in sets for a in ("--set", s)]]
     before = keras.mixed_precision.global_policy().name
@@ -197,5 +201,5 @@ def test_distillation_under_mixed_precision_and_accumulation(tmp_path, policy, a
     assert summary["precision"] == policy and summary["accumulation_steps"] == accumulation
     assert summary["all_reduce"]["loss_scaled"] is (policy == "mixed_float16")
     distill = summary["stages"]["distill"]
-    assert distill["updates"] == 2 * summary["steps_per_epoch"]
+    assert distill["updates"] == summary["steps_per_epoch"]
     assert np.isfinite(distill["metrics"]["val_loss"]) and distill["metrics"]["val_accuracy"] > 0.3

@@ -84,7 +84,7 @@ def test_cluster_kinds_are_recognised():
 
 
 def test_run_refuses_an_incoherent_stack_with_the_fix(monkeypatch, capsys, tmp_path):
-    from conftest import ROOT
+    from helpers import ROOT
     from tftrain.run import main
     monkeypatch.setattr(doctor, "installed_version",
                         lambda dist: None if dist == "tensorflow-model-optimization" else "2.21.0")

@@ -4,7 +4,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from conftest import fit, tiny
+from helpers import fit, tiny
 from tftrain._keras import keras
 from tftrain.epoch_logs import ExecutionSizer, GlobalMetrics, LearningRateLogger, Throughput
 from tftrain.train_step import TrainModel, build_loss

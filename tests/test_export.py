@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import saved_model_cli_show_and_run
+from helpers import saved_model_cli_show_and_run
 
 from tftrain import precision
 from tftrain.config import load_config
@@ -55,9 +55,10 @@ def test_verification_has_teeth():
     assert within["tflite_int8"]["verified"]                      # exactly one point: allowed
 
 
+@pytest.mark.slow
 def test_a_failed_export_check_exits_1_and_marks_the_artifact(tmp_path, capsys):
     import json
-    from conftest import ROOT
+    from helpers import ROOT
     from tftrain.run import main
     code = main([str(ROOT / "configs" / "quickstart.yaml"), "--run-dir", str(tmp_path),
                  "--set", "train.epochs=1", "--set", "train.verbose=0",
@@ -86,6 +87,7 @@ def test_mixed_precision_model_exports_float32(tmp_path, policy):
     np.testing.assert_allclose(logits, out["logits"].numpy(), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_saved_model_cli_show_and_run(tmp_path, trained):
     model, _ = trained
     path = save_saved_model(model, tmp_path / "sm")

@@ -4,7 +4,7 @@ the extra (exit 2, nothing written)."""
 import importlib.util
 
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 
 from tftrain import extras, run
 from tftrain.config import ConfigError, load_config

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, cli
+from helpers import ROOT, cli
 
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 

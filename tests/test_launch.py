@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT, model_weights, quick_config, wait_for_checkpoint
+from helpers import ROOT, model_weights, quick_config, shared_run, wait_for_checkpoint
 from tftrain.launch import _wait, cpu_sets, free_ports, gpu_sets, local_gpus, worker_env
 from tftrain.run import run
 
@@ -80,20 +80,25 @@ def test_wait_lets_preempted_workers_finish_and_stops_failed_ones():
 
 @pytest.fixture(scope="module")
 def two_workers(tmp_path_factory):
-    out_dir = tmp_path_factory.mktemp("two-workers")
-    before = scratch_dirs()
-    code, out = finish(launch(out_dir, f"tracking.mlflow={{uri: 'sqlite:///{out_dir}/mlflow.db', "
-                                       "experiment: launch}"))
-    assert code == 0, out[-3000:]
-    assert scratch_dirs() == before           # non-chief scratch checkpoints cleaned up
+    def build(out_dir):
+        code, out = finish(launch(out_dir, f"tracking.mlflow={{uri: 'sqlite:///{out_dir}/mlflow.db', "
+                                           "experiment: launch}"))
+        assert code == 0, out[-3000:]
+        assert not scratch_dirs(out_dir / "quickstart")   # non-chief scratch checkpoints removed
+        return out
+    out_dir, out = shared_run(tmp_path_factory, "two-workers", build)
     return out_dir / "quickstart", out
 
 
-def scratch_dirs():
+def scratch_dirs(run_path):
+    """The non-chief workers' scratch checkpoint directories of a run that still exist."""
+    import hashlib
     import tempfile
-    return {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("tftrain-worker-")}
+    key = hashlib.sha256(str(run_path.resolve()).encode()).hexdigest()[:12]   # as scratch_dir names it
+    return [p for p in os.listdir(tempfile.gettempdir()) if p.startswith(f"tftrain-worker-{key}-")]
 
 
+@pytest.mark.slow
 def test_two_workers_agree_and_equal_one_worker_with_two_replicas(two_workers, tmp_path):
     path, out = two_workers
     summary = json.loads((path / "summary.json").read_text())
@@ -118,6 +123,7 @@ def test_data_workers_feed_the_same_batches(two_workers, tmp_path):
     assert digests(out) == digests(two_workers[1])        # bit-identical training
 
 
+@pytest.mark.slow
 def test_a_cluster_step_runs_only_the_gradient_all_reduce_and_checks_are_batched(two_workers):
     path, _ = two_workers
     summary = json.loads((path / "summary.json").read_text())
@@ -133,6 +139,7 @@ def test_a_cluster_step_runs_only_the_gradient_all_reduce_and_checks_are_batched
     assert host["checks"] <= host["calls"] + EPOCHS < summary["steps"]
 
 
+@pytest.mark.slow
 def test_only_the_chief_writes(two_workers):
     path, out = two_workers
     assert "export saved_model" in out and out.count("export saved_model") == 1
@@ -140,6 +147,7 @@ def test_only_the_chief_writes(two_workers):
     assert sorted(p.name for p in path.parent.iterdir()) == ["mlartifacts", "mlflow.db", "quickstart"]
 
 
+@pytest.mark.slow
 def test_a_two_worker_launch_logs_one_mlflow_run(two_workers):
     from mlflow.tracking import MlflowClient
     path, _ = two_workers
@@ -157,26 +165,36 @@ def _children(pid):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["sigkill-worker", "sigterm-launcher", "sigterm-one-worker"])
-def test_interrupted_run_relaunches_to_the_same_weights(two_workers, tmp_path, how):
-    proc = launch(tmp_path)
-    saved = wait_for_checkpoint(tmp_path / "quickstart" / "checkpoints", proc)
-    if how == "sigkill-worker":
-        os.kill(_children(proc.pid)[1], signal.SIGKILL)          # worker 1, mid-epoch
-        code, out = finish(proc)
-        assert code != 0
-    elif how == "sigterm-one-worker":                             # a scheduler evicts one task
-        os.kill(_children(proc.pid)[1], signal.SIGTERM)
-        code, out = finish(proc)
-        assert code == 42, out[-3000:]
-        assert "[worker 1] tftrain: stopped by SIGTERM" in out
-        assert "[worker 0] tftrain: stopped by a signal to another worker" in out
-    else:
-        proc.send_signal(signal.SIGTERM)                          # forwarded to both workers
-        code, out = finish(proc)
-        assert code == 42, out[-3000:]
-        assert out.count("stopped by SIGTERM") == 2
-    assert saved < PLANNED and not (tmp_path / "quickstart" / "summary.json").exists()
+def test_interrupted_run_relaunches_to_the_same_weights(two_workers, tmp_path):
+    """One 2-worker run interrupted three ways in turn, relaunched after each: worker 1
+    SIGKILLed mid-epoch; worker 1 alone sent SIGTERM (a scheduler evicting one task: both
+    stop with exit 42); the launcher sent SIGTERM (forwarded to both). The last relaunch
+    ends with the weights of the run never interrupted."""
+    checkpoints = tmp_path / "quickstart" / "checkpoints"
+    last = 0
+    for how, at_least in (("sigkill-worker", 20), ("sigterm-one-worker", 40),
+                          ("sigterm-launcher", 60)):
+        proc = launch(tmp_path)
+        saved = wait_for_checkpoint(checkpoints, proc, at_least=at_least)
+        if how == "sigkill-worker":
+            os.kill(_children(proc.pid)[1], signal.SIGKILL)          # worker 1, mid-epoch
+            code, out = finish(proc)
+            assert code != 0
+        elif how == "sigterm-one-worker":
+            os.kill(_children(proc.pid)[1], signal.SIGTERM)
+            code, out = finish(proc)
+            assert code == 42, out[-3000:]
+            assert "[worker 1] tftrain: stopped by SIGTERM" in out
+            assert "[worker 0] tftrain: stopped by a signal to another worker" in out
+        else:
+            proc.send_signal(signal.SIGTERM)                          # forwarded to both workers
+            code, out = finish(proc)
+            assert code == 42, out[-3000:]
+            assert out.count("stopped by SIGTERM") == 2
+        if last:
+            assert "resuming from" in out
+        assert last < saved < PLANNED and not (tmp_path / "quickstart" / "summary.json").exists()
+        last = saved
     code, out = finish(launch(tmp_path))
     assert code == 0, out[-3000:]
     assert "resuming from" in out
@@ -236,6 +254,7 @@ def write_shards(directory, examples):
     return f"{directory}/part-*.tfrecord"
 
 
+@pytest.mark.slow
 def test_two_workers_read_disjoint_tfrecord_files_each_example_once_per_epoch(tmp_path):
     from tftrain.launch import free_ports
     pattern = write_shards(tmp_path / "ids", [((k + 1, k % 4), k % 3) for k in range(103)])

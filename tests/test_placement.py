@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import ROOT, VIRTUAL_CPUS, quick_config
+from helpers import ROOT, VIRTUAL_CPUS, quick_config
 from tftrain import placement, precision
 from tftrain._keras import keras
 from tftrain.config import ConfigError, load_config
@@ -97,6 +97,7 @@ def test_placed_on_two_devices_equals_unplaced(name):
     check(equivalence(name, VIRTUAL_CPUS))
 
 
+@pytest.mark.slow
 def test_placed_on_four_devices_equals_unplaced():
     # four logical devices need a fresh process (devices are configured once per process)
     proc = subprocess.run([sys.executable, __file__, "4"], cwd=ROOT, capture_output=True,
@@ -168,6 +169,7 @@ def test_stage_rules():
                                                                    "logits"]])
 
 
+@pytest.mark.slow
 def test_placed_quickstart_trains_like_data_parallel(tmp_path):
     from tftrain.run import run
     common = ["train.epochs=6", "export.tflite=none", "export.saved_model=false"]
@@ -187,6 +189,7 @@ def test_placed_quickstart_trains_like_data_parallel(tmp_path):
     assert abs(placed["metrics"]["val_accuracy"] - mirrored["metrics"]["val_accuracy"]) <= 0.015
 
 
+@pytest.mark.slow
 def test_placed_with_bfloat16_and_accumulation_trains(tmp_path):
     from tftrain.run import run
     summary = run(quick_config(tmp_path, "train.epochs=4", "export.tflite=none", "run.name=bf16",
@@ -313,6 +316,7 @@ def test_a_placement_that_matches_nothing_fails_loudly():
         placement.build_placed(renamed, layout)
 
 
+@pytest.mark.slow
 def test_placed_step_on_four_devices():
     proc = subprocess.run([sys.executable, __file__, "4", "step"], cwd=ROOT, capture_output=True,
                           text=True, timeout=300, env={"PYTHONPATH": str(ROOT), "PATH": ""})

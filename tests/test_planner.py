@@ -1,7 +1,7 @@
 """The planner: memory estimates, data vs model parallel, batch choice, impossible plans."""
 import pytest
 
-from conftest import ROOT, cli
+from helpers import ROOT, cli
 from tftrain import placement, planner
 from tftrain.config import ConfigError, load_config
 from tftrain.data import InputSpec
@@ -88,6 +88,7 @@ def test_matmul_peak_is_measured():
     assert planner.matmul_peak_flops(n=256, repeats=2) > 1e8
 
 
+@pytest.mark.slow
 def test_auto_chooses_model_parallel_when_memory_is_short(tmp_path):
     args = [ROOT / "configs" / "quickstart.yaml", "--run-dir", tmp_path, "--dry-run",
             "--set", "distribute.strategy=auto"]

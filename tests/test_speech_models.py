@@ -14,7 +14,7 @@ from tftrain.export import tflite_logits, tflite_weights
 from tftrain.models import MODELS
 from tftrain.models.audio import AudioFeatures
 
-from conftest import ROOT, quick_config
+from helpers import ROOT, quick_config
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +48,7 @@ def test_speech_models_refuse_inputs_that_are_not_waveforms():
         MODELS.get("ds_cnn")(InputSpec((8, 8, 1), "float32", 10))
 
 
+@pytest.mark.slow
 def test_conv1d_model_goes_through_pqat_with_sparsity_in_the_int8_file(tmp_path, spoken_digits):
     from tftrain.run import run
     summary = run(quick_config(

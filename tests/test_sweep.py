@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 
 from tftrain import sweep
 from tftrain.config import ConfigError
@@ -54,6 +54,7 @@ def test_a_key_the_config_refuses_exits_2_before_any_trial(tmp_path, capsys):
         f"{QUICKSTART}: train.optimiser: unknown key; did you mean optimizer?\n")
 
 
+@pytest.mark.slow
 def test_a_trial_far_below_the_median_is_pruned_and_the_best_config_written(tmp_path, capsys):
     space = write_space(tmp_path, "pruner: {warmup_epochs: 1, startup_trials: 1}\nparams:\n"
                                   "  train.optimizer.learning_rate: {low: 1.0e-7, high: 0.01, log: true}\n")

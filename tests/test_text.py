@@ -14,9 +14,8 @@ from tftrain.data import load_source
 from tftrain.data.text import split
 from tftrain.run import main
 
-from conftest import ROOT, quick_config
+from helpers import QUICKSTART, ROOT, quick_config, saved_model_cli
 
-QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 WORDS = {"space": "rocket orbit planet star moon launch", "food": "bread cheese soup apple cook bake"}
 
 
@@ -86,6 +85,7 @@ def test_bad_text_exits_2_naming_the_file_or_key(tmp_path, capsys, case, pattern
     assert "Traceback" not in err and not runs.exists()
 
 
+@pytest.mark.slow
 def test_text_run_exports_a_saved_model_that_answers_raw_strings(tmp_path):
     from tftrain.run import run
     data = tmp_path / "fortunes"
@@ -102,10 +102,9 @@ def test_text_run_exports_a_saved_model_that_answers_raw_strings(tmp_path):
     export = tmp_path / "text" / "export"
     assert (export / "vocabulary.txt").read_text().splitlines()[:2] == ["", "[UNK]"]
     texts = ["Lawyers and judges argue a case in court.", "The compiler crashed the kernel again."]
-    out = subprocess.run(["saved_model_cli", "run", "--dir", str(export / "saved_model"), "--tag_set",
-                          "serve", "--signature_def", "serving_default", "--input_exprs",
-                          f"inputs={json.dumps(texts)}"], capture_output=True, text=True, timeout=300,
-                         env={"PATH": str(ROOT / ".venv" / "bin") + ":/usr/bin:/bin", "HOME": str(tmp_path)})
+    out = saved_model_cli("run", "--dir", export / "saved_model", "--tag_set", "serve",
+                          "--signature_def", "serving_default", "--input_exprs",
+                          f"inputs={json.dumps(texts)}")
     assert out.returncode == 0, out.stderr[-2000:]
     printed = re.search(r"Result for output key logits:\s*(\[\[.*?\]\])", out.stdout, re.S).group(1)
     logits = np.array(json.loads(re.sub(r"\s+", ",", printed.replace("[ ", "[")).replace(",]", "]")

@@ -7,7 +7,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from conftest import ROOT, cli, wait_for_checkpoint
+from helpers import ROOT, cli, wait_for_checkpoint
 from mlflow.tracking import MlflowClient
 
 from tftrain.tracking import EpochMetrics, flat_params

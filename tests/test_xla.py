@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import quick_config
+from helpers import quick_config
 from tftrain import xla
 from tftrain._keras import keras
 from tftrain.config import ConfigError

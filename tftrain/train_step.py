@@ -274,11 +274,17 @@ class TrainModel(keras.Model):
                                  parallel_iterations=1)
         return grads
 
-    def _build_metrics(self, y):
-        """Create the loss and metric variables now, outside the XLA-compiled part (no
-        variable can be created inside it); Keras otherwise creates them on first use."""
+    def build_metrics(self, y):
+        """Create the loss and metric variables now, for labels like `y` (a tensor or a
+        `tf.TensorSpec`), before the step is first traced: Keras creates them on first use,
+        which makes `tf.function` trace the train function twice (once creating them, once
+        without; 4 traces of the quickstart's step become 2, about 3 s less per stage), and
+        no variable can be created inside the XLA-compiled part. Call inside the strategy
+        scope."""
         if self.compiled_loss.built and self.compiled_metrics.built:
             return
+        if isinstance(y, tf.TensorSpec):
+            y = tf.zeros([1, *y.shape[1:]], y.dtype)
         shape = [1, *self.outputs[0].shape[1:]]
         y_pred = tf.zeros(shape, self.outputs[0].dtype)
         if not self.compiled_loss.built:
@@ -296,7 +302,7 @@ class TrainModel(keras.Model):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         self._run_hooks("before_update")
         if self.jit_compile_gradients:
-            self._build_metrics(y)
+            self.build_metrics(y)
             grads = self._compiled_gradients(x, y, sample_weight)
         else:
             grads = self._replica_gradients(x, y, sample_weight)

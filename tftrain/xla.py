@@ -95,7 +95,7 @@ def _measure(model, strategy, batch, rounds: int, calls: int) -> float:
     `batch`, with every variable they change put back afterwards."""
     x, y, weight = (*batch, None) if len(batch) == 2 else batch
     with strategy.scope():          # per-replica metric variables, as in training
-        model._build_metrics(y)
+        model.build_metrics(y)
     x, y = _on_replicas(strategy, x), _on_replicas(strategy, y)   # each on its device
     saved = _state(model)
     try:

@@ -150,6 +150,10 @@ class StageRunner:
         if cfg.train.on_nan == "rollback" and start == 0:
             manager.save(checkpoint_number=0)            # something to roll back to
         began = time.perf_counter()
+        labels = data.train_dataset(self.plan.source, self.plan.batches, cfg.data,
+                                    cfg.run.seed).element_spec[1]
+        with self.strat.scope():
+            model.build_metrics(labels)          # before the step is traced: traced once
         for attempt in range(cfg.train.nan_retries + 1):
             try:
                 fit(model, data.distribute(self.strat, self.plan.source, self.plan.batches,

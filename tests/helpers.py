@@ -1,0 +1,151 @@
+"""Helpers the test modules share (imported as `from helpers import ...`; fixtures live in
+`conftest.py`).
+
+`shared_run` builds a whole-pipeline run once per test session, however many pytest-xdist
+workers read it: the first worker to ask trains it under a file lock, the others wait for
+it and read the same directory.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+QUICKSTART = CONFIGS / "quickstart.yaml"
+COMPRESS = CONFIGS / "compress.yaml"
+VIRTUAL_CPUS = 2
+
+
+def sets(*overrides) -> list[str]:
+    """`--set` arguments for each override."""
+    return [a for s in overrides for a in ("--set", str(s))]
+
+
+def cli(*args, cwd=None, timeout=600, env=None):
+    """Run `python -m tftrain.run ...` in a fresh process."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "tftrain.run", *map(str, args)], cwd=cwd,
+                          env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def saved_model_cli(*args, timeout=300):
+    """TensorFlow's `saved_model_cli` in a fresh process of this interpreter (whatever
+    venv the tests run in)."""
+    tool = [sys.executable, "-m", "tensorflow.python.tools.saved_model_cli"]
+    return subprocess.run(tool + [str(a) for a in args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def saved_model_cli_show_and_run(path, x, tmp_path) -> None:
+    """`saved_model_cli show --all` and `run` on a SavedModel in a fresh process: both
+    succeed, the signature is `serving_default` and it returns `logits` for `x`."""
+    import numpy as np
+
+    show = saved_model_cli("show", "--all", "--dir", path)
+    assert show.returncode == 0 and "serving_default" in show.stdout and "logits" in show.stdout
+    np.save(tmp_path / "x.npy", x)
+    ran = saved_model_cli("run", "--dir", path, "--tag_set", "serve", "--signature_def",
+                          "serving_default", "--inputs", f"inputs={tmp_path / 'x.npy'}")
+    assert ran.returncode == 0 and "logits" in ran.stdout, ran.stderr[-2000:]
+
+
+def quick_config(tmp_path, *overrides):
+    """The quickstart config in a temporary run dir, with overrides."""
+    from tftrain.config import load_config
+    return load_config(QUICKSTART, [f"run.dir={tmp_path}", "train.verbose=0",
+                                    "train.jit_compile=false", *overrides])
+
+
+def model_weights(run_path, stage="train"):
+    """Model variables (and weight averages) of the newest checkpoint of a run's stage,
+    by name."""
+    import tensorflow as tf
+    reader = tf.train.load_checkpoint(str(Path(run_path) / "checkpoints" /
+                                          ("" if stage == "train" else stage)))
+    names = [n for n in reader.get_variable_to_shape_map()
+             if n.startswith(("model/", "average/")) and n.endswith("VARIABLE_VALUE")
+             and "OPTIMIZER" not in n]
+    return {n: reader.get_tensor(n) for n in names}
+
+
+def wait_for_checkpoint(path, proc, at_least=20, timeout=240):
+    """Poll until a checkpoint numbered >= `at_least` is saved in `path` (listed in the
+    directory's `checkpoint` state file, written once the save is complete); its number."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            state = (Path(path) / "checkpoint").read_text()
+        except OSError:
+            state = ""
+        numbers = [int(n) for n in re.findall(r'all_model_checkpoint_paths: "ckpt-(\d+)"', state)]
+        if numbers and max(numbers) >= at_least:
+            return max(numbers)
+        assert proc.poll() is None, "".join(o or "" for o in proc.communicate())[-3000:]
+        time.sleep(0.05)
+    raise AssertionError("no checkpoint written in time")
+
+
+def tiny():
+    """A one-layer regression model, compiled (for callback tests)."""
+    from tftrain._keras import keras
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    return model
+
+
+def fit(model, callbacks, epochs=2, steps=5, start=0):
+    """`model.fit` on constant data for `epochs` x `steps`, resumed at update `start`."""
+    import numpy as np
+    import tensorflow as tf
+    from tftrain.callbacks import ResumePoint
+    x, y = np.ones((10, 3), np.float32), np.zeros((10, 2), np.float32)
+    model._training_state = ResumePoint(start)
+    history = model.fit(tf.data.Dataset.from_tensors((x, y)).repeat(), epochs=epochs,
+                        steps_per_epoch=steps, callbacks=callbacks, verbose=0)
+    model._training_state = None
+    return history
+
+
+def summary_of(run_path) -> dict:
+    return json.loads((Path(run_path) / "summary.json").read_text())
+
+
+# --- runs shared by the whole session, across xdist workers --------------------------
+def session_root(tmp_path_factory) -> Path:
+    """A directory every worker of this test session sees (pytest-xdist gives each worker
+    its own base temp directory inside one shared parent)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def shared_run(tmp_path_factory, name: str, build):
+    """`build(directory)` once per session, whichever worker asks first; every caller gets
+    (directory, what build returned, JSON-serialisable). A failed build fails every test
+    that reads it, with the first failure's traceback, instead of training again."""
+    root = session_root(tmp_path_factory) / "shared"
+    root.mkdir(exist_ok=True)
+    directory, record = root / name, root / f"{name}.json"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)          # released when the file closes
+        try:
+            if not record.exists():
+                directory.mkdir(exist_ok=True)
+                try:
+                    result = {"ok": True, "value": build(directory)}
+                except Exception:
+                    result = {"ok": False, "value": traceback.format_exc()}
+                record.write_text(json.dumps(result))
+            result = json.loads(record.read_text())
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    if not result["ok"]:
+        raise AssertionError(f"shared run {name!r} failed:\n{result['value']}")
+    return directory, result["value"]
