@@ -149,3 +149,42 @@ def shared_run(tmp_path_factory, name: str, build):
     if not result["ok"]:
         raise AssertionError(f"shared run {name!r} failed:\n{result['value']}")
     return directory, result["value"]
+
+
+# --- an MLflow tracking server, for tests of tracking over HTTP -------------------------
+SERVE_MLFLOW = """
+import os, sys
+os.environ["_MLFLOW_SERVER_FILE_STORE"] = sys.argv[2]          # what `mlflow server` sets
+os.environ["_MLFLOW_SERVER_ARTIFACT_ROOT"] = sys.argv[3]
+os.environ["_MLFLOW_SERVER_SERVE_ARTIFACTS"] = "true"
+from mlflow.server import app
+app.run(host="127.0.0.1", port=int(sys.argv[1]))
+"""
+
+
+class MlflowServer:
+    """MLflow's tracking server (its Flask app) on a localhost port, backed by a sqlite
+    store in `root`: `with MlflowServer(port, root):` ... (the test extras install flask)."""
+
+    def __init__(self, port: int, root: Path):
+        self.port, self.root = port, Path(root)
+
+    def __enter__(self):
+        import socket
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", SERVE_MLFLOW, str(self.port), f"sqlite:///{self.root}/mlflow.db",
+             str(self.root / "artifacts")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            assert self.proc.poll() is None, "the MLflow server did not start"
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return f"http://127.0.0.1:{self.port}"
+            except OSError:
+                time.sleep(0.2)
+        raise AssertionError("the MLflow server did not listen in time")
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        self.proc.wait(timeout=30)

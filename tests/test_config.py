@@ -197,3 +197,88 @@ def test_every_shipped_config_validates():
     assert len(configs) >= 8
     for path in configs:
         load_config(path)
+
+
+SHORTHANDS = ["train: {checkpoint: {every: 2 epochs}}",
+              "train: {checkpoint: {every: 40%}}",
+              "compression: {pruning: {begin: '1 epochs', end: 0.5}}",
+              "train: {schedule: {name: multistep, milestones: ['2 epochs', 5]}}",
+              "train: {schedule: {name: cosine, warmup_steps: 1 epochs}}",
+              "data: {cache_budget: 1GB}",
+              "distribute: {device_memory: 16GB, gpu_memory_limit: 512MiB, pack_bytes: 4MiB}"]
+
+
+@pytest.mark.parametrize("text", SHORTHANDS)
+def test_the_json_schema_accepts_every_documented_shorthand(text):
+    import jsonschema
+
+    from tftrain.config_load import parse_yaml
+    data = parse_yaml(text)
+    validate(data)                                           # tftrain reads it ...
+    jsonschema.Draft202012Validator(json_schema()).validate(data)    # ... and editors agree
+
+
+def test_the_json_schema_still_refuses_what_tftrain_refuses():
+    import jsonschema
+
+    from tftrain.config_load import parse_yaml
+    checker = jsonschema.Draft202012Validator(json_schema())
+    for text in ["train: {checkpoint: {every: two epochs}}", "data: {cache_budget: lots}",
+                 "train: {checkpoint: {every: -3}}", "train: {epochs: many}"]:
+        assert list(checker.iter_errors(parse_yaml(text))), text
+        with pytest.raises(ConfigError):
+            validate(parse_yaml(text))
+
+
+def test_every_shipped_config_passes_the_json_schema():
+    import jsonschema
+
+    from tftrain.config_load import parse_yaml
+    from pathlib import Path
+    checker = jsonschema.Draft202012Validator(json_schema())
+    for path in sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml")):
+        assert not list(checker.iter_errors(parse_yaml(path.read_text()))), path
+
+
+def test_small_floats_in_overrides_and_files_are_numbers(tmp_path):
+    """`1e-05` (how json.dumps and a sweep write it) is a float, not the string YAML 1.1
+    makes of it: free-form params would otherwise pass it on as text."""
+    cfg = load_config(write(tmp_path, "train:\n  optimizer: {name: adam, params: {epsilon: 1e-07}}\n"),
+                      ["model.params={dropout: 5e-1, weight: 1E-05, count: 3}",
+                       "train.optimizer.learning_rate=3e-4"])
+    assert cfg.train.optimizer.params == {"epsilon": 1e-07}
+    assert cfg.model.params == {"dropout": 0.5, "weight": 1e-05, "count": 3}
+    assert isinstance(cfg.model.params["count"], int) and cfg.train.optimizer.learning_rate == 3e-4
+    from tftrain.sweep import overrides
+    again = load_config(None, overrides({"model.params.weight": 1e-05}))
+    assert again.model.params == {"weight": 1e-05}
+
+
+def test_an_alias_bomb_is_refused_in_under_a_second(tmp_path):
+    import time
+    lines = ["a: &a [x, x]"] + [f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]"
+                                for i in range(7)]
+    path = write(tmp_path, "\n".join(lines) + "\n")
+    assert len(path.read_bytes()) < 500
+    began = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"c\.yaml: its aliases \(\*name\) expand to more than "
+                                          r"10,000 values"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=r"--set model\.params: its aliases"):
+        load_config(None, ["model.params={a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1], b: &b [*a, *a, *a, "
+                           "*a, *a, *a, *a, *a, *a, *a], c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b],"
+                           " d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c], e: [*d, *d]}"])
+    assert time.perf_counter() - began < 1.0
+    # a few ordinary aliases still load
+    cfg = load_config(write(tmp_path, "model: {name: cnn, params: {filters: &f [8, 16]}}\n"
+                                      "compression: {distillation: {student: {name: cnn, params: "
+                                      "{filters: *f}}}}\n", "ok.yaml"))
+    assert cfg.compression.distillation.student.params == {"filters": [8, 16]}
+
+
+@pytest.mark.parametrize("name", [".", ".."])
+def test_a_run_name_of_dots_is_refused(name):
+    with pytest.raises(ConfigError, match=r"run\.name: must name a directory inside run\.dir, "
+                                          r"not '\.' or '\.\.'"):
+        load_config(None, [f"run.name={name}"])
+    assert load_config(None, ["run.name=v1.2..final"]).run.name == "v1.2..final"

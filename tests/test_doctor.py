@@ -51,7 +51,10 @@ def test_this_machine_gets_the_full_report_and_exit_0(capsys):
     assert rows["stack"] == "coherent"
     assert rows["TensorFlow"] == doctor.installed_version("tensorflow")
     assert rows["precision auto"].split()[0] in ("float32", "mixed_bfloat16", "mixed_float16")
-    assert rows["NCCL"].startswith("no")                 # no GPU on this machine
+    import tensorflow as tf
+    has_nccl = bool(tf.sysconfig.get_build_info().get("is_cuda_build")
+                    and tf.config.list_physical_devices("GPU"))
+    assert rows["NCCL"].startswith("yes" if has_nccl else "no"), rows["NCCL"]
     assert rows["cluster"].startswith("none")
     # the test extras install every optional extra
     assert rows["extra [onnx]"] == ", ".join(f"{d} {doctor.installed_version(d)}"

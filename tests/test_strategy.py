@@ -88,10 +88,34 @@ def test_auto_cross_device_ops_uses_nccl_on_gpus():
     assert isinstance(_cross_device_ops(dist(), ["/gpu:0", "/gpu:1"]), tf.distribute.NcclAllReduce)
 
 
-@pytest.mark.parametrize("name", ["auto", "ring", "nccl"])
+@pytest.mark.parametrize("name", ["ring", "nccl"])
 def test_communication_options(name):
     opts = communication_options(dist(f"distribute.communication={name}"))
     assert opts.implementation.name == name.upper()
+
+
+def test_auto_communication_is_nccl_on_gpus_and_reported_as_what_runs(monkeypatch):
+    """TensorFlow's AUTO is a hint its collective runtime resolves to RingReduce, GPUs or
+    not: tftrain decides `auto` itself, and reports NCCL only when NCCL runs."""
+    from types import SimpleNamespace
+
+    from tftrain.precision import all_reduce_plan, reduces_with_nccl
+    impl = tf.distribute.experimental.CommunicationImplementation
+    assert communication_options(dist()).implementation == impl.RING          # CPUs here
+    real = tf.config.list_physical_devices
+    monkeypatch.setattr(tf.config, "list_physical_devices",
+                        lambda kind=None: ["GPU:0"] if kind == "GPU" else real(kind))
+    assert communication_options(dist()).implementation == impl.NCCL
+
+    def strategy(implementation):
+        options = tf.distribute.experimental.CommunicationOptions(implementation=implementation)
+        ext = SimpleNamespace(_communication_options=options, worker_devices=("/job:worker/gpu:0",))
+        return SimpleNamespace(extended=ext, num_replicas_in_sync=4)
+    assert not reduces_with_nccl(strategy(impl.AUTO)) and not reduces_with_nccl(strategy(impl.RING))
+    assert reduces_with_nccl(strategy(impl.NCCL))
+    bf16 = dist("distribute.all_reduce_dtype=bfloat16")
+    assert all_reduce_plan(bf16, strategy(impl.RING), "mixed_bfloat16").dtype == "bfloat16"
+    assert all_reduce_plan(bf16, strategy(impl.NCCL), "mixed_bfloat16").dtype == "float16"
 
 
 @pytest.mark.parametrize("kind,replicas", [("one_device", 1), ("mirrored", 2), ("default", 1)])

@@ -32,32 +32,98 @@ def test_config_flattens_to_string_params():
         "data.augment": '[{"flip": true}]', "data.params": "{}", "x": "null"}
 
 
-class FakeTracker:
+class FakeClient:
+    """MlflowClient's calls the tracker makes, in memory; `down` makes every call fail as
+    an unreachable server does."""
+
     def __init__(self, logged=()):
-        self.logged, self.calls = set(logged), []
+        self.history = {"prune/loss": set(logged)}
+        self.calls, self.down, self.status = [], False, None
 
-    def logged_steps(self, key):
-        return self.logged if key == "prune/loss" else set()
+    def _check(self):
+        if self.down:
+            raise ConnectionError("Connection refused")
 
-    def log_metrics(self, values, step):
-        self.calls.append((step, values))
+    def get_metric_history(self, run_id, key):
+        self._check()
+        return [SimpleNamespace(step=s) for s in self.history.get(key, ())]
+
+    def log_batch(self, run_id, metrics=(), params=()):
+        self._check()
+        if metrics:
+            self.calls.append((metrics[0].step, {m.key: m.value for m in metrics}))
+
+    def update_run(self, run_id, status):
+        self._check()
+
+    def set_terminated(self, run_id, status):
+        self._check()
+        self.status = status
+
+    def log_text(self, run_id, text, path):
+        self._check()
 
 
-def test_each_finished_epoch_is_logged_once_and_a_cut_epoch_is_not():
+def fake_tracker(tmp_path, client):
+    from tftrain.config import load_config
+    from tftrain.tracking import MlflowTracker
+    tracker = MlflowTracker.__new__(MlflowTracker)
+    cfg = load_config(None, ["tracking.mlflow={uri: 'http://u:secret@h:5000'}"])
+    tracker.cfg, tracker.run_path, tracker.config_text = cfg, tmp_path, ""
+    tracker.uri, tracker.client, tracker.run_id = cfg.tracking.mlflow.uri, client, "r"
+    tracker._down_until, tracker._logged, tracker._missed = 0.0, {}, False
+    return tracker
+
+
+def test_each_finished_epoch_is_logged_once_and_a_cut_epoch_is_not(tmp_path):
     ckpt = SimpleNamespace(update=0)
-    tracker = FakeTracker(logged={0})            # epoch 0 logged before a restart
-    cb = EpochMetrics(tracker, "prune/", ckpt, steps_per_epoch=10, last_update=35)
+    client = FakeClient(logged={0})              # epoch 0 logged before a restart
+    cb = EpochMetrics(fake_tracker(tmp_path, client), "prune/", ckpt, steps_per_epoch=10,
+                      last_update=35)
     ckpt.update = 10
     cb.on_epoch_end(0, {"loss": 9.0})            # redone after the restart: not again
     ckpt.update = 20
     cb.on_epoch_end(1, {"loss": 1.0, "lr": 0.1, "note": "text", "bad": float("nan")})
-    assert tracker.calls == [(1, {"prune/loss": 1.0, "prune/lr": 0.1})]
+    assert client.calls == [(1, {"prune/loss": 1.0, "prune/lr": 0.1})]
     ckpt.update = 27
     cb.on_epoch_end(2, {"loss": 2.0})            # stopped at 27 of 30: the restart redoes it
     ckpt.update = 35
     cb.on_epoch_end(3, {"loss": 3.0})            # the stage's last, short epoch
     cb.on_epoch_end(3, {"loss": 3.5})
-    assert [step for step, _ in tracker.calls] == [1, 3]
+    assert [step for step, _ in client.calls] == [1, 3]
+
+
+def test_an_outage_warns_once_per_failure_and_the_missed_epochs_follow_from_the_csv(
+        tmp_path, capsys, monkeypatch):
+    from tftrain import tracking
+    client = FakeClient()
+    tracker = fake_tracker(tmp_path, client)
+    (tmp_path / "metrics.csv").write_text("epoch,loss,lr\n0,2.5,0.1\n1,1.9,0.1\n1,1.5,0.1\n")
+    client.down = True
+    assert not tracker.log_epoch("", 0, {"loss": 2.5})            # down: one warning
+    assert not tracker.log_epoch("", 1, {"loss": 1.5})            # within RETRY_AFTER: skipped
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].startswith(
+        "tftrain: warning: MLflow at http://u:***@h:5000: reading loss failed (ConnectionError: "
+        "Connection refused); training goes on")
+    assert (tmp_path / tracking.PENDING_FILE).exists()
+    client.down = False
+    monkeypatch.setattr(tracker, "_down_until", 0.0)              # RETRY_AFTER later
+    assert tracker.log_epoch("", 2, {"loss": 1.2})
+    # epochs 0 and 1 from metrics.csv (the last row of epoch 1: the redone one), then 2
+    assert client.calls == [(0, {"loss": 2.5, "lr": 0.1}), (1, {"loss": 1.5, "lr": 0.1}),
+                            (2, {"loss": 1.2})]
+    tracker.finish({"metrics": {"val_accuracy": 0.9}, "stages": {"train": {}}}, tmp_path / "none")
+    assert client.status == "FINISHED" and not (tmp_path / tracking.PENDING_FILE).exists()
+    assert [step for step, _ in client.calls] == [0, 1, 2, 0]      # + the final metrics
+
+
+def test_credentials_in_the_tracking_uri_are_never_logged():
+    from tftrain.tracking import redact
+    assert redact("postgresql://mlflow:s3cr%40t@db:5432/runs") == "postgresql://mlflow:***@db:5432/runs"
+    assert redact("https://ghp_token@host/x") == "https://***@host/x"
+    for kept in ("sqlite:////tmp/m.db", "http://host:5000", "1e-05", "plain text"):
+        assert redact(kept) == kept
 
 
 def _runs(uri, experiment):
@@ -106,3 +172,57 @@ def test_a_killed_and_resumed_run_is_one_mlflow_run_with_each_epoch_once(tmp_pat
     artifacts = {a.path for a in client.list_artifacts(run_id)}
     assert artifacts == {"config.yaml", "summary.json", "export"}
     assert {a.path for a in client.list_artifacts(run_id, "export")} == {"export/saved_model"}
+
+
+@pytest.mark.slow
+def test_mlflow_down_for_a_whole_run_neither_stops_nor_fails_it(tmp_path, capsys, monkeypatch):
+    """The tracking server unreachable (a closed port) for a whole run: the run completes
+    (exit 0) with every checkpoint, one warning line per failed call; a SIGTERM still
+    stops with 42; once the server is back, rerunning the command finishes the MLflow
+    run with every epoch once."""
+    import os
+    import signal as signals
+
+    from helpers import MlflowServer
+    from tftrain.launch import free_ports
+    from tftrain.run import main
+    from tftrain.train_step import TrainModel
+    port, = free_ports(1)
+    uri = f"http://127.0.0.1:{port}"
+    sets = ["train.epochs=3", "export.tflite=none", "train.verbose=0",
+            f"tracking.mlflow={{uri: '{uri}', experiment: outage}}"]
+    args = lambda d: [str(QUICKSTART), "--run-dir", str(d), *[a for s in sets for a in ("--set", s)]]  # noqa: E731
+    assert main(args(tmp_path)) == 0
+    out, err = capsys.readouterr()
+    warnings = [line for line in out.splitlines() if "MLflow" in line]
+    assert warnings and all(line.startswith(f"tftrain: warning: MLflow at {uri}: ")
+                            and "failed (MlflowException" in line for line in warnings), warnings
+    assert "Traceback" not in err
+    run_path = tmp_path / "quickstart"
+    assert json.loads((run_path / "summary.json").read_text())["status"] == "completed"
+    assert {p.name for p in (run_path / "checkpoints").glob("ckpt-*.index")} == {
+        f"ckpt-{23 * e}.index" for e in (1, 2, 3)}
+    assert (run_path / "mlflow_pending").exists()
+    # SIGTERM during a run whose tracking is down: still a clean stop
+    with monkeypatch.context() as patch:
+        original = TrainModel.evaluate
+
+        def evaluate(self, *a, **kw):
+            os.kill(os.getpid(), signals.SIGTERM)
+            return original(self, *a, **kw)
+        patch.setattr(TrainModel, "evaluate", evaluate)
+        assert main(args(tmp_path / "stopped")) == 42
+    assert "stopped by SIGTERM" in capsys.readouterr().err
+    # the server is back: the rerun of the completed run logs it all and ends it
+    with MlflowServer(port, tmp_path / "server"):
+        assert main(args(tmp_path)) == 0
+        assert "already completed" in capsys.readouterr().out
+        client, runs = _runs(uri, "outage")
+        assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+        for key in ("loss", "val_loss", "val_accuracy", "lr"):
+            history = client.get_metric_history(runs[0].info.run_id, key)
+            assert sorted(m.step for m in history) == [0, 1, 2], key
+        assert runs[0].data.params["tracking.mlflow.uri"] == uri
+        assert {a.path for a in client.list_artifacts(runs[0].info.run_id)} == {
+            "config.yaml", "summary.json", "export"}
+    assert not (run_path / "mlflow_pending").exists()

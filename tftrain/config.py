@@ -1,6 +1,6 @@
 """The config schema: typed, frozen, unknown keys forbidden (loading: `config_load.py`).
 
-`load_config(path, overrides)` reads a YAML file with `yaml.safe_load`, applies
+`load_config(path, overrides)` reads a YAML file with a safe loader, applies
 `key.path=value` overrides (values parsed as YAML scalars or lists) and validates the
 result. Every problem becomes one line naming the file, the key path, the bad value and
 what is expected; they are raised together as a `ConfigError`.
@@ -14,7 +14,7 @@ from pydantic import Field, field_validator, model_validator
 
 
 from tftrain.config_types import (ConfigError, Duration, Strict, _parse_duration,  # noqa: F401
-                                  _size_bytes)
+                                  _size_bytes, size_schema)
 from tftrain.schedules import Constant as ConstantSchedule
 from tftrain.schedules import ScheduleConfig  # noqa: F401  (one model per schedule)
 
@@ -26,21 +26,29 @@ class RunConfig(Strict):
     seed: int = 42
     deterministic: bool = False
 
+    @field_validator("name")
+    @classmethod
+    def _a_directory_of_its_own(cls, v):
+        if set(v) == {"."}:           # "." and ".." name run.dir itself or its parent
+            raise ValueError("must name a directory inside run.dir, not '.' or '..'; use "
+                             "letters, digits, '_', '-' or '.' (e.g. quickstart)")
+        return v
+
 
 class DistributeConfig(Strict):
     strategy: Literal["auto", "default", "one_device", "mirrored", "multi_worker"] = "auto"
     devices: Optional[list[str]] = None
     virtual_cpus: Optional[int] = Field(None, ge=1, le=64)
-    device_memory: Optional[int] = None
+    device_memory: Optional[int] = Field(None, json_schema_extra=size_schema)
     gpu_memory_growth: bool = True
-    gpu_memory_limit: Optional[int] = None
+    gpu_memory_limit: Optional[int] = Field(None, json_schema_extra=size_schema)
     cross_device_ops: Literal["auto", "nccl", "hierarchical_copy", "reduce_to_one_device"] = "auto"
     communication: Literal["auto", "ring", "nccl"] = "auto"
     all_reduce_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     # multi-worker: gradients all-reduced in packs of about this size (e.g. 4MiB), each
     # launched once its gradients exist, so communication overlaps the rest of the
     # backward pass; null: TensorFlow's default, one pack per update
-    pack_bytes: Optional[int] = None
+    pack_bytes: Optional[int] = Field(None, json_schema_extra=size_schema)
 
     @field_validator("device_memory", "gpu_memory_limit", "pack_bytes", mode="before")
     @classmethod
@@ -92,7 +100,7 @@ class DataConfig(Strict):
     shuffle: bool = True
     shuffle_buffer: Optional[int] = Field(None, ge=1)     # streaming sources: 10,000 records
     cache: Literal["auto", "memory", "none"] = "auto"
-    cache_budget: int = 1_000_000_000                      # bytes of decoded training data
+    cache_budget: int = Field(1_000_000_000, json_schema_extra=size_schema)  # decoded training data
     remainder: Literal["drop", "pad"] = "drop"
     shard_policy: Literal["auto", "file", "data"] = "auto"
     augment: list[Union[str, dict[str, Any]]] = []

@@ -1,8 +1,9 @@
-"""Reading configs: YAML in (safe_load), `--set` overrides, validation against the schema
+"""Reading configs: YAML in (a safe loader, aliases bounded), `--set` overrides, validation against the schema
 in `tftrain.config`, one line per problem out (a `ConfigError`)."""
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -28,22 +29,59 @@ def _yaml_problem(source: str, text: str, err: yaml.YAMLError) -> str:
     return f"{source}: {where}: malformed YAML: {problem}; fix the syntax at that line"
 
 
-def _refuse_duplicate_keys(node) -> None:
-    """A key given twice in one mapping (YAML would keep the last) is a ConfigError. Walks
-    the composed node tree: nothing is constructed, so nothing can run."""
-    if isinstance(node, yaml.MappingNode):
-        seen = {}
-        for key, value in node.value:
-            if isinstance(key, yaml.ScalarNode):
-                if key.value in seen:
-                    raise ConfigError(f"line {key.start_mark.line + 1}: key '{key.value}' is given "
-                                      f"twice in the same mapping (first at line "
-                                      f"{seen[key.value]}); keep one of them")
-                seen[key.value] = key.start_mark.line + 1
-            _refuse_duplicate_keys(value)
-    elif isinstance(node, yaml.SequenceNode):
-        for item in node.value:
-            _refuse_duplicate_keys(item)
+class Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading `1e-05` as a float as YAML 1.2 does (YAML 1.1 wants
+    a dot, `1.0e-05`, and PyYAML reads `1e-05` as a string; `json.dumps` and most people
+    write it without one)."""
+
+
+Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+
+# Values a config may hold once aliases are expanded: a real config has a few hundred; a
+# few aliases nested a few levels deep (a "billion laughs" file) expand exponentially.
+MAX_VALUES = 10_000
+
+
+def parse_yaml(text: str, where: str = ""):
+    """`text` read by `Loader` after its node tree is checked: a key given twice in one
+    mapping, or aliases expanding beyond `MAX_VALUES` values, is a ConfigError. The checks
+    walk the composed node tree (nothing is constructed, so nothing can run), each shared
+    node once."""
+    root = yaml.compose(text, Loader=Loader)
+    sizes: dict[int, int] = {}
+
+    def size(node) -> int:              # values under `node`, aliases expanded
+        if id(node) in sizes:
+            return sizes[id(node)]
+        sizes[id(node)] = 1             # (a node that contains itself counts once)
+        total = 1
+        if isinstance(node, yaml.MappingNode):
+            seen = {}
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode):
+                    if key.value in seen:
+                        raise ConfigError(f"line {key.start_mark.line + 1}: key '{key.value}' is "
+                                          f"given twice in the same mapping (first at line "
+                                          f"{seen[key.value]}); keep one of them")
+                    seen[key.value] = key.start_mark.line + 1
+                total += size(key) + size(value)
+        elif isinstance(node, yaml.SequenceNode):
+            total += sum(size(item) for item in node.value)
+        sizes[id(node)] = min(total, MAX_VALUES + 1)
+        return sizes[id(node)]
+
+    if root is not None and size(root) > MAX_VALUES:
+        prefix = f"{where}: " if where else ""
+        raise ConfigError(f"{prefix}its aliases (*name) expand to more than {MAX_VALUES:,} "
+                          "values; a config needs far fewer: write the values out or use "
+                          "fewer nested aliases")
+    loader = Loader(text)             # what yaml.load does, with this safe loader
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 def read_yaml(path: Union[str, Path]) -> dict:
@@ -62,8 +100,7 @@ def read_yaml(path: Union[str, Path]) -> dict:
     if "\0" in text:
         raise ConfigError(f"{path}: binary file (it contains NUL bytes); pass a YAML config file")
     try:
-        _refuse_duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader))
-        data = yaml.safe_load(text)
+        data = parse_yaml(text)
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None
     except yaml.YAMLError as err:
@@ -86,9 +123,12 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             problems.append(f"--set {item!r}: expected KEY=VALUE, e.g. train.epochs=5")
             continue
         try:
-            value = yaml.safe_load(raw) if raw.strip() else None
+            value = parse_yaml(raw) if raw.strip() else None
         except yaml.YAMLError as err:
             problems.append(f"--set {key}: value {raw!r} is not valid YAML ({err.__class__.__name__})")
+            continue
+        except ConfigError as err:
+            problems.append(f"--set {key}: {err}")
             continue
         node = data
         parts = key.strip().split(".")

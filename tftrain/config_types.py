@@ -24,12 +24,30 @@ class Strict(BaseModel):
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(steps?|epochs?)\s*$")
 
 
+# The text forms `_parse_duration` and `_size_bytes` read, for the JSON Schema (editors
+# check configs against it: the short forms must validate there too).
+DURATION_TEXT = r"^\s*\d+(\.\d+)?\s*(steps?|epochs?|%)\s*$"
+SIZE_TEXT = r"^\s*\d+(\.\d+)?\s*([KMGTkmgt]i?)?[Bb]?\s*$"
+
+
 class Duration(Strict):
     """A length of training: an integer is optimizer updates; "N epochs" is epochs; a
     float in [0, 1] or "N%" is that fraction of the stage's updates."""
 
     value: float
     unit: Literal["steps", "epochs", "fraction"]
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema, handler):
+        """Every form a config may write: updates, a fraction, "2 epochs", "50%", or the
+        resolved {value, unit}."""
+        resolved = handler(core_schema)
+        return {"anyOf": [{"type": "integer", "minimum": 0, "description": "optimizer updates"},
+                          {"type": "number", "minimum": 0, "maximum": 1,
+                           "description": "a fraction of the stage"},
+                          {"type": "string", "pattern": DURATION_TEXT,
+                           "description": "e.g. '2 epochs', '500 steps', '50%'"},
+                          resolved]}
 
     def steps(self, steps_per_epoch: int, total: int) -> int:
         """The one conversion of durations to optimizer updates (`total`: the stage's)."""
@@ -38,6 +56,17 @@ class Duration(Strict):
         if self.unit == "fraction":
             return int(round(self.value * total))
         return int(round(self.value * steps_per_epoch))
+
+
+def size_schema(schema: dict) -> None:
+    """JSON Schema of a size in bytes (`json_schema_extra` of its field): a number or
+    text like '16GB' or '512MiB'."""
+    nullable = any(s.get("type") == "null" for s in schema.get("anyOf", []))
+    schema.pop("type", None)
+    schema["anyOf"] = [{"type": "integer", "minimum": 0}, {"type": "number", "minimum": 0},
+                       {"type": "string", "pattern": SIZE_TEXT,
+                        "description": "e.g. '16GB', '512MiB'"}]
+    schema["anyOf"] += [{"type": "null"}] if nullable else []
 
 
 def _parse_duration(v: Any) -> Any:

@@ -147,8 +147,9 @@ def nccl() -> str:
         return "no (this TensorFlow is not a CUDA build): gradients are reduced on the host"
     if gpus == 0:
         return "no GPU visible: gradients are reduced on the host"
-    return (f"yes (CUDA {info.get('cuda_version')}, {gpus} GPU): MirroredStrategy reduces "
-            "with NCCL; bfloat16 gradients are reduced in float32 (NCCL has no bfloat16)")
+    return (f"yes (CUDA {info.get('cuda_version')}, {gpus} GPU): gradients are all-reduced "
+            "with NCCL (MirroredStrategy, and multi-worker with distribute.communication auto "
+            "or nccl); a bfloat16 all-reduce travels as float16 (NCCL has no bfloat16)")
 
 
 def cluster_environment(env=None) -> tuple[str, list[str]]:

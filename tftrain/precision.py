@@ -72,8 +72,8 @@ class AllReduce:
 
 def reduces_with_nccl(strategy) -> bool:
     """Whether the strategy's gradient all-reduce runs on NCCL: MirroredStrategy with
-    NcclAllReduce, or a multi-worker strategy on GPUs whose collectives are NCCL or AUTO
-    (which picks NCCL on GPUs)."""
+    NcclAllReduce, or a multi-worker strategy on GPUs whose collectives are NCCL (AUTO is
+    a hint the collective runtime resolves to RingReduce; tftrain never passes it)."""
     ext = strategy.extended
     if isinstance(getattr(ext, "_cross_device_ops", None), tf.distribute.NcclAllReduce):
         return True
@@ -82,7 +82,7 @@ def reduces_with_nccl(strategy) -> bool:
         return False
     impl = tf.distribute.experimental.CommunicationImplementation
     on_gpu = any("GPU" in d.upper() for d in getattr(ext, "worker_devices", ()))
-    return on_gpu and options.implementation in (impl.NCCL, impl.AUTO)
+    return on_gpu and options.implementation == impl.NCCL
 
 
 def all_reduce_plan(d: DistributeConfig, strategy, policy: str) -> AllReduce:

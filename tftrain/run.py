@@ -112,6 +112,7 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
     done = rundir.read_summary(rundir.run_path(cfg, smoke))
     if done is not None:
         print(f"{rundir.run_path(cfg, smoke)} already completed; use another run.name to train again")
+        tracking.finish_pending(cfg, rundir.run_path(cfg, smoke), done, plan.chief)
         print(rundir.report_table(done))
         return done
     run = rundir.open_run_dir(cfg, smoke, write=plan.chief)
@@ -131,7 +132,7 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
                                       qat=plan.stages[-1].quantization_aware) if plan.chief else {}
         stop.check("after the export (the rerun exports again and reports)", runner.agree)
     except BaseException:
-        tracker.fail()                        # a restart sets the same tracked run running
+        tracker.fail()     # (never raises) a restart sets the same tracked run running
         raise
     summary = report.summary(plan, results, artifacts, net)
     print(f"final weights sha256: {report.weights_digest(net)}")
@@ -139,7 +140,7 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
         rundir.write_summary(run, summary)
     runner.clean_up()
     failed = export.failures(artifacts)
-    tracker.finish(summary, run.export, ok=not failed)
+    tracker.finish(summary, run.export, ok=not failed)      # never raises: a rerun retries
     print(rundir.report_table(summary))
     if failed:     # the artifacts stay, marked failed; the run is not completed
         raise RuntimeError(f"export verification failed: {'; '.join(failed)}; the artifact is "

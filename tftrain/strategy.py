@@ -136,11 +136,15 @@ def _cross_device_ops(d: DistributeConfig, devices: list[str]):
 
 
 def communication_options(d: DistributeConfig):
-    """Multi-worker collectives: the implementation (RING, NCCL or AUTO) and the pack
-    size of the gradient all-reduce (`distribute.pack_bytes`)."""
-    impl = {"auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
-            "ring": tf.distribute.experimental.CommunicationImplementation.RING,
-            "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL}[d.communication]
+    """Multi-worker collectives: the implementation and the pack size of the gradient
+    all-reduce (`distribute.pack_bytes`). `auto` is decided here, NCCL when this task sees
+    GPUs, else RING: TensorFlow's own AUTO is only a hint that its collective runtime
+    resolves to RingReduce over gRPC, GPUs or not."""
+    impls = tf.distribute.experimental.CommunicationImplementation
+    choice = d.communication
+    if choice == "auto":          # (devices are configured first: the task's GPUs only)
+        choice = "nccl" if tf.config.list_physical_devices("GPU") else "ring"
+    impl = {"ring": impls.RING, "nccl": impls.NCCL}[choice]
     return tf.distribute.experimental.CommunicationOptions(
         bytes_per_pack=d.pack_bytes or 0, implementation=impl)
 

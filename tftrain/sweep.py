@@ -44,8 +44,10 @@ EXIT_CONFIG = 2
 
 def parse_space(path: Path) -> dict:
     """The space file, checked: a clear `ConfigError` for anything malformed."""
+    from tftrain.config_load import parse_yaml
+
     try:
-        space = yaml.safe_load(path.read_text()) or {}
+        space = parse_yaml(path.read_text(), "--space") or {}
     except (OSError, yaml.YAMLError) as err:
         raise ConfigError(f"--space: cannot read {path}: {err}") from None
     unknown = set(space) - {"metric", "direction", "pruner", "seed", "params"}
