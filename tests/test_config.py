@@ -282,3 +282,14 @@ def test_a_run_name_of_dots_is_refused(name):
                                           r"not '\.' or '\.\.'"):
         load_config(None, [f"run.name={name}"])
     assert load_config(None, ["run.name=v1.2..final"]).run.name == "v1.2..final"
+
+
+def test_a_weight_average_with_restored_best_weights_is_refused():
+    """Both choose the weights training ends with: the average would silently overwrite the
+    best epoch's weights early stopping restored."""
+    with pytest.raises(ConfigError, match=r"train\.ema: the weight average replaces the final "
+                                          r"weights, so train\.early_stopping\.restore_best_weights "
+                                          r"would be undone"):
+        load_config(None, ["train.ema={decay: 0.99}",
+                           "train.early_stopping={monitor: val_loss, restore_best_weights: true}"])
+    load_config(None, ["train.ema={decay: 0.99}", "train.early_stopping={monitor: val_loss}"])

@@ -92,3 +92,26 @@ def test_saved_model_cli_show_and_run(tmp_path, trained):
     model, _ = trained
     path = save_saved_model(model, tmp_path / "sm")
     saved_model_cli_show_and_run(path, np.zeros((2, 8, 8, 1), np.float32), tmp_path)
+
+
+def test_each_saved_model_is_checked_in_bounded_batches(tmp_path, trained, monkeypatch):
+    """The validation split goes through every exported SavedModel a batch at a time, not
+    in one call (the whole split of an ImageNet-sized model is gigabytes at once)."""
+    model, source = trained
+    sizes = []
+    load = tf.saved_model.load
+
+    def recording(path, *args, **kwargs):
+        loaded = load(path, *args, **kwargs)
+        signature = loaded.signatures["serving_default"]
+
+        def call(inputs):
+            sizes.append(int(inputs.shape[0]))
+            return signature(inputs=inputs)
+        return type("Loaded", (), {"signatures": {"serving_default": call}})()
+    monkeypatch.setattr(tf.saved_model, "load", recording)
+    cfg = load_config(None, ["export.tflite=none", "export.saved_model_int8=true"]).export
+    report = export_all(model, cfg, tmp_path, source)
+    assert report["saved_model"]["verified"] and report["saved_model_int8"]["verified"]
+    assert source.num_val > 64 and max(sizes) <= 64
+    assert sum(s for s in sizes if s > 1) == 2 * source.num_val     # every example, each model

@@ -105,3 +105,34 @@ def test_auto_recalibration_uses_about_2048_examples_at_most_an_epoch():
         runner.plan = SimpleNamespace(batches=SimpleNamespace(global_batch=per_replica * replicas,
                                                               replica_batch=per_replica))
         assert runner.recalibration_batches() == want
+
+
+def test_batch_norm_re_estimation_sees_the_normalized_inputs_training_sees():
+    """The batches that re-estimate batch-norm statistics (and finish a weight average) go
+    through `data.augment`'s deterministic steps, as training and validation do: with
+    `normalize` they are the training stream's batches, and the statistics are those of
+    the normalized data."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from tftrain import data
+    from tftrain._keras import keras
+    from tftrain.averaging import recalibrate_batch_norm
+    from tftrain.stages.runner import StageRunner
+    cfg = load_config(None, ["data.augment=[{normalize: {mean: 100, std: 50}}]"])
+    source, batches = data.load_source(cfg.data, cfg.run.seed), data.plan_batches(cfg, 1)
+    runner = StageRunner.__new__(StageRunner)
+    runner.cfg, runner.smoke = cfg, False
+    runner.plan = SimpleNamespace(source=source, batches=batches)
+    used = np.stack([x for x, _ in runner._batches(4).as_numpy_iterator()])
+    trained = np.stack([x for x, _ in data.train_dataset(
+        source, batches, cfg.data, cfg.run.seed).take(4).as_numpy_iterator()])
+    np.testing.assert_allclose(used, trained, rtol=0, atol=1e-6)
+    raw = np.stack([x for x, _ in data.train_dataset(
+        source, batches, cfg.data, cfg.run.seed, ops=[]).take(4).as_numpy_iterator()])
+    np.testing.assert_allclose(used, (raw - 100) / 50, atol=1e-5)
+    model = keras.Sequential([keras.Input(source.spec.shape), keras.layers.BatchNormalization()])
+    assert recalibrate_batch_norm(model, runner._batches(4)) == 4
+    np.testing.assert_allclose(model.layers[0].moving_mean.numpy(),
+                               [np.mean([b.mean() for b in used])], rtol=0, atol=1e-5)

@@ -286,3 +286,50 @@ def test_padded_last_batch_is_the_mean_over_its_real_examples():
     assert steps == 3
     assert_weights_close(accumulated, large)
     assert_weights_close(large, plain.get_weights())
+
+
+def test_training_metrics_leave_out_the_padding_slots():
+    """`data.remainder: pad` weighs padding slots 0: the training metrics must not count
+    them (Keras applies sample weights only to weighted metrics)."""
+    inputs = keras.Input((2,))
+    net = keras.Model(inputs, keras.layers.Dense(2, use_bias=False, kernel_initializer="zeros")(inputs))
+    model = TrainModel.wrap(net)
+    model.compile_step(keras.optimizers.SGD(0.0), build_loss("sparse_categorical_crossentropy"),
+                       ["accuracy"])
+    x, y = np.ones((4, 2), np.float32), np.array([0, 0, 1, 1])
+    weights = np.array([2.0, 2.0, 0.0, 0.0], np.float32)   # the last two: padding
+    # equal logits: every example predicted as class 0, right on the two real examples
+    history = model.fit(tf.data.Dataset.from_tensors((x, y, weights)), epochs=1, verbose=0)
+    assert history.history["accuracy"] == [1.0]
+    assert [m.name for m in model.metrics] == ["loss", "accuracy"]
+
+
+def test_an_update_skipped_at_the_loss_scale_floor_is_not_counted():
+    """A non-finite gradient skips the update and halves the dynamic loss scale, but never
+    below 1: at the floor the scale does not move, and the skip must still not count as an
+    update (schedules, checkpoints and the weight average follow updates made)."""
+    from tftrain import precision
+    from tftrain.averaging import WeightAverage
+    from tftrain.config import load_config
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        keras.utils.set_random_seed(0)
+        mixed = precision.Precision(policy="mixed_float16", config=load_config(
+            None, ["precision.initial_scale=1"]).precision)
+        net = precision.float32_outputs(MODELS.get("mlp")(SPEC, hidden=[8]))
+        average = WeightAverage(net, 0.5)
+        model = TrainModel.wrap(net, 1, update_hooks=[average], precision=mixed)
+        model.compile(mixed.wrap_optimizer(keras.optimizers.SGD(0.1)),
+                      build_loss("sparse_categorical_crossentropy"))
+        x, y = np.ones((8, 8, 8, 1), np.float32), np.zeros(8, np.int64)
+        model.fit(x, y, batch_size=8, verbose=0)
+        assert int(model.optimizer.iterations.numpy()) == 1
+        x[3] = np.inf                                  # skipped, the scale stays at 1
+        model.fit(x, y, batch_size=8, epochs=2, verbose=0)
+        assert float(model.optimizer.loss_scale.numpy()) == 1.0
+        assert int(model.optimizer.iterations.numpy()) == 1 == int(average.count.numpy())
+        x[3] = 1.0                                     # made again
+        model.fit(x, y, batch_size=8, verbose=0)
+        assert int(model.optimizer.iterations.numpy()) == 2 == int(average.count.numpy())
+    finally:
+        keras.mixed_precision.set_global_policy("float32")

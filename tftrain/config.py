@@ -203,6 +203,13 @@ class TrainConfig(Strict):
             if section is not None and section.monitor not in known:
                 raise ValueError(f"{key}: '{section.monitor}' is not a logged metric; use one "
                                  f"of {', '.join(known)}")
+        if self.ema and self.early_stopping and self.early_stopping.restore_best_weights:
+            # both choose the weights training ends with: the average would silently
+            # replace the best epoch's weights that early stopping restored
+            raise ValueError("train.ema: the weight average replaces the final weights, so "
+                             "train.early_stopping.restore_best_weights would be undone; set "
+                             "restore_best_weights: false to keep the average (early stopping "
+                             "still ends training), or remove train.ema to keep the best epoch")
         return self
 
     def monitors(self) -> list[str]:

@@ -165,7 +165,7 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None) 
     saved = _write_saved_model(plain, out / "saved_model", serving)
     loaded = tf.saved_model.load(str(saved)).signatures["serving_default"]
     raw = x_val if serving is None else serving.validation
-    logits = loaded(inputs=tf.constant(raw))["logits"].numpy()
+    logits = signature_logits(loaded, raw)
     saved_logits = logits
     report["saved_model"] = {**_sizes(_dir_bytes(saved)), "accuracy": _accuracy(logits, y_val),
                              "max_abs_logit_diff": float(np.max(np.abs(logits - reference))),
@@ -217,7 +217,7 @@ def _int8_saved_model(model, path: Path, serving, raw, y_val, reference, qat: bo
     quantized, layers = int8_saved_model.quantized_model(model, qat)
     _write_saved_model(quantized, path, serving)
     loaded = tf.saved_model.load(str(path)).signatures["serving_default"]
-    logits = loaded(inputs=tf.constant(raw))["logits"].numpy()
+    logits = signature_logits(loaded, raw)
     zeros = [entry["zero_fraction"] for entry in layers.values()]
     return {**_sizes(_dir_bytes(path)),
             "variables_gzip_bytes": len(gzip.compress(_dir_bytes(path / "variables"), 9)),
@@ -258,6 +258,14 @@ def _onnx(plain, out: Path, x_val, y_val, reference, int8: bytes | None, int8_lo
             entries[name]["int8_kernels"] = onnx_export.int8_kernels(blob)
             entries[name]["session_config"] = dict(onnx_export.INT8_SESSION_CONFIG)
     return entries
+
+
+def signature_logits(signature, raw, batch: int = 64) -> np.ndarray:
+    """A loaded signature's logits for every example of `raw`, `batch` at a time (the
+    whole validation split in one call is gigabytes of activations for an ImageNet-sized
+    model)."""
+    return np.concatenate([signature(inputs=tf.constant(raw[i:i + batch]))["logits"].numpy()
+                           for i in range(0, len(raw), batch)])
 
 
 def _signature_latency(signature, raw, examples: int = 100) -> float:

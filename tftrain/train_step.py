@@ -139,6 +139,13 @@ class TrainModel(keras.Model):
                    update_hooks=update_hooks, unroll=unroll, parallel=parallel,
                    precision=precision, time_steps=time_steps)
 
+    def compile_step(self, optimizer, loss, metrics, steps_per_execution: int = 1) -> None:
+        """`compile` for tftrain's step. The metrics are weighted: Keras applies sample
+        weights only to `weighted_metrics`, and the weights of `data.remainder: pad` are 0
+        on the padding slots, which plain `metrics` would count as examples."""
+        self.compile(optimizer=optimizer, loss=loss, weighted_metrics=list(metrics),
+                     steps_per_execution=steps_per_execution)
+
     @property
     def clocked(self) -> bool:
         """Whether steps add their time to `step_seconds` (asked for, and op determinism
@@ -327,9 +334,12 @@ class TrainModel(keras.Model):
         optimizer.apply_gradients(zip(grads, variables), skip_gradients_aggregation=reduce_here)
         if scaled and optimizer.dynamic:
             # tf_keras counts a skipped update as an iteration; tftrain counts updates
-            # made, so schedules, checkpoints and `steps` never count a skipped one. The
-            # dynamic scale only ever drops on a skipped update.
-            skipped = optimizer.loss_scale < scale_before
+            # made, so schedules, checkpoints, the weight average and `steps` never count
+            # a skipped one. A skip resets the growth counter and halves the scale, but
+            # never below 1, so at the floor only the counter tells; a made update that
+            # grows the scale also resets the counter, but doubles the scale.
+            skipped = tf.logical_and(tf.equal(optimizer.dynamic_counter, 0),
+                                     optimizer.loss_scale <= scale_before)
             optimizer.iterations.assign_sub(tf.cast(skipped, tf.int64))
         self._run_hooks("after_update")
         results = self.local_metrics() if self.local_step_logs else self.get_metrics_result()

@@ -153,9 +153,8 @@ class Stage:
         ctx.parallel.pin(optimizer)
         model.resizable_calls = self.cfg.train.steps_per_execution == "auto"
         model.log_local_metrics()        # the runner's `GlobalMetrics` logs global values
-        model.compile(optimizer=optimizer, loss=self.loss(),
-                      metrics=metric_names(self.cfg.train.metrics),
-                      steps_per_execution=fixed_steps_per_execution(self.cfg))
+        model.compile_step(optimizer, self.loss(), metric_names(self.cfg.train.metrics),
+                           fixed_steps_per_execution(self.cfg))
         optimizer.build(model.trainable_variables)   # slots exist before a restore
         return model, optimizer
 

@@ -225,14 +225,16 @@ class StageRunner:
         return int(setting)
 
     def _batches(self, n: int):
-        """n training batches (in order, unaugmented: the same on every worker and every
-        rerun) to re-estimate batch-norm statistics with."""
-        from tftrain.data import train_dataset
+        """n training batches to re-estimate batch-norm statistics with: in order, through
+        the deterministic steps of `data.augment` (normalize, center_crop: what training and
+        validation see) but none of the random ones, so the same on every worker and rerun."""
+        from tftrain.data import augment, train_dataset
 
         if self.smoke:
             n = min(n, self.cfg.train.smoke_steps)
+        steps = [op for op in augment.build(self.cfg.data.augment) if op.deterministic]
         return train_dataset(self.plan.source, self.plan.batches, self.cfg.data,
-                             self.cfg.run.seed, ops=[]).take(n)
+                             self.cfg.run.seed, ops=steps).take(n)
 
     def _evaluate(self, model) -> dict:
         metrics = model.evaluate(self.val, steps=self.cfg.train.smoke_steps if self.smoke else None,
