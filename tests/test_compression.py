@@ -190,3 +190,30 @@ def test_quantization_lists_unsupported_layers_or_skips_them():
     q = compression.quantize_model(net, cfg, preserve_sparsity=False)
     assert type(q.get_layer("norm")).__name__ == "LayerNormalization"
     assert set(compression.quantized_kernels(q)) == {"proj", "head"}
+
+
+def test_prune_preserving_qat_keeps_the_zeros_of_depthwise_kernels(tmp_path):
+    """tfmot's prune-preserving scheme leaves DepthwiseConv2D kernels unmasked: QAT used to
+    refill their zeros. The depthwise kernel's zeros after QAT equal the pruned ones, in
+    the QAT model and in the int8 TFLite file."""
+    from tftrain import export
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8, 8, 1))
+    h = keras.layers.Conv2D(8, 3, padding="same", activation="relu", name="conv")(inputs)
+    h = keras.layers.DepthwiseConv2D(3, padding="same", name="depthwise")(h)
+    h = keras.layers.ReLU(name="relu")(h)
+    h = keras.layers.GlobalAveragePooling2D(name="pool")(h)
+    net = keras.Model(inputs, keras.layers.Dense(10, name="logits")(h))
+    kernel = net.get_layer("depthwise").depthwise_kernel
+    values = kernel.numpy()
+    values[np.abs(values) < np.median(np.abs(values))] = 0             # pruned to 50%
+    kernel.assign(values)
+    zeros = values == 0
+    q = quantized(net, mirrored(), preserve=True, updates=12)
+    trained = compression.quantized_kernels(q)["depthwise"]
+    assert np.array_equal(trained == 0, zeros) and float(np.mean(zeros)) == 0.5
+    saved = export.save_saved_model(q, tmp_path / "saved_model")
+    blob = export.convert_tflite(saved, "int8", np.zeros((0, 8, 8, 1), np.float32), qat=True)
+    depthwise, = [w for name, w in export.tflite_weights(blob).items()
+                  if "depthwise" in name and w.ndim == 4 and w.dtype == np.int8]
+    assert float(np.mean(depthwise == 0)) == 0.5

@@ -115,3 +115,22 @@ def test_each_saved_model_is_checked_in_bounded_batches(tmp_path, trained, monke
     assert report["saved_model"]["verified"] and report["saved_model_int8"]["verified"]
     assert source.num_val > 64 and max(sizes) <= 64
     assert sum(s for s in sizes if s > 1) == 2 * source.num_val     # every example, each model
+
+
+def test_post_training_int8_of_a_token_model_is_integer_throughout(tmp_path):
+    """`export.tflite: int8` without QAT on a model taking token ids: calibrated on token
+    ids, so every FULLY_CONNECTED takes int8 activations and int8 weights, and the
+    embedding table is an int8 GATHER (not a dynamic-range model with float activations)."""
+    from ai_edge_litert.interpreter import Interpreter
+    source = load_source(load_config(None, [
+        "data.name=synthetic",
+        "data.params={kind: tokens, num_examples: 300, seq_len: 12, vocab_size: 50}"]).data, 0)
+    model = MODELS.get("embedding_bag")(source.spec, embed_dim=8)
+    report = export_all(model, load_config(None, ["export.tflite=int8"]).export, tmp_path, source)
+    assert report["tflite_int8"]["verified"]
+    ops = Interpreter(model_path=str(tmp_path / "model.tflite"))._get_ops_details()
+    dense = [op for op in ops if op["op_name"] == "FULLY_CONNECTED"]
+    assert dense and all([t.__name__ for t in op["operand_types"][:2]] == ["int8", "int8"]
+                         for op in dense)
+    gather, = [op for op in ops if op["op_name"] == "GATHER"]
+    assert gather["operand_types"][0].__name__ == "int8"

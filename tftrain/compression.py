@@ -296,10 +296,12 @@ def _scheme(preserve_sparsity: bool, quantize_input: bool = True):
     def weights_only(class_name: str):
         if class_name == "Add":
             return configs.NoOpQuantizeConfig()
+        if class_name == "DepthwiseConv2D" and preserve_sparsity:
+            return qat_configs.DepthwisePrunePreserveConfig(activation=False)
         if class_name in ("Conv2D", "DepthwiseConv2D"):
             attr = "kernel" if class_name == "Conv2D" else "depthwise_kernel"
             config = registry.Default8BitConvQuantizeConfig([attr], [], False)
-            if preserve_sparsity and class_name == "Conv2D":
+            if preserve_sparsity:
                 config.weight_quantizer = pqat_registry.PrunePreserveDefault8BitConvWeightsQuantizer()
             return config
         config = registry.Default8BitQuantizeConfig(["kernel"], [], False)

@@ -83,10 +83,12 @@ def convert_tflite(saved_model: Path, mode: str, calibration: np.ndarray,
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
     if mode == "float16":
         converter.target_spec.supported_types = [tf.float16]
-    if mode == "int8" and calibration.dtype.kind == "f" and not qat:
+    if mode == "int8" and not qat:     # full integer: activations calibrated, int8 kernels
+        dtype = np.float32 if calibration.dtype.kind == "f" else np.int32   # or token ids
+
         def representative():
             for row in calibration:
-                yield [row[None].astype(np.float32)]
+                yield [row[None].astype(dtype)]
         converter.representative_dataset = representative
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
     return converter.convert()

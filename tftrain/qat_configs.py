@@ -91,6 +91,23 @@ class Conv1DQuantizeConfig(registry.Default8BitConvQuantizeConfig):
         return {"preserve_sparsity": self.preserve_sparsity}
 
 
+@keras.utils.register_keras_serializable("tftrain")
+class DepthwisePrunePreserveConfig(registry.Default8BitConvQuantizeConfig):
+    """tfmot's 8-bit DepthwiseConv2D config with the prune-preserving kernel quantizer.
+    tfmot's prune-preserving scheme leaves depthwise kernels unmasked (its registry
+    disables them), so QAT refilled their pruned zeros. `activation`: also quantize the
+    layer's activation (not when a separate ReLU after it does). Serializable, as
+    `Conv1DQuantizeConfig`."""
+
+    def __init__(self, activation: bool = True):
+        super().__init__(["depthwise_kernel"], ["activation"] if activation else [], False)
+        self.activation = activation
+        self.weight_quantizer = pqat_registry.PrunePreserveDefault8BitConvWeightsQuantizer()
+
+    def get_config(self):
+        return {"activation": self.activation}
+
+
 def config_for(layer, preserve_sparsity: bool) -> Optional[object]:
     """The QuantizeConfig tftrain gives `layer`, or None when tfmot's registry has one."""
     from tensorflow_model_optimization.python.core.quantization.keras.default_8bit import (
@@ -102,6 +119,8 @@ def config_for(layer, preserve_sparsity: bool) -> Optional[object]:
 
     if type(layer) in (keras.layers.Conv1D, Conv1DAsConv2D):
         return Conv1DQuantizeConfig(preserve_sparsity)
+    if preserve_sparsity and isinstance(layer, keras.layers.DepthwiseConv2D):
+        return DepthwisePrunePreserveConfig()
     if isinstance(layer, (keras.layers.MaxPooling1D, keras.layers.GlobalMaxPooling1D)):
         return configs.NoOpQuantizeConfig()
     if isinstance(layer, (AudioFeatures, Preprocess, TokenMean)):

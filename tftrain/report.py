@@ -29,13 +29,21 @@ def summary(plan, results: dict, artifacts: dict, net) -> dict:
                        "input_wait": first.get("input_wait"),
                        "host": first.get("host")},
         **plan.parallel.summary(net, lambda: _one_batch(plan), plan.stages[-1].loss()),
-        "stages": results, "sparsity": results.get("prune", {}).get("sparsity", {}),
+        "stages": results, "sparsity": _sparsity(results),
         "artifacts": artifacts, "smoke": plan.smoke,
     }
     last = results[plan.stages[-1].name]
     if "raw_metrics" in last:
         out["raw_metrics"] = last["raw_metrics"]      # the weights before averaging
     return out
+
+
+def _sparsity(results: dict) -> dict:
+    """Each pruned layer's fraction of zeros in the final model: as the quantized kernels
+    hold them after QAT, else as pruning left them."""
+    pruned = results.get("prune", {}).get("sparsity", {})
+    final = results.get("qat", {}).get("sparsity", {})
+    return {name: final.get(name, value) for name, value in pruned.items()}
 
 
 def _one_batch(plan):

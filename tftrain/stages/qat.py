@@ -37,6 +37,14 @@ class QAT(Stage):
                                                    preserve_sparsity=preserve)
         return Built(quantized)
 
+    def finalize(self, built: Built, result: dict, ctx):
+        from tftrain import compression
+
+        # the zeros the quantized kernels hold after QAT (what the int8 artifacts get)
+        result["sparsity"] = {name: float((kernel == 0).mean()) for name, kernel in
+                              compression.quantized_kernels(built.net).items()}
+        return built.net
+
     def describe(self, ctx) -> str:
         return super().describe(ctx) + "; in float32 (tfmot's fake-quant ops take no " \
                                        "bfloat16/float16)"
