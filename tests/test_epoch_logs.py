@@ -91,3 +91,49 @@ def test_global_metrics_log_every_replica_while_the_step_logs_its_own():
         np.testing.assert_allclose(local[key], synced[key], rtol=1e-6)
     # the step's own logs are one replica's (16 of 32 examples): not the global values
     assert not np.allclose(local_steps, synced_steps, rtol=1e-6)
+
+
+class _TracesSlowly(TrainModel):
+    def train_step(self, data):
+        import time
+        time.sleep(3.0)          # Python: runs while the step is traced, never when it runs
+        return super().train_step(data)
+
+
+def _waited(model, dataset, epochs, capsys):
+    from tftrain.epoch_logs import InputWait
+    wait = InputWait()
+    model.fit(dataset, epochs=epochs, steps_per_epoch=10, callbacks=[wait], verbose=0)
+    return wait.per_epoch, capsys.readouterr().out
+
+
+def _model(cls=TrainModel):
+    net = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256), keras.layers.Dense(8)])
+    model = cls.wrap(net)
+    model.compile(keras.optimizers.SGD(0.0), "mse", steps_per_execution=5)
+    return model
+
+
+DATA = tf.data.Dataset.from_tensors((np.ones((64, 64), np.float32),
+                                     np.zeros((64, 8), np.float32))).repeat()
+
+
+def test_input_wait_leaves_out_the_call_that_traced_the_step(capsys):
+    """Tracing and compiling the step (seconds of Python in the first call) is neither
+    waiting for input nor the step: the first epoch measures what the second does."""
+    per_epoch, _ = _waited(_model(_TracesSlowly), DATA, 2, capsys)
+    assert per_epoch[0] <= per_epoch[1] + 0.15, per_epoch     # not ~1: 3 s of tracing
+
+
+def test_input_wait_warns_on_steady_epochs_only(capsys):
+    """Slow input (50 ms a batch for steps of a few ms) warns once, from the second epoch
+    (the first also warms up and sizes the calls; a one-epoch run never warns)."""
+    def slow(a, b):
+        import time
+        time.sleep(0.05)
+        return a, b
+    slow_input = DATA.map(lambda a, b: tf.numpy_function(slow, [a, b], [tf.float32, tf.float32]))
+    per_epoch, out = _waited(_model(), slow_input, 1, capsys)
+    assert per_epoch[0] > 0.5 and "warning" not in out, (per_epoch, out)
+    per_epoch, out = _waited(_model(), slow_input, 3, capsys)
+    assert min(per_epoch[1:]) > 0.5 and out.count("tftrain: warning: ") == 1, (per_epoch, out)

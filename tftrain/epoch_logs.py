@@ -54,8 +54,9 @@ class InputWait(keras.callbacks.Callback):
     """Adds `input_wait` to the epoch logs: the fraction of the training calls' wall time
     spent outside the train step itself, i.e. waiting for the next batch plus the call's
     own host overhead (dispatch, the distributed iterator, logs), which is large next to a
-    tiny step and shrinks with `train.steps_per_execution`. Warns once when an epoch
-    exceeds 20%. Not measured under op determinism (TensorFlow refuses clocks there)."""
+    tiny step and shrinks with `train.steps_per_execution`. A call that traced the step
+    is left out (its seconds are tracing and compilation). Warns once when an epoch after
+    the stage's first exceeds 20%. Not measured under op determinism (TensorFlow refuses clocks there)."""
 
     _supports_tf_logs = True
     threshold = 0.2
@@ -69,10 +70,20 @@ class InputWait(keras.callbacks.Callback):
         self._calls = 0.0
         self._steps_before = float(self.model.step_seconds.numpy())
 
+    def _traces(self) -> int:
+        function = getattr(self.model, "train_tf_function", None)
+        return function.experimental_get_tracing_count() if function is not None else 0
+
     def on_train_batch_begin(self, batch, logs=None):
+        self._traces_before = self._traces()
         self._began = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
+        if self._traces() != self._traces_before:
+            # this call traced (and compiled) the step: seconds of Python that are neither
+            # waiting for input nor the step, left out of both sides of the fraction
+            self._steps_before = float(self.model.step_seconds.numpy())
+            return
         self._calls += time.perf_counter() - self._began
 
     def on_epoch_end(self, epoch, logs=None):
@@ -82,7 +93,9 @@ class InputWait(keras.callbacks.Callback):
         wait = min(1.0, max(0.0, 1.0 - inside / self._calls))
         self.per_epoch.append(wait)
         logs["input_wait"] = wait
-        if wait > self.threshold and not self._warned:
+        # judged on steady epochs only: a stage's first epoch also sizes the calls
+        # (`steps_per_execution: auto` starts at one step per call) and warms up
+        if len(self.per_epoch) > 1 and wait > self.threshold and not self._warned:
             self._warned = True
             print(f"tftrain: warning: {wait:.0%} of the training time is spent outside the "
                   "step, waiting for input or in per-step host overhead; cache decoded data "
