@@ -166,14 +166,15 @@ def _children(pid):
 
 @pytest.mark.slow
 def test_interrupted_run_relaunches_to_the_same_weights(two_workers, tmp_path):
-    """One 2-worker run interrupted three ways in turn, relaunched after each: worker 1
+    """One 2-worker run interrupted four ways in turn, relaunched after each: worker 1
     SIGKILLed mid-epoch; worker 1 alone sent SIGTERM (a scheduler evicting one task: both
-    stop with exit 42); the launcher sent SIGTERM (forwarded to both). The last relaunch
-    ends with the weights of the run never interrupted."""
+    stop with exit 42); the launcher sent SIGTERM (forwarded to both); one Ctrl-C at the
+    terminal (SIGINT to the launcher's process group: exit 42, not the second-Ctrl-C
+    abort). The last relaunch ends with the weights of the run never interrupted."""
     checkpoints = tmp_path / "quickstart" / "checkpoints"
     last = 0
     for how, at_least in (("sigkill-worker", 20), ("sigterm-one-worker", 40),
-                          ("sigterm-launcher", 60)):
+                          ("sigterm-launcher", 60), ("ctrl-c", 80)):
         proc = launch(tmp_path)
         saved = wait_for_checkpoint(checkpoints, proc, at_least=at_least)
         if how == "sigkill-worker":
@@ -186,11 +187,16 @@ def test_interrupted_run_relaunches_to_the_same_weights(two_workers, tmp_path):
             assert code == 42, out[-3000:]
             assert "[worker 1] tftrain: stopped by SIGTERM" in out
             assert "[worker 0] tftrain: stopped by a signal to another worker" in out
-        else:
+        elif how == "sigterm-launcher":
             proc.send_signal(signal.SIGTERM)                          # forwarded to both workers
             code, out = finish(proc)
             assert code == 42, out[-3000:]
             assert out.count("stopped by SIGTERM") == 2
+        else:           # a terminal's Ctrl-C: SIGINT to the launcher's whole process group
+            os.killpg(proc.pid, signal.SIGINT)
+            code, out = finish(proc)
+            assert code == 42, out[-3000:]                            # a clean stop, saved
+            assert out.count("stopped by SIGINT") == 2 and "tftrain: interrupted" not in out
         if last:
             assert "resuming from" in out
         assert last < saved < PLANNED and not (tmp_path / "quickstart" / "summary.json").exists()

@@ -345,14 +345,22 @@ def test_every_strategy_and_policy_trains(tmp_path, strategy, policy):
 
 
 @pytest.mark.slow
-def test_multi_worker_strategy_single_worker_trains(tmp_path):
-    proc = cli(QUICKSTART, "--run-dir", tmp_path, "--set", "distribute.strategy=multi_worker",
-               "--set", "train.epochs=8", "--set", "export.tflite=none",
-               "--set", "train.accumulation_steps=2", "--set", "data.per_replica_batch_size=16")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+@pytest.mark.parametrize("launcher", ["run", "launch"])
+def test_multi_worker_strategy_single_worker_trains(tmp_path, launcher):
+    """One worker of MultiWorkerMirroredStrategy: under `tftrain.run`, and under
+    `tftrain.launch --workers 1` (a TF_CONFIG cluster of one, whose collectives must be
+    configured before planning runs any op)."""
+    sets = [a for s in ("distribute.strategy=multi_worker", "train.epochs=3", "export.tflite=none",
+                        "train.accumulation_steps=2", "data.per_replica_batch_size=16")
+            for a in ("--set", s)]
+    head = [] if launcher == "run" else ["-m", "tftrain.launch", "--workers", "1"]
+    proc = (cli(QUICKSTART, "--run-dir", tmp_path, *sets) if launcher == "run" else
+            subprocess.run([sys.executable, *head, str(QUICKSTART), "--run-dir", str(tmp_path), *sets],
+                           cwd=ROOT, capture_output=True, text=True, timeout=600))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((tmp_path / "quickstart" / "summary.json").read_text())
-    assert summary["strategy"] == "multi_worker"
-    assert summary["global_batch_size"] == 32 and summary["steps"] == 8 * (1527 // 32)
+    assert summary["strategy"] == "multi_worker" and summary["workers"] == 1
+    assert summary["global_batch_size"] == 32 and summary["steps"] == 3 * (1527 // 32)
     assert summary["metrics"]["val_accuracy"] > 0.9
 
 
@@ -599,17 +607,16 @@ def test_compression_after_mixed_bfloat16_with_accumulation(tmp_path):
     assert summary["artifacts"]["tflite_int8"]["accuracy"] > 0.9
 
 
-USER_SETS = ["data.name=tests.test_data:user_digits", "train.epochs=6", "train.checkpoint.every=10",
+USER_SETS = ["data.name=tests.test_data:user_digits", "train.epochs=3", "train.checkpoint.every=10",
              "export.tflite=none", "run.deterministic=true", "data.remainder=pad",
              "model={name: mlp, params: {hidden: [64], dropout: 0.2}}"]
 
 
 @pytest.mark.slow
-def test_user_dataset_trains_and_resumes_after_sigkill(tmp_path):
-    args = lambda out: [QUICKSTART, "--run-dir", out, *[a for s in USER_SETS for a in ("--set", s)]]  # noqa: E731
-    whole = cli(*args(tmp_path / "whole"))
-    assert whole.returncode == 0, whole.stderr[-3000:]
-    assert "(your tf.data pipeline)" in whole.stdout
+def test_user_dataset_trains_and_resumes_after_sigkill(tmp_path, capsys):
+    args = lambda out: [str(QUICKSTART), "--run-dir", str(out), *[a for s in USER_SETS for a in ("--set", s)]]  # noqa: E731
+    assert main(args(tmp_path / "whole")) == 0
+    assert "(your tf.data pipeline)" in capsys.readouterr().out
     proc = subprocess.Popen([sys.executable, "-m", "tftrain.run", *map(str, args(tmp_path / "cut"))],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
@@ -620,7 +627,7 @@ def test_user_dataset_trains_and_resumes_after_sigkill(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resuming from" in again.stdout
     summary = json.loads((tmp_path / "cut" / "quickstart" / "summary.json").read_text())
-    assert summary["steps"] == 6 * 24 and summary["metrics"]["val_accuracy"] > 0.75
+    assert summary["steps"] == 3 * 24 and summary["metrics"]["val_accuracy"] > 0.75
     ours, reference = model_weights(tmp_path / "cut" / "quickstart"), model_weights(tmp_path / "whole" / "quickstart")
     for name in reference:
         np.testing.assert_allclose(ours[name], reference[name], rtol=0, atol=1e-6)

@@ -130,7 +130,8 @@ def start_data_workers(n: int) -> list[tuple[str, subprocess.Popen]]:
         port, worker_port = free_ports(2)
         proc = subprocess.Popen([sys.executable, "-m", "tftrain.data.service", "--port", str(port),
                                  "--worker-port", str(worker_port)], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                preexec_fn=lambda: _worker_setup(None))
         threading.Thread(target=_pump, args=(proc.stdout, f"[data {k}] ", sys.stdout),
                          daemon=True).start()
         started.append((f"grpc://localhost:{port}", proc))
@@ -142,10 +143,13 @@ def _train(command, args) -> int:
     procs, pumps = [], []
     gpus = gpu_sets(args.workers, local_gpus())
     for index, cpus in enumerate(cpu_sets(args.workers, args.cpus_per_worker)):
-        pin = (lambda c=cpus: os.sched_setaffinity(0, c)) if cpus else None
+        # Each worker in a session of its own: a Ctrl-C at the terminal reaches the
+        # launcher alone, which forwards it once (a worker that got the terminal's SIGINT
+        # and the forwarded one would take the second as "stop now", with no checkpoint).
         proc = subprocess.Popen(command, env=worker_env(index, ports, gpus[index]),
-                                stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, preexec_fn=pin)
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True,
+                                preexec_fn=lambda c=cpus: _worker_setup(c))
         pump = threading.Thread(target=_pump, args=(proc.stdout, f"[worker {index}] ", sys.stdout),
                                 daemon=True)
         pump.start()
@@ -162,6 +166,15 @@ def _train(command, args) -> int:
     for pump in pumps:          # every worker's last lines are printed before we exit
         pump.join(timeout=10)
     return code
+
+
+def _worker_setup(cpus) -> None:
+    """In a worker before it starts: pinned to `cpus` (if any), and sent SIGTERM if the
+    launcher dies (Linux), so it saves and stops instead of training on alone."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    import ctypes
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)             # PR_SET_PDEATHSIG
 
 
 def _wait(procs, grace: float = 10.0) -> int:

@@ -87,7 +87,10 @@ def make(cfg: Config, *, smoke: bool, stop) -> RunPlan:
     from tftrain.stages import plan_stages
 
     strategy.configure_devices(cfg)                  # logical devices first, before any op
-    planned_here = not (smoke or strategy.cluster_spec()[1] > 1)
+    # MultiWorkerMirroredStrategy (a cluster, or one worker under TF_CONFIG) configures
+    # the collectives, which must come before any op runs: built first, planned around
+    multi_worker = strategy.resolve_kind(cfg.distribute, devices=[]) == "multi_worker"
+    planned_here = not (smoke or multi_worker)
     if not planned_here:                             # then the collectives, before all else
         strat = strategy.build_strategy(cfg, force_one_device=smoke)
         stop.rearm()                                 # (the collectives' own SIGTERM handler)
