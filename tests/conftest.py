@@ -7,11 +7,13 @@ virtual CPUs; other layouts are tested through the CLI in a subprocess. Helpers 
 modules share are in `helpers.py`.
 """
 import os
+import subprocess
+import sys
 
 import pytest
 
 import tftrain  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow is imported)
-from helpers import COMPRESS, QUICKSTART, VIRTUAL_CPUS, cli, shared_run, summary_of
+from helpers import COMPRESS, QUICKSTART, ROOT, VIRTUAL_CPUS, cli, shared_run, summary_of
 from tftrain.config import load_config
 
 
@@ -51,6 +53,27 @@ def compress_run(tmp_path_factory):
         run(load_config(COMPRESS, [f"run.dir={out}", "train.verbose=0", "export.onnx=true"]))
     out, _ = shared_run(tmp_path_factory, "compress", build)
     return out / "compress", summary_of(out / "compress")
+
+
+# --- data made here, once per session ----------------------------------------------------
+@pytest.fixture(scope="session")
+def spoken_digits(tmp_path_factory):
+    """Spoken digits synthesized with espeak-ng (16 voices x 10 digits)."""
+    def build(out):
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "make_speech_digits.py"), "--out",
+                        str(out / "digits"), "--voices", "16", "--takes", "1"], check=True,
+                       capture_output=True)
+    return shared_run(tmp_path_factory, "spoken-digits", build)[0] / "digits"
+
+
+@pytest.fixture(scope="session")
+def fortunes(tmp_path_factory):
+    """Two categories of the fortunes package as a text folder."""
+    def build(out):
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "make_fortunes_text.py"), "--out",
+                        str(out / "fortunes"), "--categories", "computers", "law"], check=True,
+                       capture_output=True)
+    return shared_run(tmp_path_factory, "fortunes", build)[0] / "fortunes"
 
 
 def pytest_xdist_auto_num_workers(config):

@@ -21,7 +21,9 @@ def test_slurm_host_and_task_lists_expand_in_order():
 
 
 def slurm(rank, nodes="gpu[07-08]", tasks="2(x2)", **extra):
+    """The environment srun gives task `rank` of a 4-task step (job 7, step 0)."""
     return {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "4", "SLURM_PROCID": str(rank),
+            "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "4", "TFTRAIN_PORT_BASE": "8888",
             "SLURM_STEP_NODELIST": nodes, "SLURM_STEP_TASKS_PER_NODE": tasks, **extra}
 
 
@@ -32,6 +34,34 @@ def test_slurm_addresses_follow_ranks_not_sorted_host_names():
     assert task.rank == 0 and task.chief
     cyclic = slurm_task(slurm(1, nodes="zeta,alpha", SLURM_DISTRIBUTION="cyclic"))
     assert cyclic.workers == ("zeta:8888", "alpha:8888", "zeta:8889", "alpha:8889")
+
+
+def test_two_slurm_jobs_on_one_node_listen_on_different_ports():
+    """Ports follow the job and step: two jobs sharing a node do not collide (a fixed
+    base made every job's first task listen on the same port); every task of one step
+    computes the same addresses."""
+    def ports(job, step="0", rank=0):
+        env = {k: v for k, v in slurm(rank, SLURM_JOB_ID=job, SLURM_STEP_ID=step).items()
+               if k != "TFTRAIN_PORT_BASE"}
+        return [int(w.split(":")[1]) for w in slurm_task(env).workers]
+    first, second, next_step = ports("1001"), ports("1002"), ports("1001", step="1")
+    assert not set(first) & set(second) and not set(first) & set(next_step)
+    assert ports("1001", rank=3) == first and all(1024 < p < 65536 for p in first + second)
+    assert first[:2] == [first[0], first[0] + 1]                 # tasks of a node: consecutive
+
+
+def test_an_allocation_not_started_by_srun_is_one_process_and_says_so():
+    """A batch script or salloc shell sees SLURM_NTASKS of the allocation but is not one of
+    its tasks: it must not wait as rank 0 of N for workers that never start."""
+    from tftrain.cluster import slurm_without_srun
+    from tftrain.doctor import cluster_environment
+    batch = {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "4", "SLURM_PROCID": "0",
+             "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_TASKS_PER_NODE": "2(x2)"}
+    assert current_task(batch).source == "local" and current_task(batch).num_workers == 1
+    assert slurm_without_srun(batch).startswith(
+        "warning: inside a SLURM allocation of 4 tasks but not started by srun")
+    assert "start each task with srun" in cluster_environment(batch)[0]
+    assert current_task(slurm(2)).source == "SLURM" and not slurm_without_srun(slurm(2))
     with pytest.raises(ConfigError, match="SLURM_DISTRIBUTION: 'plane=2' is not supported"):
         slurm_task(slurm(0, SLURM_DISTRIBUTION="plane=2"))
 

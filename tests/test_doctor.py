@@ -79,6 +79,7 @@ def test_cluster_kinds_are_recognised():
     where, _ = doctor.cluster_environment({"TF_CONFIG": tf_config, "KUBERNETES_SERVICE_HOST": "10.0.0.1"})
     assert where.startswith("Kubeflow (TF_CONFIG from the training operator): 2 workers")
     slurm = {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "2", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+             "SLURM_STEP_ID": "0",
              "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}
     where, problems = doctor.cluster_environment(slurm)
     assert problems == [] and where.startswith("SLURM: 2 workers, this process is chief (rank 0)")

@@ -1,8 +1,6 @@
 """Speech models: the in-model features (against tf.signal, and the same in LiteRT) and
 a Conv1D model through pruning and prune-preserving QAT to an int8 TFLite file that
 takes the raw waveform, with the pruned zeros read back from the file."""
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -14,15 +12,7 @@ from tftrain.export import tflite_logits, tflite_weights
 from tftrain.models import MODELS
 from tftrain.models.audio import AudioFeatures
 
-from helpers import ROOT, quick_config
-
-
-@pytest.fixture(scope="module")
-def spoken_digits(tmp_path_factory):
-    out = tmp_path_factory.mktemp("speech") / "digits"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_speech_digits.py"), "--out", str(out),
-                    "--voices", "16", "--takes", "1"], check=True, capture_output=True)
-    return out
+from helpers import quick_config
 
 
 def test_features_are_tf_signal_mfccs_and_litert_computes_the_same():

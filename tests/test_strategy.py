@@ -16,7 +16,7 @@ def dist(*sets):
 
 @pytest.fixture
 def no_cluster(monkeypatch):
-    for var in ("TF_CONFIG", "SLURM_NTASKS", "SLURM_JOB_ID", "SLURM_PROCID"):
+    for var in ("TF_CONFIG", "SLURM_NTASKS", "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_STEP_ID"):
         monkeypatch.delenv(var, raising=False)
 
 
@@ -37,6 +37,7 @@ def test_auto_picks_multi_worker_from_slurm(monkeypatch, no_cluster):
     monkeypatch.setenv("SLURM_JOB_ID", "7")
     monkeypatch.setenv("SLURM_NTASKS", "4")
     monkeypatch.setenv("SLURM_PROCID", "0")
+    monkeypatch.setenv("SLURM_STEP_ID", "0")              # a task srun started
     monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
     monkeypatch.setenv("SLURM_JOB_TASKS_PER_NODE", "2(x2)")
     assert cluster_spec() == ("SLURM", 4, 0)

@@ -133,3 +133,46 @@ def test_trials_of_two_workers_run_through_the_launcher(tmp_path):
     log = next((tmp_path / "space").glob("trial-*.log")).read_text()
     assert "[worker 0] strategy: multi_worker   replicas: 2   workers: 2" in log
     assert "[worker 1]" in log
+
+
+@pytest.mark.slow
+def test_a_value_the_builder_refuses_fails_that_trial_and_the_sweep_goes_on(tmp_path, capsys):
+    """A sampled value that passes the config schema but that the model builder refuses
+    (exit 2 from the trial) ends that trial as refused, not the sweep."""
+    space = write_space(tmp_path, "pruner: none\nparams:\n  model.params.pool: {choices: [max, median]}\n")
+    study = sweep.Sweep(QUICKSTART, sweep.parse_space(space), 2, tmp_path / "space", TINY).study
+    study.enqueue_trial({"model.params.pool": 1})         # median: cnn refuses it
+    study.enqueue_trial({"model.params.pool": 0})
+    args = [QUICKSTART, "--space", str(space), "--trials", "2", "--dir", str(tmp_path),
+            *[a for s in [*TINY, "train.epochs=1"] for a in ("--set", s)]]
+    assert sweep.main(args) == 0
+    rows = _state(tmp_path / "space")
+    assert [(r["state"], r["model.params.pool"]) for r in rows] == [("refused", "median"),
+                                                                      ("complete", "max")]
+    out = capsys.readouterr().out
+    assert "trial 0 refused its values (model.params.pool=\"median\"): " in out
+    assert "model.params: cnn rejected" in out
+
+
+@pytest.mark.slow
+def test_two_sweeps_on_one_study_train_each_trial_once(tmp_path):
+    """Two sweep processes on the same study directory, seeded alike: neither fails the
+    other's running trial, together they end the trials asked for, and no trial directory
+    is trained twice (a repeated value waits for the trial that trains it)."""
+    space = write_space(tmp_path, "pruner: none\nseed: 3\nparams:\n"
+                                  "  train.optimizer.learning_rate: {choices: [0.001, 0.003, 0.01]}\n")
+    args = [sys.executable, "-m", "tftrain.sweep", QUICKSTART, "--space", str(space), "--trials", "3",
+            "--dir", str(tmp_path), *[a for s in [*TINY, "train.epochs=2"] for a in ("--set", s)]]
+    procs = [subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=900)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][-2000:] + outs[1][-2000:]
+    rows = _state(tmp_path / "space")
+    assert len(rows) >= 3 and all(r["state"].startswith("complete") for r in rows), rows
+    trained = [r for r in rows if "(trial" not in r["state"]]
+    assert len({r["train.optimizer.learning_rate"] for r in trained}) == len(trained)
+    for run in (tmp_path / "space" / "runs").iterdir():          # each trained once, whole
+        epochs = [line.split(",")[0] for line in (run / "metrics.csv").read_text().splitlines()[1:]]
+        assert epochs == ["0", "1"], (run, epochs)
+        assert "resuming from" not in (tmp_path / "space" / f"{run.name}.log").read_text()
+    assert len(list((tmp_path / "space" / "runs").iterdir())) == len(trained)

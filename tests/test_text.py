@@ -2,8 +2,6 @@
 files), the embedding-bag model, and the exported SavedModel answering raw strings."""
 import json
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -14,7 +12,7 @@ from tftrain.data import load_source
 from tftrain.data.text import split
 from tftrain.run import main
 
-from helpers import QUICKSTART, ROOT, quick_config, saved_model_cli
+from helpers import QUICKSTART, quick_config, saved_model_cli
 
 WORDS = {"space": "rocket orbit planet star moon launch", "food": "bread cheese soup apple cook bake"}
 
@@ -86,12 +84,9 @@ def test_bad_text_exits_2_naming_the_file_or_key(tmp_path, capsys, case, pattern
 
 
 @pytest.mark.slow
-def test_text_run_exports_a_saved_model_that_answers_raw_strings(tmp_path):
+def test_text_run_exports_a_saved_model_that_answers_raw_strings(tmp_path, fortunes):
     from tftrain.run import run
-    data = tmp_path / "fortunes"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_fortunes_text.py"), "--out", str(data),
-                    "--categories", "computers", "law"], check=True, capture_output=True)
-    summary = run(quick_config(tmp_path, "data.name=text", f"data.params={{path: {data}}}",
+    summary = run(quick_config(tmp_path, "data.name=text", f"data.params={{path: {fortunes}}}",
                                "model={name: embedding_bag, params: {embed_dim: 16}}",
                                "train.epochs=4", "run.name=text", "export.tflite=int8",
                                "compression.quantization={enabled: true, epochs: 1, skip_unsupported: true}"))

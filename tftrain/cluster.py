@@ -20,8 +20,12 @@ from dataclasses import dataclass
 
 from tftrain.config import ConfigError
 
-PORT_BASE = 8888
 GRANTED = "TFTRAIN_GRANTED_GPUS"     # the node's GPUs before this task was pinned to its share
+PORT_BASE = "TFTRAIN_PORT_BASE"      # sets the first port of a SLURM step's tasks on a node
+# Ports of a SLURM step: each job step gets its own block of PORTS_PER_STEP ports (one per
+# task on a node), chosen from its job and step ids, so two jobs sharing a node do not
+# collide (a fixed base did: every job's rank-0 task listened on the same port).
+FIRST_PORT, STEP_BLOCKS, PORTS_PER_STEP = 20000, 1250, 32
 
 
 @dataclass(frozen=True)
@@ -67,12 +71,42 @@ def expand_tasks_per_node(text: str) -> list[int]:
 
 
 def _slurm(env, name: str) -> str | None:
+    """A step's value, else the job's (SLURM_STEP_X, SLURM_JOB_X, SLURM_X)."""
     return env.get(f"SLURM_STEP_{name}") or env.get(f"SLURM_JOB_{name}") or env.get(f"SLURM_{name}")
 
 
-def slurm_task(env=None, port_base: int = PORT_BASE) -> Task:
+def slurm_port_base(env) -> int:
+    """The first port of this SLURM step's tasks on each node (`TFTRAIN_PORT_BASE` to
+    choose it): the same on every task of the step, different for other jobs and steps."""
+    if env.get(PORT_BASE, "").isdigit():
+        return int(env[PORT_BASE])
+    key = int(env.get("SLURM_JOB_ID", "0") or 0) * 7 + int(env.get("SLURM_STEP_ID", "0") or 0)
+    return FIRST_PORT + (key % STEP_BLOCKS) * PORTS_PER_STEP
+
+
+def in_slurm_step(env) -> bool:
+    """Whether this process is a task of a SLURM job step (started by srun): a batch
+    script or an salloc shell is inside the allocation but is one process, whatever
+    SLURM_NTASKS says."""
+    return "SLURM_JOB_ID" in env and ("SLURM_STEP_ID" in env or "SLURM_STEPID" in env)
+
+
+def slurm_without_srun(env=None) -> str:
+    """A warning for a process inside a SLURM allocation of several tasks that srun did
+    not start ("": none)."""
+    env = os.environ if env is None else env
+    tasks = int(env.get("SLURM_NTASKS", "1") or 1)
+    if "SLURM_JOB_ID" in env and tasks > 1 and not in_slurm_step(env) and not env.get("TF_CONFIG"):
+        return (f"warning: inside a SLURM allocation of {tasks} tasks but not started by srun "
+                "(no job step): training as one process; start each task with srun to train "
+                f"on all {tasks}")
+    return ""
+
+
+def slurm_task(env=None, port_base: int | None = None) -> Task:
     """This SLURM task: worker addresses in rank order and the GPUs it may use."""
     env = os.environ if env is None else env
+    port_base = slurm_port_base(env) if port_base is None else port_base
     nodes = expand_hostlist(_slurm(env, "NODELIST") or "")
     if not nodes:
         raise ConfigError("SLURM: SLURM_JOB_NODELIST is not set; start each task with srun "
@@ -133,7 +167,7 @@ def current_task(env=None) -> Task:
     env = os.environ if env is None else env
     if env.get("TF_CONFIG"):
         return tf_config_task(env["TF_CONFIG"])
-    if int(env.get("SLURM_NTASKS", "1")) > 1 and "SLURM_JOB_ID" in env:
+    if in_slurm_step(env) and int(_slurm(env, "NUM_TASKS") or env.get("SLURM_NTASKS", "1")) > 1:
         return slurm_task(env)
     return Task("local", (), 0, True)
 

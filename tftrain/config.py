@@ -336,6 +336,9 @@ class CompressionConfig(Strict):
 
 
 class ExportConfig(Strict):
+    # every export below converted (and run once) from the untrained model before
+    # training, so a conversion that cannot work is a config error, not a failure at the end
+    preflight: bool = True
     saved_model: bool = True
     # export/saved_model_int8/: int8 kernels (QAT's ranges, else post-training weight-only)
     saved_model_int8: bool = False

@@ -163,7 +163,10 @@ def cluster_environment(env=None) -> tuple[str, list[str]]:
         return "unreadable", [f"the cluster environment is malformed ({err}): fix or unset "
                               "TF_CONFIG / the SLURM variables"]
     if task.source == "local":
-        slurm = " (inside a one-task SLURM allocation)" if "SLURM_JOB_ID" in env else ""
+        unstarted = cluster.slurm_without_srun(env)
+        if unstarted:                 # it works, as one process: said, not a problem
+            return f"none: a single worker; {unstarted}", []
+        slurm = " (inside a SLURM allocation)" if "SLURM_JOB_ID" in env else ""
         return f"none: a single worker{slurm}", []
     source = task.source
     if source == "TF_CONFIG" and "KUBERNETES_SERVICE_HOST" in env:

@@ -26,12 +26,40 @@ _INT8_KERNELS = ("QLinear", "QGemm", "ConvInteger", "MatMulInteger", "DynamicQua
 _ACTIVATIONS = ("Relu", "Clip")
 
 
+_HANDLERS: list = []
+
+
+def _register_handlers() -> None:
+    """tf2onnx handlers for TensorFlow ops it has no ONNX form for at this opset, each
+    written with ONNX ops it has (registered once, before the first conversion):
+    `Erfc` (Keras' exact GELU is 0.5 x erfc(-x/sqrt 2)) as 1 - Erf."""
+    if _HANDLERS:
+        return
+    from tf2onnx import utils
+    from tf2onnx.handler import tf_op
+
+    @tf_op("Erfc")
+    class Erfc:
+        @classmethod
+        def version_9(cls, ctx, node, **kwargs):
+            dtype = utils.map_onnx_to_numpy_type(ctx.get_dtype(node.input[0]))
+            one = ctx.make_const(utils.make_name(f"{node.name}_one"), np.array(1, dtype))
+            node.type = "Erf"
+            minus = ctx.insert_new_node_on_output("Sub", node.output[0],
+                                                  name=utils.make_name(f"{node.name}_erfc"))
+            ctx.replace_inputs(minus, [one.output[0], node.output[0]])
+            ctx.copy_shape(node.output[0], minus.output[0])
+            ctx.set_dtype(minus.output[0], ctx.get_dtype(node.output[0]))
+    _HANDLERS.append(Erfc)
+
+
 def float_onnx(plain) -> bytes:
     """The float32 model `plain` (its own input) as an ONNX model with input `inputs`
     and output `logits`."""
     import tensorflow as tf
     import tf2onnx
 
+    _register_handlers()
     spec = tf.TensorSpec([None, *plain.input_shape[1:]], plain.inputs[0].dtype, name="inputs")
 
     @tf.function(input_signature=[spec])

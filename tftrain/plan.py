@@ -40,6 +40,7 @@ class RunPlan:
     stages: list = field(default_factory=list)
     model: Any = None        # the first stage's model, as planned
     flops_per_example: float = 0.0
+    preflight: Any = None    # `tftrain.preflight.Preflight`: the exports, converted already
 
     @cached_property
     def peak(self):
@@ -72,6 +73,10 @@ class RunPlan:
         if info.replicas > 1:
             lines.append(self.precision.wire.describe())
         lines.append(data.describe(source, self.layout, self.cfg.data))
+        if self.preflight is not None:
+            lines.append(self.preflight.describe())
+        from tftrain.cluster import slurm_without_srun
+        lines += [slurm_without_srun()] if slurm_without_srun() else []
         return "\n".join(lines + self.parallel.describe())
 
 
@@ -79,7 +84,7 @@ def make(cfg: Config, *, smoke: bool, stop) -> RunPlan:
     """Plan the run: nothing is written, and every check that can fail early fails here."""
     import tensorflow as tf
 
-    from tftrain import data, parallelism, strategy, xla
+    from tftrain import data, parallelism, preflight, strategy, xla
     from tftrain._keras import keras
     from tftrain.models import build_model
     from tftrain.placement import layer_costs
@@ -130,4 +135,6 @@ def make(cfg: Config, *, smoke: bool, stop) -> RunPlan:
             if i == 0:
                 plan.model = net
     plan.flops_per_example = sum(c.flops for c in layer_costs(plan.model))
+    # every export converted once from the model the last stage hands on, before any update
+    plan.preflight = preflight.run(cfg, net, source, qat=plan.stages[-1].quantization_aware)
     return plan

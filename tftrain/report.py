@@ -32,6 +32,9 @@ def summary(plan, results: dict, artifacts: dict, net) -> dict:
         "stages": results, "sparsity": _sparsity(results),
         "artifacts": artifacts, "smoke": plan.smoke,
     }
+    if plan.preflight is not None:
+        out["preflight"] = {"seconds": plan.preflight.seconds,
+                            "artifacts": list(plan.preflight.artifacts)}
     last = results[plan.stages[-1].name]
     if "raw_metrics" in last:
         out["raw_metrics"] = last["raw_metrics"]      # the weights before averaging

@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -40,6 +41,10 @@ from tftrain.config_types import ConfigError
 from tftrain.extras import missing
 
 EXIT_CONFIG = 2
+
+
+class NoTrialCompleted(RuntimeError):
+    """Every trial failed, was pruned or refused its values."""
 
 
 def parse_space(path: Path) -> dict:
@@ -115,17 +120,26 @@ class Sweep:
             sampler=optuna.samplers.TPESampler(seed=space["seed"]))
 
     def run(self) -> dict:
-        """Run trials until `trials` have ended; returns the best trial's values."""
+        """Run trials until `trials` have ended; returns the best trial's values. Other
+        sweeps may run on the same study at the same time: each trial is trained once."""
         import optuna
         from optuna.trial import TrialState
 
         for cut in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if _alive(cut):
+                continue                       # another sweep's, running now
             self.study.tell(cut.number, state=TrialState.FAIL)        # cut short: run again
             self.study.enqueue_trial(cut.params)
             print(f"trial {cut.number} was cut short: it runs again with the same values")
         while self.ended() < self.trials:
             trial = self.study.ask()
             values = {k: _suggest(trial, k, d) for k, d in self.space["params"].items()}
+            _beat(trial)
+            trial.set_user_attr("run", str(self.directory / "runs" / _trial_name(values)))
+            twin = self._twin(trial, values)
+            if twin is not None:               # trained by another trial: its result
+                self._tell_as(trial, twin)
+                continue
             try:
                 value = self._run_trial(trial, values)
                 self.study.tell(trial, value, state=TrialState.COMPLETE if value is not None
@@ -139,12 +153,50 @@ class Sweep:
             self.write_table()                 # after every trial, however it ended
         return self.best()
 
+    def _twin(self, trial, values: dict):
+        """An earlier trial with the same values (a sweep beside this one, seeded alike,
+        or the sampler repeating itself), finished or running now: waited for, never
+        trained twice (the earlier trial trains; the later never waits for a later one, so
+        two sweeps cannot wait for each other). None when there is none."""
+        from optuna.trial import TrialState
+
+        def same(t):
+            return t.number < trial.number and "run" in t.user_attrs and \
+                set(t.params) == set(values) and self._values(t) == values and \
+                t.state != TrialState.FAIL
+        while True:
+            found = [t for t in self.study.get_trials(deepcopy=False) if same(t)]
+            done = [t for t in found if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+            if done:
+                return done[0]
+            if not any(t.state == TrialState.RUNNING and _alive(t) for t in found):
+                return None
+            _beat(trial)
+            time.sleep(1.0)
+
+    def _tell_as(self, trial, twin) -> None:
+        from optuna.trial import TrialState
+
+        trial.set_user_attr("same_as", twin.number)
+        trial.set_user_attr("run", twin.user_attrs["run"])
+        print(f"trial {trial.number}: the values of trial {twin.number}, not trained again",
+              flush=True)
+        if twin.state == TrialState.COMPLETE:
+            self.study.tell(trial, twin.value)
+        else:
+            self.study.tell(trial, state=twin.state)
+        self.study.sampler.reseed_rng()       # a sweep seeded alike: sample elsewhere now
+        self.write_table()
+
     def ended(self) -> int:
         """Trials that ran to their end: completed, pruned, or failed on their own (not
-        cut short by an interruption: those run again)."""
+        cut short by an interruption: those run again); and the trials other sweeps on
+        the same study are running now (they will end there)."""
         return sum(1 for t in self.study.get_trials(deepcopy=False)
                    if t.state.name in ("COMPLETE", "PRUNED")
-                   or (t.state.name == "FAIL" and "exit_code" in t.user_attrs))
+                   or (t.state.name == "FAIL" and "exit_code" in t.user_attrs)
+                   or (t.state.name == "RUNNING" and t.user_attrs.get("owner") != OWNER
+                       and _alive(t)))
 
     def command(self, values: dict) -> list[str]:
         sets = [*self.sets, *overrides(values), f"run.dir={self.directory / 'runs'}",
@@ -165,6 +217,7 @@ class Sweep:
                                 start_new_session=True, preexec_fn=_stop_with_parent)
         reported = -1
         while True:
+            _beat(trial)
             done = proc.poll() is not None
             for epoch, value in self._epochs(run_path):
                 if epoch > reported:
@@ -179,9 +232,14 @@ class Sweep:
             time.sleep(0.5)
         log.close()
         trial.set_user_attr("exit_code", proc.returncode)
-        if proc.returncode == EXIT_CONFIG:
-            raise ConfigError(f"trial {trial.number} ({' '.join(overrides(values))}): tftrain.run "
-                              f"refused its config; see {log.name}")
+        if proc.returncode == EXIT_CONFIG:       # e.g. a builder refusing a sampled value
+            refused = [line.removeprefix("tftrain: config error: ") for line in
+                       Path(log.name).read_text().splitlines()
+                       if line.startswith("tftrain: config error: ")]
+            trial.set_user_attr("refused", refused[0] if refused else "")
+            print(f"trial {trial.number} refused its values ({' '.join(overrides(values))}): "
+                  f"{refused[0] if refused else 'see ' + log.name}; the sweep goes on", flush=True)
+            return None
         if proc.returncode != 0:
             print(f"trial {trial.number} failed (exit {proc.returncode}); see {log.name}")
             return None
@@ -204,7 +262,8 @@ class Sweep:
 
         done = [t for t in self.study.trials if t.state.name == "COMPLETE"]
         if not done:
-            raise RuntimeError("no trial completed; see the trial logs in " + str(self.directory))
+            raise NoTrialCompleted("no trial completed; see trials.csv and the trial logs in "
+                                   + str(self.directory))
         trial = self.study.best_trial
         values = self._values(trial)
         cfg = load_config(self.config, [*self.sets, *overrides(values)])
@@ -227,6 +286,10 @@ class Sweep:
             state = t.state.name.lower()
             if state == "fail" and "exit_code" not in t.user_attrs:
                 state = "cut short"                  # ran again as a later trial
+            elif "refused" in t.user_attrs:
+                state = "refused"                    # tftrain.run refused the values
+            elif "same_as" in t.user_attrs:
+                state = f"{state} (trial {t.user_attrs['same_as']})"   # not trained again
             rows.append({"trial": t.number, "state": state, **values,
                          self.space["metric"]: "" if t.value is None else f"{t.value:.4f}",
                          "epochs": len(t.intermediate_values),
@@ -237,6 +300,35 @@ class Sweep:
                                         "seconds"])
             writer.writeheader()
             writer.writerows(rows)
+
+
+OWNER = f"{socket.gethostname()}:{os.getpid()}"     # this sweep process
+BEAT_EVERY, STALE_AFTER = 10.0, 60.0
+
+
+def _beat(trial) -> None:
+    """Mark `trial` as this sweep's and alive now (every BEAT_EVERY seconds at most)."""
+    now = time.time()
+    if trial.user_attrs.get("owner") != OWNER:
+        trial.set_user_attr("owner", OWNER)
+    if now - trial.user_attrs.get("beat", 0.0) >= BEAT_EVERY:
+        trial.set_user_attr("beat", now)
+
+
+def _alive(trial) -> bool:
+    """Whether a RUNNING trial's sweep still runs it: its process is alive (on this host)
+    or it beat recently (elsewhere)."""
+    owner = trial.user_attrs.get("owner", "")
+    host, _, pid = owner.rpartition(":")
+    if host == socket.gethostname() and pid.isdigit():
+        try:
+            os.kill(int(pid), 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+    return time.time() - trial.user_attrs.get("beat", 0.0) < STALE_AFTER
 
 
 def _stop_with_parent() -> None:
@@ -288,6 +380,9 @@ def main(argv=None) -> int:
         for problem in err.problems:
             print(f"tftrain: config error: {problem}", file=sys.stderr)
         return EXIT_CONFIG
+    except NoTrialCompleted as err:
+        print(f"tftrain: sweep: {err}", file=sys.stderr)
+        return 1
     print((sweep.directory / "trials.csv").read_text())
     print(f"best: trial {best['trial']}, {space['metric']} {best['value']:.4f}: "
           f"{' '.join(overrides(best['values']))}; config in {sweep.directory / 'best.yaml'}")

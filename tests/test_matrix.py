@@ -1,0 +1,145 @@
+"""The pairwise feature matrix: every pair of values of eight feature dimensions in at
+least one config, each run with `--smoke`. Each either completes with every exported
+artifact verified, or is refused with exit 2 before anything is written, with a line
+naming what cannot go together. Nothing may fail after training has begun.
+
+`--smoke` runs a few batches per stage on one device, so the strategy values are met at
+plan time (their checks and refusals); whole runs of each strategy are in test_run.py and
+test_launch.py. Artifacts are verified as every run verifies them, except that a smoke
+model's accuracy is noise: `export.max_accuracy_drop` is 1 here (the float artifacts must
+still give the model's logits to `export.max_logit_diff`).
+"""
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from helpers import QUICKSTART
+
+SEED, MIN_CONFIGS = 2026, 60
+
+DIMENSIONS = {
+    "strategy": ["one_device", "mirrored", "multi_worker"],
+    "precision": ["float32", "mixed_bfloat16", "mixed_float16"],
+    "accumulation": [1, 3],
+    "model": ["cnn", "resnet", "ds_cnn", "conv1d", "embedding_bag", "transformer",
+              "keras_applications:MobileNetV2"],
+    "augment": ["none", "normalize+crop", "mixup"],
+    "remainder": ["drop", "pad"],
+    "stages": ["train", "freeze", "distill", "ema", "prune", "prune+qat"],
+    "export": ["saved_model", "tflite_dynamic", "tflite_float16", "tflite_int8",
+               "saved_model_int8", "onnx"],
+}
+
+
+def covering_array(dimensions: dict, seed: int = SEED, at_least: int = MIN_CONFIGS) -> list[dict]:
+    """Rows (one value per dimension) covering every pair of values of two dimensions at
+    least once: greedy, each new row the candidate of a few hundred random ones covering
+    the most pairs still uncovered (AETG); then random rows up to `at_least`."""
+    rng = random.Random(seed)
+    names = list(dimensions)
+    uncovered = {((a, va), (b, vb)) for a, b in itertools.combinations(names, 2)
+                 for va in dimensions[a] for vb in dimensions[b]}
+    rows = []
+
+    def pairs(row):
+        return {((a, row[a]), (b, row[b])) for a, b in itertools.combinations(names, 2)}
+    while uncovered:
+        (a, va), (b, vb) = sorted(uncovered, key=repr)[rng.randrange(len(uncovered))]
+        best, gain = None, -1
+        for _ in range(200):
+            row = {n: rng.choice(dimensions[n]) for n in names}
+            row[a], row[b] = va, vb
+            g = len(pairs(row) & uncovered)
+            if g > gain:
+                best, gain = row, g
+        rows.append(best)
+        uncovered -= pairs(best)
+    while len(rows) < at_least:
+        rows.append({n: rng.choice(dimensions[n]) for n in names})
+    return rows
+
+
+ROWS = covering_array(DIMENSIONS)
+
+
+def test_the_matrix_covers_every_pair():
+    names = list(DIMENSIONS)
+    for a, b in itertools.combinations(names, 2):
+        seen = {(row[a], row[b]) for row in ROWS}
+        assert seen == set(itertools.product(DIMENSIONS[a], DIMENSIONS[b])), (a, b)
+    assert len(ROWS) >= MIN_CONFIGS
+    print(f"feature matrix: {len(ROWS)} configs, seed {SEED}")
+
+
+def overrides(row: dict, speech, text) -> list[str]:
+    """The row as `--set` overrides of the quickstart config."""
+    model = row["model"]
+    sets = [f"distribute.strategy={row['strategy']}", f"precision.policy={row['precision']}",
+            f"train.accumulation_steps={row['accumulation']}", "data.per_replica_batch_size=12",
+            f"data.remainder={row['remainder']}", "train.jit_compile=false", "train.verbose=0",
+            "export.max_accuracy_drop=1"]
+    if model in ("ds_cnn", "conv1d"):
+        sets += ["data.name=audio_folder",
+                 f"data.params={{path: {speech}, sample_rate: 16000, duration: 1.0}}",
+                 "data.validation_fraction=0.25",
+                 f"model={{name: {model}, params: {{filters: 16}}}}" if model == "ds_cnn" else
+                 f"model={{name: {model}, params: {{filters: [16, 16]}}}}"]
+    elif model in ("embedding_bag", "transformer"):
+        sets += ["data.name=text", f"data.params={{path: {text}, vocab_size: 2000}}",
+                 f"model={{name: {model}, params: {{embed_dim: 16}}}}" if model == "embedding_bag"
+                 else f"model={{name: {model}, params: {{embed_dim: 16, num_heads: 2, "
+                      "num_layers: 1, mlp_dim: 32}}}"]
+    elif model.startswith("keras_applications"):
+        sets += ["data.params={image_size: 32, channels: 3}",
+                 f"model={{name: '{model}', params: {{weights: null, alpha: 0.35}}}}"]
+    else:
+        sets += [f"model={{name: {model}, params: {{}}}}" if model == "cnn" else
+                 f"model={{name: {model}, params: {{depth: 8, width: 8}}}}"]
+    sets += {"none": [],
+             "normalize+crop": ["data.augment=[{normalize: {mean: 0.5, std: 2.0}}, "
+                                "{random_crop: {padding: 1}}]"],
+             "mixup": ["data.augment=[{mixup: {alpha: 0.2}}]"]}[row["augment"]]
+    sets += {"train": [],
+             "freeze": ["train.freeze={epochs: 1}"],
+             "distill": [f"compression.distillation={{enabled: true, epochs: 1, student: "
+                         f"{{name: {'embedding_bag' if model in ('embedding_bag', 'transformer') else 'mlp'}}}}}"],
+             "ema": ["train.ema={decay: 0.9, recalibrate_batches: 2}"],
+             "prune": ["compression.pruning={enabled: true, epochs: 1, final_sparsity: 0.5}"],
+             "prune+qat": ["compression.pruning={enabled: true, epochs: 1, final_sparsity: 0.5}",
+                           "compression.quantization={enabled: true, epochs: 1, "
+                           "skip_unsupported: true}"]}[row["stages"]]
+    sets += {"saved_model": ["export.tflite=none"],
+             "tflite_dynamic": ["export.tflite=dynamic"],
+             "tflite_float16": ["export.tflite=float16"],
+             "tflite_int8": ["export.tflite=int8"],
+             "saved_model_int8": ["export.tflite=none", "export.saved_model_int8=true"],
+             "onnx": ["export.tflite=none", "export.onnx=true"]}[row["export"]]
+    return sets
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("row", ROWS, ids=["-".join(str(v) for v in row.values()).replace(
+    "keras_applications:", "") for row in ROWS])
+def test_every_combination_works_or_is_refused_before_training(row, tmp_path, capsys,
+                                                              spoken_digits, fortunes):
+    from tftrain.run import main
+    sets = overrides(row, spoken_digits, fortunes)
+    code = main([str(QUICKSTART), "--run-dir", str(tmp_path), "--smoke",
+                 *[a for s in sets for a in ("--set", s)]])
+    out, err = capsys.readouterr()
+    run = tmp_path / "quickstart-smoke"
+    if code == 2:                       # refused: at plan time, one line, nothing written
+        lines = [line for line in err.splitlines() if line.startswith("tftrain: config error: ")]
+        assert lines and "Traceback" not in err, err[-3000:]
+        assert not run.exists() and "training:" not in out, out[-2000:]
+        print(f"refused: {lines[0]}")
+        return
+    assert code == 0, err[-4000:]
+    import json
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["artifacts"]
+    for name, artifact in summary["artifacts"].items():
+        assert artifact["verified"], (name, artifact.get("check"))

@@ -1,0 +1,124 @@
+"""Export preflight: every requested export converted once, before the first update.
+
+A conversion that fails (an op TFLite or ONNX has no form for, a layer tfmot cannot
+quantize, a runtime that refuses the converted file) used to fail after all of training.
+Here the model the export will get is built as planned, untrained, outside any strategy;
+each requested artifact is converted from it (one calibration batch; the int8 ones through
+a throwaway QAT copy when QAT is enabled) and loaded and run once by its runtime. A
+failure is a config error naming the artifact, the op or layer, and what to do; nothing is
+written. `export.preflight: false` turns it off.
+"""
+from __future__ import annotations
+
+import re
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from tftrain.config import ConfigError
+
+EXAMPLES = 8            # validation and calibration examples the preflight converts with
+
+
+@dataclass(frozen=True)
+class Preflight:
+    seconds: float
+    artifacts: tuple[str, ...]
+
+    def describe(self) -> str:
+        return (f"export preflight: {', '.join(self.artifacts)} converted and run from the "
+                f"untrained model in {self.seconds:.1f} s (export.preflight: false to skip)")
+
+
+def wanted(cfg) -> bool:
+    e = cfg.export
+    return e.preflight and (e.saved_model or e.saved_model_int8 or e.tflite != "none" or e.onnx)
+
+
+def run(cfg, net, source, qat: bool) -> Preflight | None:
+    """Convert every export `cfg` asks for from a fresh copy of `net` (the model the last
+    stage will hand to the export, as planned); a ConfigError when one fails."""
+    if not wanted(cfg):
+        return None
+    from tftrain import export
+
+    began = time.perf_counter()
+    model = _copy(net)
+    if qat:
+        model = _quantized(cfg, model)
+    with tempfile.TemporaryDirectory(prefix="tftrain-preflight-") as tmp:
+        try:
+            report = export.export_all(model, cfg.export, Path(tmp), _Sample(source), qat=qat,
+                                       data_cfg=cfg.data)
+        except ConfigError:
+            raise
+        except Exception as err:      # a converter or runtime refusing the model
+            raise ConfigError(refusal(cfg, err)) from None
+    return Preflight(time.perf_counter() - began, tuple(report))
+
+
+def _copy(net):
+    """A float32 copy of `net` with fresh variables, made outside any strategy (planning
+    ends its scope first): no collective, no device placement, what the chief exports."""
+    import tensorflow_model_optimization as tfmot
+
+    from tftrain._keras import keras
+    from tftrain.export import inference_model
+
+    with tfmot.quantization.keras.quantize_scope():
+        return keras.models.clone_model(inference_model(net))
+
+
+def _quantized(cfg, model):
+    from tftrain import compression
+
+    q = cfg.compression.quantization
+    preserve = cfg.compression.pruning.enabled and q.preserve_sparsity
+    return compression.quantize_model(model, q, preserve_sparsity=preserve)
+
+
+class _Sample:
+    """The first few examples of a source: enough to convert, calibrate and run."""
+
+    def __init__(self, source, n: int = EXAMPLES):
+        self._source, self.num_val = source, min(n, source.num_val)
+        serving = source.spec.serving
+        self.spec = source.spec if serving is None else replace(
+            source.spec, serving=replace(serving, validation=serving.validation[:self.num_val]))
+
+    def validation(self):
+        return self._source.validation().take(self.num_val)
+
+    def calibration(self, n: int):
+        return self._source.calibration(min(n, EXAMPLES))
+
+
+# --- what a failure means -----------------------------------------------------------
+_OP = re.compile(r"(?:Unsupported ops?:? .*?['\"]?(\w+)['\"]?[:)]|op[s]? (?:type )?['\"]?(\w+)['\"]? "
+                 r"(?:is|are) not supported|'(\w+)' (?:op )?is neither a custom op nor a flex op)")
+
+
+def refusal(cfg, err: Exception) -> str:
+    """One config-error line for a conversion that failed: which export, which op (when
+    the converter names it) and the settings that avoid it."""
+    text = str(err)
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(err).__name__)
+    match = _OP.search(text)
+    op = next((g for g in match.groups() if g), None) if match else None
+    what, fix = _artifact(cfg, text)
+    named = f"op {op}" if op else first[:300]
+    return (f"{what}: the untrained model does not convert ({named}); {fix}, or set "
+            "export.preflight: false to find out after training")
+
+
+def _artifact(cfg, text: str) -> tuple[str, str]:
+    e = cfg.export
+    lowered = text.lower()
+    if e.onnx and ("onnx" in lowered or "tf2onnx" in lowered):
+        return "export.onnx", "set export.onnx: false (or replace the layer that uses it)"
+    if e.tflite != "none" and ("tflite" in lowered or "converter" in lowered or "lite" in lowered):
+        return f"export.tflite ({e.tflite})", "choose another export.tflite mode or none"
+    if e.saved_model_int8:
+        return "export.saved_model_int8", "set export.saved_model_int8: false"
+    return "export", "change the export settings"
