@@ -30,13 +30,42 @@ _HANDLERS: list = []
 
 
 def _register_handlers() -> None:
-    """tf2onnx handlers for TensorFlow ops it has no ONNX form for at this opset, each
-    written with ONNX ops it has (registered once, before the first conversion):
-    `Erfc` (Keras' exact GELU is 0.5 x erfc(-x/sqrt 2)) as 1 - Erf."""
+    """tf2onnx handlers for ops it has no ONNX form for at this opset, each written with
+    ONNX ops it has (registered once, before the first conversion): TensorFlow's `Erfc`
+    (Keras' exact GELU is 0.5 x erfc(-x/sqrt 2)) as 1 - Erf, and TFLite's GELU (in an int8
+    file, between a dequantize and a quantize) as 0.5 x (1 + erf(x/sqrt 2)), or its tanh
+    form when the file's GELU is the approximate one."""
     if _HANDLERS:
         return
     from tf2onnx import utils
-    from tf2onnx.handler import tf_op
+    from tf2onnx.handler import tf_op, tfl_op
+
+    @tfl_op("TFL_GELU")
+    class TflGelu:
+        @classmethod
+        def version_9(cls, ctx, node, **kwargs):
+            x, out = node.input[0], node.output[0]
+            shape, dtype = ctx.get_shape(out), ctx.get_dtype(out)
+
+            def const(value):
+                return ctx.make_const(utils.make_name(f"{node.name}_c"),
+                                      np.array(value, np.float32)).output[0]
+
+            def op(kind, *inputs):
+                return ctx.make_node(kind, list(inputs), name=utils.make_name(node.name)).output[0]
+            if node.get_attr_value("approximate", 0):
+                cube = op("Mul", op("Mul", x, x), x)
+                inner = op("Mul", op("Add", x, op("Mul", cube, const(0.044715))),
+                           const(np.sqrt(2 / np.pi)))
+                plus = op("Add", op("Tanh", inner), const(1.0))
+            else:
+                plus = op("Add", op("Erf", op("Mul", x, const(1 / np.sqrt(2)))), const(1.0))
+            result = op("Mul", op("Mul", x, const(0.5)), plus)
+            ctx.remove_node(node.name)
+            ctx.replace_all_inputs(out, result)
+            ctx.set_shape(result, shape)
+            ctx.set_dtype(result, dtype)
+    _HANDLERS.append(TflGelu)
 
     @tf_op("Erfc")
     class Erfc:
@@ -74,6 +103,7 @@ def int8_onnx(tflite: bytes) -> bytes:
     """The int8 TFLite flatbuffer `tflite` as an ONNX QDQ model (`inputs` -> `logits`)."""
     import tf2onnx
 
+    _register_handlers()
     with tempfile.TemporaryDirectory(prefix="tftrain-onnx-") as tmp:
         path = Path(tmp) / "model.tflite"
         path.write_bytes(tflite)

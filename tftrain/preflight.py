@@ -95,30 +95,45 @@ class _Sample:
 
 
 # --- what a failure means -----------------------------------------------------------
-_OP = re.compile(r"(?:Unsupported ops?:? .*?['\"]?(\w+)['\"]?[:)]|op[s]? (?:type )?['\"]?(\w+)['\"]? "
-                 r"(?:is|are) not supported|'(\w+)' (?:op )?is neither a custom op nor a flex op)")
+_OPS = (re.compile(r"'tf\.(\w+)' op is neither a custom op nor a flex op"),     # TFLite
+        re.compile(r"Custom ops: (\w+)"),
+        re.compile(r"Unsupported ops: Counter\(\{'(\w+)'"),                     # tf2onnx
+        re.compile(r"\b(\w+) is not supported\b"))
 
 
 def refusal(cfg, err: Exception) -> str:
-    """One config-error line for a conversion that failed: which export, which op (when
-    the converter names it) and the settings that avoid it."""
+    """One config-error line for a conversion that failed: which export, which op and
+    layer (when the converter names them) and the settings that avoid it."""
     text = str(err)
-    first = next((line.strip() for line in text.splitlines() if line.strip()), type(err).__name__)
-    match = _OP.search(text)
-    op = next((g for g in match.groups() if g), None) if match else None
-    what, fix = _artifact(cfg, text)
-    named = f"op {op}" if op else first[:300]
-    return (f"{what}: the untrained model does not convert ({named}); {fix}, or set "
+    op = next((m.group(1) for m in (p.search(text) for p in _OPS) if m), None)
+    what, target, fix = _artifact(cfg, text)
+    if op:
+        layer = re.search(rf'fused\["{op}:", "[^/"]+/([^/"]+)/', text)
+        found = f"op {op}" + (f" (layer {layer.group(1)})" if layer else "") + \
+            f" has no {target} form"
+    else:
+        found = next((line.strip() for line in text.splitlines() if line.strip()),
+                     type(err).__name__)[:300]
+    return (f"{what}: the untrained model does not convert: {found}; {fix}, or set "
             "export.preflight: false to find out after training")
 
 
-def _artifact(cfg, text: str) -> tuple[str, str]:
+def _artifact(cfg, text: str) -> tuple[str, str, str]:
+    """(the export's key, what it converts to, the setting that avoids it)."""
     e = cfg.export
     lowered = text.lower()
-    if e.onnx and ("onnx" in lowered or "tf2onnx" in lowered):
-        return "export.onnx", "set export.onnx: false (or replace the layer that uses it)"
-    if e.tflite != "none" and ("tflite" in lowered or "converter" in lowered or "lite" in lowered):
-        return f"export.tflite ({e.tflite})", "choose another export.tflite mode or none"
+    if e.onnx and ("onnx" in lowered or "opset" in lowered):
+        return ("export.onnx", f"ONNX opset {_opset()}",
+                "replace the layer or set export.onnx: false")
+    if e.tflite != "none" and ("tflite" in lowered or "flatbuffer" in lowered
+                               or "converter" in lowered or "custom op" in lowered):
+        return (f"export.tflite ({e.tflite})", "TFLite builtin",
+                "replace the layer or set export.tflite: none")
     if e.saved_model_int8:
-        return "export.saved_model_int8", "set export.saved_model_int8: false"
-    return "export", "change the export settings"
+        return "export.saved_model_int8", "int8 SavedModel", "set export.saved_model_int8: false"
+    return "export", "exported", "change the export settings"
+
+
+def _opset() -> int:
+    from tftrain.onnx_export import OPSET
+    return OPSET

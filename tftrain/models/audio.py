@@ -2,9 +2,10 @@
 computed with `tf.signal`'s mel and DCT matrices inside the model, so the SavedModel and
 the TFLite file take the waveform) and keyword-spotting networks after it.
 
-The features are `tf.signal.stft` (Hann window), |.|², a mel matrix product, a log and
-(MFCC) a DCT matrix product: TFLite runs them as builtins (GATHER, RFFT2D, COMPLEX_ABS,
-FULLY_CONNECTED, LOG), in float before the int8 layers. The feature layer computes in float32 whatever the
+The features are the short-time power spectrum of `tf.signal.stft` (Hann window, |.|²)
+computed as two real DFT matrix products per frame, a mel matrix product, a log and
+(MFCC) a DCT matrix product: real ops only, which TFLite runs as builtins (framing,
+FULLY_CONNECTED, MUL, LOG) in float before the int8 layers, and ONNX has at opset 17. The feature layer computes in float32 whatever the
 training policy (a log of a bfloat16 power loses the quiet frames).
 """
 from __future__ import annotations
@@ -40,6 +41,13 @@ class AudioFeatures(keras.layers.Layer):
 
     def build(self, input_shape):
         bins = self.fft_length // 2 + 1
+        # The windowed DFT of each (zero-padded) frame as two real matrices: the power
+        # spectrum is re^2 + im^2, with no complex tensor (TFLite's RFFT2D and the
+        # ComplexAbs of |stft| have no ONNX form at opset 17; matrix products do).
+        window = tf.signal.hann_window(self.frame, periodic=True).numpy().astype(np.float64)
+        angle = 2 * np.pi * np.outer(np.arange(self.frame), np.arange(bins)) / self.fft_length
+        self._cos = (window[:, None] * np.cos(angle)).astype(np.float32)
+        self._sin = (window[:, None] * -np.sin(angle)).astype(np.float32)
         self._mel = tf.signal.linear_to_mel_weight_matrix(
             self.num_mel_bins, bins, self.sample_rate, self.lower_hz, self.upper_hz).numpy()
         self._dct = None
@@ -49,9 +57,10 @@ class AudioFeatures(keras.layers.Layer):
         super().build(input_shape)
 
     def call(self, waveform):
-        stft = tf.signal.stft(tf.cast(waveform, tf.float32), self.frame, self.step,
-                              self.fft_length)
-        power = tf.square(tf.abs(stft))
+        frames = tf.signal.frame(tf.cast(waveform, tf.float32), self.frame, self.step)
+        real = tf.tensordot(frames, tf.constant(self._cos), 1)
+        imag = tf.tensordot(frames, tf.constant(self._sin), 1)
+        power = real * real + imag * imag               # |stft|^2
         features = tf.math.log(tf.tensordot(power, tf.constant(self._mel), 1) + 1e-6)
         if self._dct is not None:
             features = tf.tensordot(features, tf.constant(self._dct), 1)
