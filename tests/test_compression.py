@@ -122,6 +122,27 @@ def test_pruning_under_mixed_precision(policy):
     assert log[-1][2]["dense_0"] == pytest.approx(0.5, abs=0.01)
 
 
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+def test_pruning_a_float32_layer_under_a_mixed_policy(policy):
+    """A layer pinned to float32 (a float32 head) keeps its precision in the wrapper: the
+    wrapper no longer casts its inputs to the policy's float16 for a float32 kernel."""
+    precision.apply_policy(policy)
+    try:
+        inputs = keras.Input((6,))
+        hidden = keras.layers.Dense(8, name="hidden")(inputs)
+        head = keras.layers.Dense(3, dtype="float32", name="head")(hidden)
+        cfg = pruning_cfg("final_sparsity=0.5")
+        plan = compression.plan_pruning(cfg.model_copy(update={"epochs": 1}), 4)
+        pruned = compression.prune_model(keras.Model(inputs, head), cfg, plan)
+        wrapped = {layer.layer.name: layer for layer in compression.pruned_layers(pruned)}
+        assert wrapped["head"].compute_dtype == "float32"
+        assert wrapped["hidden"].compute_dtype == policy.split("_")[1]
+        out = pruned(np.ones((2, 6), np.float32))
+        assert out.dtype == tf.float32 and out.shape == (2, 3)
+    finally:
+        precision.apply_policy("float32")
+
+
 def test_pruning_under_mirrored_equals_one_device():
     cfg = pruning_cfg("final_sparsity=0.6", "end=0.5", "frequency=2")
     mirrored, _, _ = pruned_training(cfg, 8)        # 2 replicas x 32
@@ -192,15 +213,19 @@ def test_quantization_lists_unsupported_layers_or_skips_them():
     assert set(compression.quantized_kernels(q)) == {"proj", "head"}
 
 
-def test_prune_preserving_qat_keeps_the_zeros_of_depthwise_kernels(tmp_path):
+@pytest.mark.parametrize("batch_norm", [False, True], ids=["relu", "batch_norm"])
+def test_prune_preserving_qat_keeps_the_zeros_of_depthwise_kernels(tmp_path, batch_norm):
     """tfmot's prune-preserving scheme leaves DepthwiseConv2D kernels unmasked: QAT used to
     refill their zeros. The depthwise kernel's zeros after QAT equal the pruned ones, in
-    the QAT model and in the int8 TFLite file."""
+    the QAT model and in the int8 TFLite file; followed by a batch norm (ds_cnn,
+    MobileNetV2) too, which tfmot refused once the depthwise had its own config."""
     from tftrain import export
     keras.utils.set_random_seed(0)
     inputs = keras.Input((8, 8, 1))
     h = keras.layers.Conv2D(8, 3, padding="same", activation="relu", name="conv")(inputs)
     h = keras.layers.DepthwiseConv2D(3, padding="same", name="depthwise")(h)
+    if batch_norm:
+        h = keras.layers.BatchNormalization(name="depthwise_bn")(h)
     h = keras.layers.ReLU(name="relu")(h)
     h = keras.layers.GlobalAveragePooling2D(name="pool")(h)
     net = keras.Model(inputs, keras.layers.Dense(10, name="logits")(h))

@@ -295,6 +295,24 @@ def test_augmentation_is_seeded_and_validation_gets_only_the_deterministic_part(
         train_dataset(source, plan, cfg("data.augment=[{random_crop: {pad: 2}}]").data, 0)
 
 
+def test_an_augmentation_that_cannot_take_the_inputs_is_refused_at_plan_time():
+    from tftrain.data import augment
+
+    def ops(*entries):
+        return augment.build(list(entries))
+    augment.check(ops("random_crop", "normalize", "mixup"), (8, 8, 3), "float32")
+    augment.check(ops("spec_augment", "time_shift", "normalize", "mixup"), (16000,), "float32")
+    with pytest.raises(ConfigError, match=r"data\.augment\[1\]: random_crop works on images "
+                                          r"\(height, width, channels\), and the data gives "
+                                          r"examples of shape \(16000,\)"):
+        augment.check(ops("normalize", "random_crop"), (16000,), "float32")
+    with pytest.raises(ConfigError, match=r"data\.augment\[0\]: spec_augment works on waveforms"):
+        augment.check(ops("spec_augment"), (8, 8, 3), "float32")
+    with pytest.raises(ConfigError, match=r"data\.augment\[0\]: mixup changes float inputs, and "
+                                          r"the data gives int32 examples of shape \(64,\)"):
+        augment.check(ops("mixup"), (64,), "int32")
+
+
 def test_mixup_and_cutmix_give_soft_labels():
     for op in ("mixup: {alpha: 0.4}", "cutmix: {alpha: 1.0}"):
         data = cfg("data.name=synthetic", "data.params={num_examples: 64, shape: [8, 8, 3], num_classes: 4}",

@@ -66,9 +66,14 @@ def test_each_worker_gets_its_own_gpus(monkeypatch):
 
 
 def _worker(code, after=0.0):
+    """A stand-in worker; returned once its SIGTERM handler is installed (a signal that
+    came before would end it with -15 instead of its own 7, as a slow start on a loaded
+    machine showed)."""
     source = ("import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(7)); "
-              f"time.sleep({after}); sys.exit({code})")
-    return subprocess.Popen([sys.executable, "-c", source])
+              f"print('ready', flush=True); time.sleep({after}); sys.exit({code})")
+    proc = subprocess.Popen([sys.executable, "-c", source], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n"
+    return proc
 
 
 def test_wait_lets_preempted_workers_finish_and_stops_failed_ones():

@@ -136,3 +136,28 @@ def test_batch_norm_re_estimation_sees_the_normalized_inputs_training_sees():
     assert recalibrate_batch_norm(model, runner._batches(4)) == 4
     np.testing.assert_allclose(model.layers[0].moving_mean.numpy(),
                                [np.mean([b.mean() for b in used])], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
+def test_the_frozen_phase_leaves_the_head_to_train_under_every_precision(policy):
+    """By default every layer but the output layer is frozen. Under a mixed policy the
+    model ends with a float32 cast (no weights): the head was frozen with the rest and
+    the phase had nothing to train (a crash in the step)."""
+    from types import SimpleNamespace
+
+    from tftrain.data import InputSpec
+    from tftrain.parallelism import Parallelism
+    from tftrain.precision import Precision
+    from tftrain.stages.freeze import Freeze
+    cfg = load_config(None, [f"precision.policy={policy}", "train.freeze={epochs: 1}",
+                             "model={name: cnn, params: {filters: [4], dense: [8]}}"])
+    ctx = SimpleNamespace(precision=Precision(policy=policy, config=cfg.precision),
+                          parallel=Parallelism(), source=SimpleNamespace(spec=InputSpec((8, 8, 1), "float32", 10)))
+    stage = Freeze(cfg=cfg, steps_per_epoch=4)
+    net = stage.plan(None, ctx)
+    assert stage.frozen == ["conv_0", "dense_0"]
+    assert (net.layers[-1].name == "logits") == (policy == "float32")
+    bad = load_config(None, ["train.freeze={epochs: 1, layers: [conv_0, dense_0, logits]}",
+                             "model={name: cnn, params: {filters: [4], dense: [8]}}"])
+    with pytest.raises(Exception, match=r"train\.freeze\.layers: the rules freeze every layer"):
+        Freeze(cfg=bad, steps_per_epoch=4).plan(None, ctx)

@@ -114,7 +114,6 @@ class Checkpointer(keras.callbacks.Callback):
         self.checks = 0           # checks made (each one all-reduce in a cluster)
         self.calls = 0            # training calls (steps_per_execution steps each)
         self._epoch = 0
-        self._finite = None
 
     def resume_at(self, update: int) -> None:
         """Continue counting from `update` (after a rollback)."""
@@ -174,15 +173,11 @@ class Checkpointer(keras.callbacks.Callback):
         self.last_saved = self.update
 
     def _all_finite(self) -> bool:
-        if self._finite is None:
-            floats = [v for v in self.model.variables + list(self.model.optimizer.variables)
-                      if v.dtype.is_floating]
-
-            @tf.function
-            def finite():
-                return tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in floats])
-            self._finite = finite
-        return bool(self._finite())
+        # eagerly, variable by variable: a tf.function over every variable costs a trace
+        # (seconds for a large model) that short stages never earn back
+        floats = [v for v in self.model.variables + list(self.model.optimizer.variables)
+                  if v.dtype.is_floating]
+        return all(bool(tf.reduce_all(tf.math.is_finite(v))) for v in floats)
 
 
 class NonFiniteLoss(Exception):

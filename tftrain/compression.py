@@ -149,7 +149,9 @@ def prune_model(model, cfg: PruningConfig, plan: PruningPlan):
 
     def wrap(layer):
         if layer.name in names:
-            return PruneByUpdate(layer, **options)
+            # the wrapper computes in its layer's precision: a float32 logits layer under a
+            # mixed policy would otherwise get float16 inputs for its float32 kernel
+            return PruneByUpdate(layer, dtype=layer.dtype_policy, **options)
         return layer
 
     return keras.models.clone_model(model, clone_function=wrap)
@@ -255,12 +257,16 @@ def quantize_model(model, cfg: QuantizationConfig, preserve_sparsity: bool):
     prune-preserving one so that zeros stay zeros). Call inside the strategy scope."""
     q = tfmot.quantization.keras
     skipped = set(unquantizable(model, cfg))
+    configs = qat_configs.configs_for(model, preserve_sparsity)
 
     def annotate(layer):
         if layer.name in skipped or isinstance(layer, keras.layers.InputLayer):
             return layer.__class__.from_config(layer.get_config())
         clone = qat_configs.quantizable_form(layer)
-        return q.quantize_annotate_layer(clone, qat_configs.config_for(clone, preserve_sparsity))
+        config = configs.get(layer.name)
+        if config is None:          # the form QAT quantizes may have a config of its own
+            config = qat_configs.config_for(clone, preserve_sparsity)
+        return q.quantize_annotate_layer(clone, config)
 
     annotated = keras.models.clone_model(model, clone_function=annotate)
     annotated.set_weights([w.reshape(v.shape) for w, v in zip(model.get_weights(), annotated.weights)])

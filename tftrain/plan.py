@@ -85,6 +85,7 @@ def make(cfg: Config, *, smoke: bool, stop) -> RunPlan:
     import tensorflow as tf
 
     from tftrain import data, parallelism, preflight, strategy, xla
+    from tftrain.data import augment
     from tftrain._keras import keras
     from tftrain.models import build_model
     from tftrain.placement import layer_costs
@@ -104,6 +105,7 @@ def make(cfg: Config, *, smoke: bool, stop) -> RunPlan:
         tf.config.experimental.enable_op_determinism()
     policy = choose_policy(cfg.precision)
     source = data.load_source(cfg.data, cfg.run.seed)
+    augment.check(augment.build(cfg.data.augment), source.spec.shape, source.spec.dtype)
     if source.num_val == 0:
         raise ConfigError(f"data.validation_fraction: {cfg.data.validation_fraction} leaves no "
                           "validation examples; raise it (e.g. 0.15) or give a validation split")

@@ -108,6 +108,43 @@ class DepthwisePrunePreserveConfig(registry.Default8BitConvQuantizeConfig):
         return {"activation": self.activation}
 
 
+def configs_for(model, preserve_sparsity: bool) -> dict:
+    """The QuantizeConfig tftrain gives each layer of `model` that needs one, by name.
+
+    tfmot quantizes a `DepthwiseConv2D -> BatchNormalization` pair as one (the batch norm
+    quantizes the output, which TFLite folds into the depthwise) only when neither layer
+    has a config of its own; a depthwise with the prune-preserving config gets the same
+    arrangement here, else tfmot refuses the batch norm."""
+    from tensorflow_model_optimization.python.core.quantization.keras.default_8bit import (
+        default_8bit_quantize_configs as configs,
+    )
+    configs_ = {}
+    sources = _sources(model) if preserve_sparsity else {}
+    for layer in model.layers:
+        source = sources.get(layer.name)
+        if (isinstance(layer, keras.layers.BatchNormalization)
+                and isinstance(source, keras.layers.DepthwiseConv2D)):
+            configs_[layer.name] = configs.Default8BitOutputQuantizeConfig()
+            configs_[source.name] = DepthwisePrunePreserveConfig(activation=False)
+    for layer in model.layers:
+        if layer.name not in configs_:
+            config = config_for(layer, preserve_sparsity)
+            if config is not None:
+                configs_[layer.name] = config
+    return configs_
+
+
+def _sources(model) -> dict:
+    """The one layer feeding each single-input layer, in this model's graph (a layer
+    shared with another model has nodes of that model's too)."""
+    found = {}
+    for entry in model.get_config()["layers"]:
+        inbound = [i[0] for node in entry["inbound_nodes"] for i in node]
+        if len(inbound) == 1:
+            found[entry["name"]] = model.get_layer(inbound[0])
+    return found
+
+
 def config_for(layer, preserve_sparsity: bool) -> Optional[object]:
     """The QuantizeConfig tftrain gives `layer`, or None when tfmot's registry has one."""
     from tensorflow_model_optimization.python.core.quantization.keras.default_8bit import (

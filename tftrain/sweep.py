@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import fcntl
 import hashlib
 import json
 import os
@@ -114,10 +115,14 @@ class Sweep:
                   optuna.pruners.MedianPruner(
                       n_startup_trials=space["pruner"].get("startup_trials", 3),
                       n_warmup_steps=space["pruner"].get("warmup_epochs", 2)))
-        self.study = optuna.create_study(
-            study_name="sweep", storage=f"sqlite:///{directory / 'study.db'}",
-            load_if_exists=True, direction=space["direction"], pruner=pruner,
-            sampler=optuna.samplers.TPESampler(seed=space["seed"]))
+        # one sweep at a time creates the database: two creating it at once race on its
+        # schema (alembic's version row: UNIQUE constraint failed)
+        with open(directory / "study.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self.study = optuna.create_study(
+                study_name="sweep", storage=f"sqlite:///{directory / 'study.db'}",
+                load_if_exists=True, direction=space["direction"], pruner=pruner,
+                sampler=optuna.samplers.TPESampler(seed=space["seed"]))
 
     def run(self) -> dict:
         """Run trials until `trials` have ended; returns the best trial's values. Other

@@ -57,7 +57,8 @@ def check(cfg, stage, parallel) -> None:
 def decide(setting, model, strategy, batch, vote=None, refused: str = "",
            margin: float = 1.05, rounds: int = 3, calls: int = 3) -> Decision:
     """Whether `model` (a compiled `TrainModel`) computes its gradients under XLA.
-    `batch`: one replica batch `(x, y[, weight])`; `vote(values) -> values`: the mean
+    `batch`: one replica batch `(x, y[, weight])`, or a function giving it (called only
+    when a measurement needs it); `vote(values) -> values`: the mean
     over a cluster's replicas (None on one worker); `refused`: why XLA cannot be used
     (`refusal`), "" if it can be tried."""
     if setting is False:
@@ -71,7 +72,7 @@ def decide(setting, model, strategy, batch, vote=None, refused: str = "",
         return Decision(False, "off: run.deterministic (a measured choice could differ "
                                "between runs)")
     try:
-        speedup = _measure(model, strategy, batch, rounds, calls)
+        speedup = _measure(model, strategy, batch() if callable(batch) else batch, rounds, calls)
         decision = (Decision(True, f"on: compiled steps ran {speedup:.2f}x as fast", speedup)
                     if speedup >= margin else
                     Decision(False, f"off: compiled steps ran {speedup:.2f}x as fast "

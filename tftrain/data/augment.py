@@ -26,6 +26,24 @@ class Op:
     fn: Callable                 # (x, seed) -> x ; batch ops: (x, y, w, seed) -> (x, y, w)
     batch: bool = False
     deterministic: bool = False  # also applied to validation and export inputs
+    takes: str = "images"        # what its examples must be: images, waveforms or any (float)
+
+
+TAKES = {"images": (3, "images (height, width, channels)"), "waveforms": (1, "waveforms (samples)")}
+
+
+def check(ops: list[Op], shape: tuple, dtype: str) -> None:
+    """At plan time: every op can take the source's examples (a ConfigError naming the
+    entry otherwise): no float augmentation of token ids, no image op on a waveform."""
+    for i, op in enumerate(ops):
+        if not str(dtype).startswith(("float", "bfloat")):
+            raise ConfigError(f"data.augment[{i}]: {op.name} changes float inputs, and the data "
+                              f"gives {dtype} examples of shape {tuple(shape)} (e.g. token ids); "
+                              "remove it from data.augment")
+        if op.takes in TAKES and len(shape) != TAKES[op.takes][0]:
+            raise ConfigError(f"data.augment[{i}]: {op.name} works on {TAKES[op.takes][1]}, and "
+                              f"the data gives examples of shape {tuple(shape)}; remove it or "
+                              "use an augmentation made for these inputs")
 
 
 AUGMENTS: Registry[Callable[..., Op]] = Registry("augmentation", "data.augment")
@@ -158,7 +176,7 @@ def normalize(mean: Any = 0.0, std: Any = 1.0) -> Op:
     """(x - mean) / std per channel (deterministic: validation and exports get it too)."""
     if min(std if isinstance(std, (list, tuple)) else [std]) <= 0:
         raise ConfigError("data.augment.normalize.std: must be > 0")
-    return Op("normalize", lambda x, seed=None: (x - mean) / std, deterministic=True)
+    return Op("normalize", lambda x, seed=None: (x - mean) / std, deterministic=True, takes="any")
 
 
 @AUGMENTS.register("center_crop")
@@ -190,7 +208,7 @@ def mixup(alpha: float = 0.2) -> Op:
         lam = tf.where(tf.gather(w, j) > 0, lam, 1.0)[:, None]
         xs = lam[..., None, None] if len(x.shape) == 4 else lam
         return xs * x + (1 - xs) * tf.gather(x, j), lam * y + (1 - lam) * tf.gather(y, j), w
-    return Op("mixup", fn, batch=True)
+    return Op("mixup", fn, batch=True, takes="any")
 
 
 @AUGMENTS.register("cutmix")

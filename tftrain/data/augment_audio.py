@@ -54,7 +54,7 @@ def spec_augment(time_masks: int = 2, time_mask: float = 0.1, freq_masks: int = 
         for i in range(time_masks if time_mask else 0):
             x = tf.where(_span(n, time_mask, _fold(seed, 20 + i)), tf.zeros_like(x), x)
         return x
-    return Op("spec_augment", fn)
+    return Op("spec_augment", fn, takes="waveforms")
 
 
 @AUGMENTS.register("time_shift")
@@ -68,4 +68,4 @@ def time_shift(fraction: float = 0.1) -> Op:
         shift = tf.random.stateless_uniform([], seed, -most, most + 1, tf.int32)
         padded = tf.pad(x, [[most, most]])
         return padded[most - shift: most - shift + n]
-    return Op("time_shift", fn)
+    return Op("time_shift", fn, takes="waveforms")

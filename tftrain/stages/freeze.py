@@ -28,11 +28,17 @@ class Freeze(Stage):
         self.net = build_network(self.cfg, ctx)
         self.frozen = compression.select_layers(self.net, self.cfg.train.freeze.layers,
                                                 "train.freeze.layers", _has_weights)
+        from tftrain.config import ConfigError
+        weighted = [layer.name for layer in self.net.layers if layer.weights]
         if not self.cfg.train.freeze.layers:
-            self.frozen = [n for n in self.frozen if n != self.net.layers[-1].name]
+            # the output layer is the last one with weights (a float32 cast of the
+            # outputs under a mixed policy comes after it)
+            self.frozen = [n for n in self.frozen if n != weighted[-1]]
         if not self.frozen:
-            from tftrain.config import ConfigError
             raise ConfigError("train.freeze.layers: no layer with weights to freeze")
+        if set(weighted) <= set(self.frozen):
+            raise ConfigError("train.freeze.layers: the rules freeze every layer with weights, "
+                              "so the frozen phase would train nothing; leave the head out")
         return self.net
 
     def build(self, net, ctx) -> Built:

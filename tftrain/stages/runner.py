@@ -105,9 +105,10 @@ class StageRunner:
         if int(jit.numpy()) != xla.UNDECIDED:
             decision = xla.Decision(bool(jit.numpy()), "as decided before the restart")
         else:
-            batch = next(iter(self._batches(1)))
             parallel = self.plan.parallel
-            decision = xla.decide(setting, model, parallel.strategy, batch, parallel.mean,
+            # the batch only for a measurement (`auto`): building the input costs seconds
+            decision = xla.decide(setting, model, parallel.strategy,
+                                  lambda: next(iter(self._batches(1))), parallel.mean,
                                   xla.refusal(stage, parallel))
             jit.assign(xla.ON if decision.compiled else xla.OFF)
         model.jit_compile_gradients = decision.compiled
