@@ -91,6 +91,7 @@ def test_distilled_updates_equal_under_replicas_and_accumulation():
 
 
 DISTILL = ["train.epochs=2", "train.checkpoint.every=7", "train.verbose=0", "export.tflite=int8",
+           "export.preflight=false",      # (test_preflight.py's)
            "run.deterministic=true",
            "compression.distillation={enabled: true, epochs: 3, temperature: 2, alpha: 0.5, "
            "student: {name: cnn, params: {filters: [16, 32], dense: [32]}}}"]

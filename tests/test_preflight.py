@@ -56,7 +56,8 @@ def test_the_plan_says_what_preflight_converted_and_how_long_it_took(tmp_path, c
 
 def test_preflight_follows_the_last_stage_qat_and_records_its_time(tmp_path):
     summary = run(quick_config(tmp_path, "train.epochs=1", "export.tflite=int8",
-                               "compression.quantization={enabled: true, epochs: 1}"))
+                               "compression.quantization={enabled: true, epochs: 1}",
+                               "export.preflight=true"))
     assert summary["preflight"]["artifacts"] == ["saved_model", "tflite_int8"]
     assert 0 < summary["preflight"]["seconds"]
     assert json.loads((tmp_path / "quickstart" / "summary.json").read_text())["preflight"] == \

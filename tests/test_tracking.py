@@ -132,7 +132,8 @@ def _runs(uri, experiment):
     return client, client.search_runs([found.experiment_id]) if found else []
 
 
-SETS = ["train.epochs=6", "train.checkpoint.every=30", "export.tflite=none", "train.verbose=0"]
+SETS = ["train.epochs=6", "train.checkpoint.every=30", "export.tflite=none", "train.verbose=0",
+        "export.preflight=false"]
 
 
 @pytest.mark.slow
