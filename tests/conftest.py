@@ -80,3 +80,9 @@ def pytest_xdist_auto_num_workers(config):
     """`-n auto`: a worker per CPU this process may use, at most 4 (each holds a TensorFlow
     runtime and starts training processes of its own)."""
     return max(1, min(len(os.sched_getaffinity(0)), 4))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Slow tests first (in file order), then the rest: a parallel run then ends on many
+    short tests that even out the workers, not on one long run while the others idle."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

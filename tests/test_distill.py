@@ -191,7 +191,9 @@ def test_bad_distillation_config_exits_2(tmp_path, capsys, sets, pattern):
 def test_distillation_under_mixed_precision_and_accumulation(tmp_path, policy, accumulation):
     sets = ["train.epochs=1", "train.verbose=0", "export.tflite=none", "export.saved_model=false",
             f"precision.policy={policy}", f"train.accumulation_steps={accumulation}",
-            "data.per_replica_batch_size=16",
+            "data.per_replica_batch_size=16", "train.jit_compile=false",
+            # a small teacher: bfloat16 is emulated on CPUs without BF16 instructions
+            "model.params={filters: [8, 16], dense: [32]}",
             "compression.distillation={enabled: true, epochs: 1, temperature: 2, alpha: 0.5, "
             "student: {name: cnn, params: {filters: [16, 32], dense: [32]}}}"]
     args = [str(QUICKSTART), "--run-dir", str(tmp_path), *[a for s in sets for a in ("--set", s)]]

@@ -352,7 +352,8 @@ def test_multi_worker_strategy_single_worker_trains(tmp_path, launcher):
     `tftrain.launch --workers 1` (a TF_CONFIG cluster of one, whose collectives must be
     configured before planning runs any op)."""
     sets = [a for s in ("distribute.strategy=multi_worker", "train.epochs=3", "export.tflite=none",
-                        "train.accumulation_steps=2", "data.per_replica_batch_size=16")
+                        "train.accumulation_steps=2", "data.per_replica_batch_size=16",
+                        "train.jit_compile=false", "export.preflight=false")
             for a in ("--set", s)]
     head = [] if launcher == "run" else ["-m", "tftrain.launch", "--workers", "1"]
     proc = (cli(QUICKSTART, "--run-dir", tmp_path, *sets) if launcher == "run" else
@@ -391,7 +392,8 @@ def test_accumulation_through_the_cli_equals_large_batch(tmp_path, capsys):
     common = ["--set", "model={name: mlp}", "--set", "data.shuffle=false", "--set", "train.epochs=1",
               "--set", "train.optimizer={name: sgd, learning_rate: 0.1, params: {momentum: 0.9}}",
               "--set", "train.schedule={name: constant}", "--set", "export.tflite=none",
-              "--set", "export.saved_model=false", "--run-dir", str(tmp_path)]
+              "--set", "export.saved_model=false", "--set", "train.jit_compile=false",
+              "--run-dir", str(tmp_path)]
     assert main([str(QUICKSTART), *common, "--set", "run.name=accumulated",
                  "--set", "distribute.strategy=mirrored", "--set", "data.per_replica_batch_size=8",
                  "--set", "train.accumulation_steps=4"]) == 0
@@ -809,7 +811,7 @@ def test_an_early_stopped_stage_is_never_re_entered(tmp_path, capsys, monkeypatc
     sets = ["train.epochs=6", "train.early_stopping={monitor: val_loss, patience: 1, min_delta: 5.0}",
             "compression.pruning.epochs=1", "compression.quantization.enabled=false",
             "model.params.dense=[64]", "export.tflite=none", "export.saved_model=false",
-            "train.verbose=0"]
+            "train.verbose=0", "train.jit_compile=false"]
     args = [str(COMPRESS), "--run-dir", str(tmp_path), *[a for s in sets for a in ("--set", s)]]
     with monkeypatch.context() as patch:
         _signal_during(patch, stages.StageRunner, "run_stage", 1, after=True)   # after train
