@@ -122,7 +122,9 @@ def test_input_wait_leaves_out_the_call_that_traced_the_step(capsys):
     """Tracing and compiling the step (seconds of Python in the first call) is neither
     waiting for input nor the step: the first epoch measures what the second does."""
     per_epoch, _ = _waited(_model(_TracesSlowly), DATA, 2, capsys)
-    assert per_epoch[0] <= per_epoch[1] + 0.15, per_epoch     # not ~1: 3 s of tracing
+    # counted, the 3 s of tracing would make the first epoch's share ~0.99; left out, it is
+    # the second epoch's, within what a loaded machine's noise adds to ten short calls
+    assert per_epoch[0] <= min(per_epoch[1] + 0.25, 0.95), per_epoch
 
 
 def test_input_wait_warns_on_steady_epochs_only(capsys):
