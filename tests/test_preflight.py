@@ -54,6 +54,7 @@ def test_the_plan_says_what_preflight_converted_and_how_long_it_took(tmp_path, c
     assert "export preflight" not in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_preflight_follows_the_last_stage_qat_and_records_its_time(tmp_path):
     summary = run(quick_config(tmp_path, "train.epochs=1", "export.tflite=int8",
                                "compression.quantization={enabled: true, epochs: 1}",

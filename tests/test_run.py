@@ -413,6 +413,7 @@ DIVERGING = ["train.optimizer={name: sgd, learning_rate: 1.0e+12}", "train.sched
              "train.epochs=2", "export.tflite=none", "export.saved_model=false"]
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_with_a_clear_error(tmp_path, capsys):
     args = [str(QUICKSTART), "--run-dir", str(tmp_path)] + [a for s in DIVERGING for a in ("--set", s)]
     assert main(args) == 1
@@ -422,6 +423,7 @@ def test_non_finite_loss_stops_with_a_clear_error(tmp_path, capsys):
     assert not list((tmp_path / "quickstart" / "checkpoints").glob("*.index"))   # nothing NaN saved
 
 
+@pytest.mark.slow
 def test_non_finite_loss_rolls_back_with_a_lower_rate(tmp_path, capsys):
     summary = run(quick_config(tmp_path, *DIVERGING, "train.on_nan=rollback",
                                "train.nan_lr_factor=1.0e-13"))
