@@ -252,6 +252,13 @@ def unquantizable(model, cfg: QuantizationConfig) -> list[str]:
     return [layer.name for layer in unsupported]
 
 
+def quantize_configured(model, cfg):
+    """`quantize_model` as the run's config asks: prune-preserving after pruning."""
+    q = cfg.compression.quantization
+    return quantize_model(model, q, preserve_sparsity=cfg.compression.pruning.enabled
+                          and q.preserve_sparsity)
+
+
 def quantize_model(model, cfg: QuantizationConfig, preserve_sparsity: bool):
     """8-bit QAT copy of a float32 functional model (tfmot default scheme, or the
     prune-preserving one so that zeros stay zeros). Call inside the strategy scope."""
@@ -262,11 +269,8 @@ def quantize_model(model, cfg: QuantizationConfig, preserve_sparsity: bool):
     def annotate(layer):
         if layer.name in skipped or isinstance(layer, keras.layers.InputLayer):
             return layer.__class__.from_config(layer.get_config())
-        clone = qat_configs.quantizable_form(layer)
-        config = configs.get(layer.name)
-        if config is None:          # the form QAT quantizes may have a config of its own
-            config = qat_configs.config_for(clone, preserve_sparsity)
-        return q.quantize_annotate_layer(clone, config)
+        return q.quantize_annotate_layer(qat_configs.quantizable_form(layer),
+                                         configs.get(layer.name))
 
     annotated = keras.models.clone_model(model, clone_function=annotate)
     annotated.set_weights([w.reshape(v.shape) for w, v in zip(model.get_weights(), annotated.weights)])

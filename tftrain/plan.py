@@ -76,7 +76,7 @@ class RunPlan:
         if self.preflight is not None:
             lines.append(self.preflight.describe())
         from tftrain.cluster import slurm_without_srun
-        lines += [slurm_without_srun()] if slurm_without_srun() else []
+        lines += [warning for warning in [slurm_without_srun()] if warning]
         return "\n".join(lines + self.parallel.describe())
 
 

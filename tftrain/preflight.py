@@ -46,7 +46,8 @@ def run(cfg, net, source, qat: bool) -> Preflight | None:
     began = time.perf_counter()
     model = _copy(net)
     if qat:
-        model = _quantized(cfg, model)
+        from tftrain import compression
+        model = compression.quantize_configured(model, cfg)
     with tempfile.TemporaryDirectory(prefix="tftrain-preflight-") as tmp:
         try:
             report = export.export_all(model, cfg.export, Path(tmp), _Sample(source), qat=qat,
@@ -68,14 +69,6 @@ def _copy(net):
 
     with tfmot.quantization.keras.quantize_scope():
         return keras.models.clone_model(inference_model(net))
-
-
-def _quantized(cfg, model):
-    from tftrain import compression
-
-    q = cfg.compression.quantization
-    preserve = cfg.compression.pruning.enabled and q.preserve_sparsity
-    return compression.quantize_model(model, q, preserve_sparsity=preserve)
 
 
 class _Sample:

@@ -30,11 +30,8 @@ class QAT(Stage):
     def build(self, net, ctx) -> Built:
         from tftrain import compression, export
 
-        cfg = self.cfg.compression.quantization
-        preserve = self.cfg.compression.pruning.enabled and cfg.preserve_sparsity
         with self.precision(ctx).scope():
-            quantized = compression.quantize_model(export.inference_model(net), cfg,
-                                                   preserve_sparsity=preserve)
+            quantized = compression.quantize_configured(export.inference_model(net), self.cfg)
         return Built(quantized)
 
     def finalize(self, built: Built, result: dict, ctx):
