@@ -333,3 +333,43 @@ def test_an_update_skipped_at_the_loss_scale_floor_is_not_counted():
         assert int(model.optimizer.iterations.numpy()) == 2 == int(average.count.numpy())
     finally:
         keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.mark.parametrize("resizable", [False, True])
+def test_several_steps_per_call_trace_the_step_once_and_equal_one_step_per_call(resizable):
+    """With several steps per call (`train.steps_per_execution`, or calls that `auto` may
+    resize) the train and test steps are each traced once (Keras' own multi-step loop
+    traces them twice), and 7 updates in calls of 3, 3 and 1 end with the weights, logs
+    and evaluation of Keras' one-step function."""
+    def run(steps_per_call, count):
+        from tftrain import precision
+        precision.apply_policy("float32")
+        x, y = _data(7 * 32)
+        keras.utils.set_random_seed(1)
+        with mirrored().scope():
+            net = TrainModel.wrap(MODELS.get("mlp")(SPEC))
+            net.resizable_calls = resizable and steps_per_call > 1
+            net.compile(keras.optimizers.SGD(0.1, momentum=0.9),
+                        build_loss("sparse_categorical_crossentropy"), metrics=["accuracy"],
+                        steps_per_execution=steps_per_call)
+            net.optimizer.build(net.trainable_variables)     # as the stages do: no
+            net.build_metrics(tf.constant(y))                # variable is created in a trace
+        traces = {"train": 0, "test": 0}
+        for name, method in (("train", net.train_step), ("test", net.test_step)):
+            def counted(data, name=name, method=method):
+                traces[name] += 1                   # runs only while tracing, per replica
+                return method(data)
+            net.__dict__[f"{name}_step"] = counted
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
+        history = net.fit(ds, epochs=2, steps_per_epoch=7, validation_data=ds.take(5),
+                          verbose=0)
+        if count:
+            assert traces == {"train": 2, "test": 2}, traces       # 2 replicas
+        return net.get_weights(), history.history, net.evaluate(ds, verbose=0)
+
+    ours, keras_own = run(3, count=True), run(1, count=False)
+    assert_weights_close(ours[0], keras_own[0])
+    assert ours[1].keys() == keras_own[1].keys()
+    for key in ours[1]:
+        np.testing.assert_allclose(ours[1][key], keras_own[1][key], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ours[2], keras_own[2], rtol=1e-5, atol=1e-6)

@@ -9,8 +9,10 @@ import os
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import tf_keras as keras  # noqa: E402
+# how Keras' train and test functions reduce a step's per-replica outputs
+from tf_keras.src.engine.training import reduce_per_replica  # noqa: E402
 
-__all__ = ["keras", "ensure_tf_keras_model"]
+__all__ = ["keras", "ensure_tf_keras_model", "reduce_per_replica"]
 
 
 def ensure_tf_keras_model(model, what: str = "model"):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tftrain._keras import keras
+from tftrain._keras import keras, reduce_per_replica
 from tftrain.registry import Registry
 
 LOSSES = Registry("loss", "train.loss")
@@ -170,19 +170,56 @@ class TrainModel(keras.Model):
         return compiled[key](x, y, sample_weight)
 
     # `train.steps_per_execution: auto` changes the steps per call during training
-    # (`callbacks.ExecutionSizer`), which needs Keras' multi-step train function from the
+    # (`callbacks.ExecutionSizer`), which needs a multi-step train function from the
     # start: Keras builds a one-step function when it is created at one step per call.
     resizable_calls = False
 
     def make_train_function(self, force=False):
-        if not self.resizable_calls or (self.train_function is not None and not force):
+        if self.train_function is not None and not force:
+            return self.train_function
+        if not self._traced_once(self.resizable_calls):
             return super().make_train_function(force)
-        steps = self._steps_per_execution.numpy().item()
-        self._steps_per_execution.assign(max(2, steps))
-        try:
-            return super().make_train_function(force)
-        finally:
-            self._steps_per_execution.assign(steps)
+        self.train_function = self.train_tf_function = self._calls(
+            self.train_step, self._train_counter,
+            lambda: self.local_metrics() if self.local_step_logs else self.get_metrics_result())
+        return self.train_function
+
+    def make_test_function(self, force=False):
+        if self.test_function is not None and not force:
+            return self.test_function
+        if not self._traced_once(False):
+            return super().make_test_function(force)
+        self.test_function = self.test_tf_function = self._calls(
+            self.test_step, self._test_counter, self.get_metrics_result)
+        return self.test_function
+
+    def _traced_once(self, resizable: bool) -> bool:
+        """Whether `_calls` replaces Keras' multi-step function (several steps per call,
+        or calls that may be resized; not eager, XLA-compiled or coordinated)."""
+        several = resizable or self._steps_per_execution.numpy().item() > 1
+        return several and not (self.run_eagerly or self.jit_compile
+                                or self._cluster_coordinator)
+
+    def _calls(self, step, counter, results):
+        """Keras' multi-step function (`steps_per_execution` steps per call) with the
+        step traced once. Keras' own loop carries the step's outputs, undefined before
+        its first iteration, so autograph traces the step a second time to learn their
+        structure: every stage paid its step's tracing twice. The step's outputs are
+        metric results, read from the metric variables: here they are read once, after
+        the loop (`results`, in replica context)."""
+        strategy = self.distribute_strategy
+
+        def run_step(data):
+            outputs = step(data)
+            with tf.control_dependencies(tf.nest.flatten(outputs)):
+                counter.assign_add(1)
+
+        def function(iterator):
+            for _ in tf.range(self._steps_per_execution):
+                strategy.run(run_step, args=(next(iterator),))
+            return reduce_per_replica(strategy.run(results), strategy,
+                                      reduction=self.distribute_reduction_method)
+        return tf.function(function, reduce_retracing=True)
 
     local_step_logs = False
 
