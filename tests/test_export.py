@@ -138,3 +138,22 @@ def test_post_training_int8_of_a_token_model_is_integer_throughout(tmp_path):
                          for op in dense)
     gather, = [op for op in ops if op["op_name"] == "GATHER"]
     assert gather["operand_types"][0].__name__ == "int8"
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+def test_the_float32_baseline_size_is_the_saved_models_variables_gzip(tmp_path, policy):
+    """The compression ratios' baseline (a checkpoint of the float32 inference model's
+    variables, written without a signature) is the gzip size of the float32 SavedModel's
+    `variables/` to within the object graph's bytes, under any policy."""
+    import gzip
+
+    from tftrain.export import _dir_bytes, saved_model_variables_gzip
+    precision.apply_policy(policy)
+    try:
+        model = MODELS.get("cnn")(load_source(load_config().data, 0).spec)
+    finally:
+        precision.apply_policy("float32")
+    saved = save_saved_model(model, tmp_path / "saved_model")
+    expected = len(gzip.compress(_dir_bytes(saved / "variables"), 9))
+    assert abs(saved_model_variables_gzip(model) - expected) <= 100
+    assert expected > 4 * 53_002 * 0.8     # float32 weights (53,002), not 16-bit copies
