@@ -1,4 +1,4 @@
-"""The pairwise feature matrix: every pair of values of eight feature dimensions in at
+"""The pairwise feature matrix: every pair of values of nine feature dimensions in at
 least one config, each run with `--smoke`. Each either completes with every exported
 artifact verified, or is refused with exit 2 before anything is written, with a line
 naming what cannot go together. Nothing may fail after training has begun.
@@ -14,6 +14,11 @@ plan time (their checks and refusals); whole runs of each strategy are in test_r
 test_launch.py. Artifacts are verified as every run verifies them, except that a smoke
 model's accuracy is noise: `export.max_accuracy_drop` is 1 here (the float artifacts must
 still give the model's logits to `export.max_logit_diff`).
+
+The export preflight is a dimension of its own: with it on, an export that would fail is
+refused before training (which only `REFUSED` rows may be); with it off, the run must
+still end verified. Every value of every other dimension meets it on in some row, and
+rows without it skip its second conversion of each artifact.
 """
 from __future__ import annotations
 
@@ -37,6 +42,7 @@ DIMENSIONS = {
     "stages": ["train", "freeze", "distill", "ema", "prune", "prune+qat"],
     "export": ["saved_model", "tflite_dynamic", "tflite_float16", "tflite_int8",
                "saved_model_int8", "onnx"],
+    "preflight": ["on", "off"],
 }
 
 
@@ -61,15 +67,19 @@ def _pairs(row: dict) -> set:
 
 
 # relative seconds of a smoke run (a matrix run's durations): a MobileNetV2 row costs
-# about seven cnn rows, and pruning it half again
+# about seven cnn rows, and pruning it half again; the export preflight converts every
+# artifact a second time
 COST = {"model": {"cnn": 1.0, "embedding_bag": 1.0, "transformer": 1.5, "resnet": 2.0,
                   "conv1d": 2.0, "ds_cnn": 3.0, "keras_applications:MobileNetV2": 7.0},
         "stages": {"prune+qat": 1.0, "prune": 0.6, "distill": 0.4, "freeze": 0.2},
         "export": {"onnx": 0.8, "saved_model_int8": 0.5, "tflite_int8": 0.4}}
+PREFLIGHT = {"on": 0.3, "off": 0.0}     # plus the export's own cost again
 
 
 def cost(row: dict) -> float:
     extra = sum(COST[d].get(row[d], 0.0) for d in ("stages", "export"))
+    if row["preflight"] == "on":
+        extra += PREFLIGHT["on"] + COST["export"].get(row["export"], 0.0)
     return COST["model"][row["model"]] * (1.0 + extra)
 
 
@@ -151,7 +161,7 @@ def overrides(row: dict, speech, text) -> list[str]:
     sets = [f"distribute.strategy={row['strategy']}", f"precision.policy={row['precision']}",
             f"train.accumulation_steps={row['accumulation']}", "data.per_replica_batch_size=12",
             f"data.remainder={row['remainder']}", "train.jit_compile=false", "train.verbose=0",
-            "export.max_accuracy_drop=1"]
+            "export.max_accuracy_drop=1", f"export.preflight={row['preflight'] == 'on'}"]
     if model in ("ds_cnn", "conv1d"):
         sets += ["data.name=audio_folder",
                  f"data.params={{path: {speech}, sample_rate: 16000, duration: 1.0}}",
