@@ -82,7 +82,43 @@ def pytest_xdist_auto_num_workers(config):
     return max(1, min(len(os.sched_getaffinity(0)), 4))
 
 
+# seconds each test took when last run here (setup, call and teardown), kept in pytest's
+# cache (.pytest_cache) to order the next run
+DURATIONS = "tftrain/durations"
+_took: dict[str, float] = {}
+
+
+def estimate(item, known: dict) -> float:
+    """A test's expected seconds: as it took when last run here, else a feature-matrix
+    row's cost (`test_matrix.cost`, about 12 s per unit on 2 cores), else 60 s for a slow
+    test and 1 s for another."""
+    if item.nodeid in known:
+        return known[item.nodeid]
+    row = item.callspec.params.get("row") if hasattr(item, "callspec") else None
+    if isinstance(row, dict):
+        import test_matrix
+        return 12.0 * test_matrix.cost(row) if test_matrix.runs(row) else 5.0
+    return 60.0 if item.get_closest_marker("slow") else 1.0
+
+
 def pytest_collection_modifyitems(config, items):
-    """Slow tests first (in file order), then the rest: a parallel run then ends on many
-    short tests that even out the workers, not on one long run while the others idle."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """Slow tests first, longest first; then the rest in file order (their module
+    fixtures built once per worker). With `--dist load --maxschedchunk 2` (pyproject's
+    addopts) each worker takes the next test as it frees up, so a parallel run is the
+    longest-first schedule: it ends on short tests that even out the workers, not on one
+    long run while the others idle."""
+    known = config.cache.get(DURATIONS, {}) if config.cache is not None else {}
+    slow = sorted((item for item in items if item.get_closest_marker("slow")),
+                  key=lambda item: -estimate(item, known))
+    items[:] = slow + [item for item in items if not item.get_closest_marker("slow")]
+
+
+def pytest_runtest_logreport(report):
+    _took[report.nodeid] = _took.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workerinput") or session.config.cache is None or not _took:
+        return                          # a worker, or nothing ran: the controller records
+    known = session.config.cache.get(DURATIONS, {})
+    session.config.cache.set(DURATIONS, {**known, **{k: round(v, 2) for k, v in _took.items()}})
