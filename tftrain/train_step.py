@@ -179,9 +179,13 @@ class TrainModel(keras.Model):
             return self.train_function
         if not self._traced_once(self.resizable_calls):
             return super().make_train_function(force)
-        self.train_function = self.train_tf_function = self._calls(
-            self.train_step, self._train_counter,
-            lambda: self.local_metrics() if self.local_step_logs else self.get_metrics_result())
+        calls = self._calls(self.train_step, self._train_counter, lambda: (
+            self.local_metrics() if self.local_step_logs else self.get_metrics_result()))
+
+        def train_function(iterator):   # code of its own: TensorFlow counts traces by code
+            return calls(iterator)
+        self.train_function = self.train_tf_function = tf.function(train_function,
+                                                                   reduce_retracing=True)
         return self.train_function
 
     def make_test_function(self, force=False):
@@ -189,8 +193,12 @@ class TrainModel(keras.Model):
             return self.test_function
         if not self._traced_once(False):
             return super().make_test_function(force)
-        self.test_function = self.test_tf_function = self._calls(
-            self.test_step, self._test_counter, self.get_metrics_result)
+        calls = self._calls(self.test_step, self._test_counter, self.get_metrics_result)
+
+        def test_function(iterator):
+            return calls(iterator)
+        self.test_function = self.test_tf_function = tf.function(test_function,
+                                                                 reduce_retracing=True)
         return self.test_function
 
     def _traced_once(self, resizable: bool) -> bool:
@@ -219,7 +227,7 @@ class TrainModel(keras.Model):
                 strategy.run(run_step, args=(next(iterator),))
             return reduce_per_replica(strategy.run(results), strategy,
                                       reduction=self.distribute_reduction_method)
-        return tf.function(function, reduce_retracing=True)
+        return function
 
     local_step_logs = False
 
