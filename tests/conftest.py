@@ -103,10 +103,13 @@ def estimate(item, known: dict) -> float:
 
 def pytest_collection_modifyitems(config, items):
     """Slow tests first, longest first; then the rest in file order (their module
-    fixtures built once per worker). With `--dist load --maxschedchunk 2` (pyproject's
-    addopts) each worker takes the next test as it frees up, so a parallel run is the
-    longest-first schedule: it ends on short tests that even out the workers, not on one
-    long run while the others idle."""
+    fixtures built once per worker). With `--dist worksteal` (pyproject's addopts) the
+    first worker starts on the slow tests, longest first, while the other runs short
+    in-process ones (two workers both starting training processes slow each other down
+    more than twice: handing tests out one by one, longest first, took 2,447 s against
+    2,401 s), and a worker that runs out takes from the tail of another's queue: the run
+    ends on short tests that even out the workers, not on one long run while the others
+    idle."""
     known = config.cache.get(DURATIONS, {}) if config.cache is not None else {}
     slow = sorted((item for item in items if item.get_closest_marker("slow")),
                   key=lambda item: -estimate(item, known))
