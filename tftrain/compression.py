@@ -255,8 +255,7 @@ def unquantizable(model, cfg: QuantizationConfig) -> list[str]:
 def quantize_configured(model, cfg):
     """`quantize_model` as the run's config asks: prune-preserving after pruning."""
     q = cfg.compression.quantization
-    return quantize_model(model, q, preserve_sparsity=cfg.compression.pruning.enabled
-                          and q.preserve_sparsity)
+    return quantize_model(model, q, cfg.compression.pruning.enabled and q.preserve_sparsity)
 
 
 def quantize_model(model, cfg: QuantizationConfig, preserve_sparsity: bool):

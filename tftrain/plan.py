@@ -76,7 +76,8 @@ class RunPlan:
         if self.preflight is not None:
             lines.append(self.preflight.describe())
         from tftrain.cluster import slurm_without_srun
-        lines += [warning for warning in [slurm_without_srun()] if warning]
+        warning = slurm_without_srun()
+        lines += [warning] if warning else []
         return "\n".join(lines + self.parallel.describe())
 
 
