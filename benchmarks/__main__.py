@@ -1,13 +1,14 @@
-"""Run the benchmarks, keep their figures, and write README's benchmark table from them.
+"""Run the benchmarks, keep their figures, and write the benchmark table in
+docs/performance.md from them.
 
     python -m benchmarks                      # every benchmark (hours)
     python -m benchmarks overhead multiworker # some of them
-    python -m benchmarks --table              # only rewrite README's table
+    python -m benchmarks --table              # only rewrite the benchmark table
 
 Each benchmark runs as its own process (`python benchmarks/NAME.py ARGS`: a strategy and
 logical devices can be set up once per process) and measures against its baseline in the
 same run. Its figures (`benchmarks/record.py`) replace that benchmark's entry in
-`benchmarks/results.json`, with the date, the machine and the command; README's table,
+`benchmarks/results.json`, with the date, the machine and the command; the benchmark table,
 between its two markers, is then written from that file, so no figure is copied by hand.
 """
 import argparse
@@ -22,10 +23,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results.json"
-README = ROOT / "README.md"
+TABLE = ROOT / "docs" / "performance.md"
 BEGIN, END = "<!-- benchmarks:table -->", "<!-- /benchmarks:table -->"
 
-# name: the arguments README's figures come from (in the table's order)
+# name: the arguments the table's figures come from (in the table's order)
 SCRIPTS = {
     "overhead": ["--rounds", "7"],
     "accumulation": ["--rounds", "7"],
@@ -74,7 +75,7 @@ def run(name: str) -> dict:
 
 
 def table(results: dict) -> str:
-    """README's table: every kept figure, in SCRIPTS' order."""
+    """the benchmark table: every kept figure, in SCRIPTS' order."""
     lines = ["| figure | value | measured | command |", "|---|---|---|---|"]
     for name in SCRIPTS:
         entry = results.get(name)
@@ -88,19 +89,19 @@ def table(results: dict) -> str:
 
 
 def write_readme(results: dict) -> None:
-    text = README.read_text()
+    text = TABLE.read_text()
     if BEGIN not in text or END not in text:
-        raise SystemExit(f"README.md has no {BEGIN} ... {END} markers for the table")
+        raise SystemExit(f"docs/performance.md has no {BEGIN} ... {END} markers for the table")
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
-    README.write_text(f"{head}{BEGIN}\n{table(results)}\n{END}{tail}")
+    TABLE.write_text(f"{head}{BEGIN}\n{table(results)}\n{END}{tail}")
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("names", nargs="*", metavar="NAME",
                    help=f"benchmarks to run (default: all): {', '.join(SCRIPTS)}")
-    p.add_argument("--table", action="store_true", help="only rewrite README's table")
+    p.add_argument("--table", action="store_true", help="only rewrite the benchmark table")
     args = p.parse_args(argv)
     unknown = [n for n in args.names if n not in SCRIPTS]
     if unknown:
@@ -110,7 +111,7 @@ def main(argv=None) -> None:
         results[name] = run(name)
         RESULTS.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
     write_readme(results)
-    print(f"README.md's table written from {RESULTS.relative_to(ROOT)}")
+    print(f"docs/performance.md's table written from {RESULTS.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

@@ -23,8 +23,11 @@ import time
 import numpy as np
 
 import tftrain  # noqa: F401
-from tftrain import data, precision, strategy, train_step
-from tftrain._keras import keras
+from tftrain import data
+from tftrain.runtime import precision
+from tftrain.runtime import strategy
+from tftrain.training import train_step
+from tftrain.core.keras import keras
 from tftrain.config import load_config
 from tftrain.models import build_model
 import record

@@ -49,7 +49,7 @@ def main():
     p.add_argument("--epochs", type=int, default=60)
     p.add_argument("--seeds", type=int, default=3)
     args = p.parse_args()
-    from tftrain.strategy import configure_devices
+    from tftrain.runtime.strategy import configure_devices
     configure_devices(load_config(QUICKSTART))      # before the first TensorFlow op
     with tempfile.TemporaryDirectory() as out:
         data = digits_32(Path(out) / "digits32.npz")

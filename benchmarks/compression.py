@@ -26,9 +26,9 @@ import tftrain  # noqa: F401
 import record
 from tftrain.config import load_config
 from tftrain.data import load_source
-from tftrain.export import tflite_logits
+from tftrain.export.artifacts import tflite_logits
 from tftrain.run import run
-from tftrain.strategy import configure_devices
+from tftrain.runtime.strategy import configure_devices
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = {

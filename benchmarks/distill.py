@@ -86,7 +86,7 @@ def main():
     args = p.parse_args()
     CHOSEN.update(augment=args.augment, student=args.student or STUDENT,
                   teacher=args.teacher or TEACHER)
-    from tftrain.strategy import configure_devices
+    from tftrain.runtime.strategy import configure_devices
     configure_devices(load_config(QUICKSTART))      # before the first TensorFlow op
     teacher_params, student_params = parameters(CHOSEN["teacher"]), parameters(CHOSEN["student"])
     rows = []

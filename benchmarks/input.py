@@ -86,7 +86,7 @@ def ours(root: Path):
 
 
 def baseline(root: Path):
-    from tftrain._keras import keras
+    from tftrain.core.keras import keras
     ops = build(load_config(None, [f"data.augment={AUGMENT}"]).data.augment)
     ds = keras.utils.image_dataset_from_directory(
         str(root), image_size=(64, 64), batch_size=None, shuffle=True, seed=0)

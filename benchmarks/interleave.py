@@ -8,9 +8,14 @@ import tempfile
 import time
 
 import tftrain  # noqa: F401
-from tftrain import callbacks as cb
-from tftrain import data, epoch_logs, optim, precision, train_step, xla
-from tftrain._keras import keras
+from tftrain.training import callbacks as cb
+from tftrain import data
+from tftrain.training import epoch_logs
+from tftrain.optim import optimizers
+from tftrain.runtime import precision
+from tftrain.training import train_step
+from tftrain.training import xla
+from tftrain.core.keras import keras
 from tftrain.models import build_model
 
 import tensorflow as tf
@@ -20,7 +25,7 @@ def build_side(cfg, source, plan, strat, tftrain_side: bool, policy="float32",
                steps_per_execution=1, jit_compile=False, steps=60):
     """A compiled model and its (dataset, callbacks) as tftrain or plain Keras would run it.
     tftrain's side takes `steps_per_execution` (`"auto"`: sized by `ExecutionSizer` as a
-    run does) and `jit_compile` (`"auto"`: decided by `tftrain.xla` as a run does; the
+    run does) and `jit_compile` (`"auto"`: decided by `tftrain.training.xla` as a run does; the
     decision is printed). `steps`: the steps of each timed epoch (auto sizing leaves at
     least five calls in it, so that the time from the first call's end is measured)."""
     precision.apply_policy(policy)
@@ -34,7 +39,7 @@ def build_side(cfg, source, plan, strat, tftrain_side: bool, policy="float32",
         model = (train_step.TrainModel.wrap(base, plan.accumulation,
                                             cfg.distribute.all_reduce_dtype, precision=numerics)
                  if tftrain_side else base)
-        opt = optim.build_optimizer(cfg.train.optimizer, cfg.train.optimizer.learning_rate)
+        opt = optimizers.build_optimizer(cfg.train.optimizer, cfg.train.optimizer.learning_rate)
         if tftrain_side:
             model.resizable_calls = auto
         model.compile(numerics.wrap_optimizer(opt) if tftrain_side

@@ -22,7 +22,8 @@ import json
 import statistics
 
 import tftrain  # noqa: F401
-from tftrain import data, strategy
+from tftrain import data
+from tftrain.runtime import strategy
 from tftrain.config import load_config
 import record
 from interleave import build_side, interleaved, median_ratio

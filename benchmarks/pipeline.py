@@ -24,13 +24,15 @@ import numpy as np  # noqa: E402
 
 import tftrain  # noqa: E402,F401
 import record  # noqa: E402
-from tftrain.parallelism import Placed  # noqa: E402
-from tftrain import placement, precision, train_step  # noqa: E402,I001
-from tftrain._keras import keras  # noqa: E402
+from tftrain.runtime.parallelism import Placed  # noqa: E402
+from tftrain.runtime import placement
+from tftrain.runtime import precision
+from tftrain.training import train_step
+from tftrain.core.keras import keras  # noqa: E402
 from tftrain.config import load_config  # noqa: E402
 from tftrain.data import InputSpec  # noqa: E402
 from tftrain.models import MODELS  # noqa: E402
-from tftrain.strategy import configure_devices  # noqa: E402
+from tftrain.runtime.strategy import configure_devices  # noqa: E402
 
 SPEC = InputSpec((32, 32, 1), "float32", 10)
 HIDDEN = [1024] * 6

@@ -17,8 +17,11 @@ import numpy as np
 
 import tftrain  # noqa: F401
 import record
-from tftrain import placement, planner, precision, train_step
-from tftrain._keras import keras
+from tftrain.runtime import placement
+from tftrain.runtime import planner
+from tftrain.runtime import precision
+from tftrain.training import train_step
+from tftrain.core.keras import keras
 from tftrain.config import load_config
 from tftrain.data import InputSpec
 from tftrain.models import MODELS

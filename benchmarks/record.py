@@ -1,6 +1,6 @@
 """How a benchmark reports its figures: `rows(...)` prints them and, under
 `python -m benchmarks`, hands them to the harness, which keeps them in
-`benchmarks/results.json` and writes README's table from that file."""
+`benchmarks/results.json` and writes the benchmark table from that file."""
 import json
 import os
 import sys
@@ -9,8 +9,8 @@ ENV = "TFTRAIN_BENCHMARK_RESULTS"
 
 
 def rows(figures: list[tuple[str, str]], command: str | None = None) -> None:
-    """`figures`: (what is measured, value) rows of README's benchmark table, for this
-    script's run; `command`: how to rerun it (default: the script with its arguments)."""
+    """`figures`: (what is measured, value) rows of the benchmark table
+    (docs/performance.md), for this script's run; `command`: how to rerun it (default: the script with its arguments)."""
     command = command or "python " + " ".join(
         [os.path.relpath(sys.argv[0], os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
          *sys.argv[1:]])

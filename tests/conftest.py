@@ -20,14 +20,14 @@ from tftrain.config import load_config
 def pytest_configure(config):
     if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
         return          # the xdist controller runs no test: no TensorFlow devices to set
-    from tftrain.strategy import configure_devices
+    from tftrain.runtime.strategy import configure_devices
     configure_devices(load_config(None, [f"distribute.virtual_cpus={VIRTUAL_CPUS}"]))
 
 
 @pytest.fixture(autouse=True)
 def _reset_precision():
     yield
-    from tftrain._keras import keras
+    from tftrain.core.keras import keras
     keras.mixed_precision.set_global_policy("float32")
 
 
@@ -95,9 +95,9 @@ def estimate(item, known: dict) -> float:
     if item.nodeid in known:
         return known[item.nodeid]
     row = item.callspec.params.get("row") if hasattr(item, "callspec") else None
-    if isinstance(row, dict):
-        import test_matrix
-        return 12.0 * test_matrix.cost(row) if test_matrix.runs(row) else 5.0
+    if isinstance(row, dict):           # tests/e2e/test_matrix.py
+        matrix = item.module
+        return 12.0 * matrix.cost(row) if matrix.runs(row) else 5.0
     return 60.0 if item.get_closest_marker("slow") else 1.0
 
 
@@ -110,7 +110,8 @@ def pytest_collection_modifyitems(config, items):
     2,401 s), and a worker that runs out takes from the tail of another's queue: the run
     ends on short tests that even out the workers, not on one long run while the others
     idle."""
-    known = config.cache.get(DURATIONS, {}) if config.cache is not None else {}
+    cache = getattr(config, "cache", None)          # (None under -p no:cacheprovider)
+    known = cache.get(DURATIONS, {}) if cache is not None else {}
     slow = sorted((item for item in items if item.get_closest_marker("slow")),
                   key=lambda item: -estimate(item, known))
     items[:] = slow + [item for item in items if not item.get_closest_marker("slow")]
@@ -121,7 +122,8 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_sessionfinish(session):
-    if hasattr(session.config, "workerinput") or session.config.cache is None or not _took:
+    if hasattr(session.config, "workerinput") or getattr(session.config, "cache", None) is None \
+            or not _took:
         return                          # a worker, or nothing ran: the controller records
     known = session.config.cache.get(DURATIONS, {})
     session.config.cache.set(DURATIONS, {**known, **{k: round(v, 2) for k, v in _took.items()}})

@@ -98,7 +98,7 @@ def wait_for_checkpoint(path, proc, at_least=20, timeout=240):
 
 def tiny():
     """A one-layer regression model, compiled (for callback tests)."""
-    from tftrain._keras import keras
+    from tftrain.core.keras import keras
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     model.compile(keras.optimizers.SGD(0.1), "mse")
     return model
@@ -108,7 +108,7 @@ def fit(model, callbacks, epochs=2, steps=5, start=0):
     """`model.fit` on constant data for `epochs` x `steps`, resumed at update `start`."""
     import numpy as np
     import tensorflow as tf
-    from tftrain.callbacks import ResumePoint
+    from tftrain.training.callbacks import ResumePoint
     x, y = np.ones((10, 3), np.float32), np.zeros((10, 2), np.float32)
     model._training_state = ResumePoint(start)
     history = model.fit(tf.data.Dataset.from_tensors((x, y)).repeat(), epochs=epochs,

@@ -91,7 +91,7 @@ def test_placement_on_two_gpus_matches_the_planner(tmp_path):
 
 MEMORY = """
 import tftrain
-from tftrain import strategy
+from tftrain.runtime import strategy
 from tftrain.config import load_config
 strategy.configure_devices(load_config(None, ["distribute.gpu_memory_limit=1GiB"]))
 from tensorflow.python.client import device_lib

@@ -128,7 +128,7 @@ def devices() -> list[str]:
 
 
 def precision_choice() -> str:
-    from tftrain import precision
+    from tftrain.runtime import precision
     from tftrain.config import PrecisionConfig
 
     cap = precision.gpu_compute_capability()
@@ -154,7 +154,7 @@ def nccl() -> str:
 
 def cluster_environment(env=None) -> tuple[str, list[str]]:
     """(what this process is part of, problems)."""
-    from tftrain import cluster
+    from tftrain.runtime import cluster
 
     env = os.environ if env is None else env
     try:

@@ -16,7 +16,7 @@ def process_settings_kept():
     `run.deterministic` turns on), so a Python caller's later code and runs are unaffected."""
     from tensorflow.python.framework import config as tf_config   # no public disable
 
-    from tftrain.train_step import op_determinism
+    from tftrain.training.train_step import op_determinism
     before = op_determinism()
     try:
         yield
@@ -30,8 +30,8 @@ class RunPlan:
     """Everything the stages and the runner share (what a stage's `ctx` is)."""
     cfg: Config
     smoke: bool
-    parallel: Any            # `tftrain.parallelism.Parallelism`
-    precision: Any           # the run's `tftrain.precision.Precision`
+    parallel: Any            # `tftrain.runtime.parallelism.Parallelism`
+    precision: Any           # the run's `tftrain.runtime.precision.Precision`
     source: Any              # `tftrain.data.Source`
     batches: Any             # `tftrain.data.BatchPlan`
     layout: Any              # `tftrain.data.EpochLayout`
@@ -40,18 +40,18 @@ class RunPlan:
     stages: list = field(default_factory=list)
     model: Any = None        # the first stage's model, as planned
     flops_per_example: float = 0.0
-    preflight: Any = None    # `tftrain.preflight.Preflight`: the exports, converted already
+    preflight: Any = None    # `tftrain.export.preflight.Preflight`: the exports, converted already
 
     @cached_property
     def peak(self):
         """The training devices' measured peak FLOP/s (what MFU is quoted against)."""
-        from tftrain.planner import peak_flops
+        from tftrain.runtime.planner import peak_flops
         return peak_flops(self.parallel.training_devices(), self.precision.policy,
                           self.parallel.info.workers)
 
     def describe(self) -> str:
         from tftrain import data
-        from tftrain.strategy import device_table
+        from tftrain.runtime.strategy import device_table
 
         b, source, model = self.batches, self.source, self.model
         info = self.parallel.info
@@ -75,7 +75,7 @@ class RunPlan:
         lines.append(data.describe(source, self.layout, self.cfg.data))
         if self.preflight is not None:
             lines.append(self.preflight.describe())
-        from tftrain.cluster import slurm_without_srun
+        from tftrain.runtime.cluster import slurm_without_srun
         warning = slurm_without_srun()
         lines += [warning] if warning else []
         return "\n".join(lines + self.parallel.describe())
@@ -85,12 +85,16 @@ def make(cfg: Config, *, smoke: bool, stop) -> RunPlan:
     """Plan the run: nothing is written, and every check that can fail early fails here."""
     import tensorflow as tf
 
-    from tftrain import data, parallelism, preflight, strategy, xla
+    from tftrain import data
+    from tftrain.runtime import parallelism
+    from tftrain.export import preflight
+    from tftrain.runtime import strategy
+    from tftrain.training import xla
     from tftrain.data import augment
-    from tftrain._keras import keras
+    from tftrain.core.keras import keras
     from tftrain.models import build_model
-    from tftrain.placement import layer_costs
-    from tftrain.precision import Precision, choose_policy
+    from tftrain.runtime.placement import layer_costs
+    from tftrain.runtime.precision import Precision, choose_policy
     from tftrain.stages import plan_stages
 
     strategy.configure_devices(cfg)                  # logical devices first, before any op

@@ -17,7 +17,7 @@ import traceback
 import tftrain  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)
 from tftrain import doctor
 from tftrain.config import Config, ConfigError, json_schema, load_config
-from tftrain.preemption import Preempted, Preemption
+from tftrain.training.preemption import Preempted, Preemption
 
 EXIT_CONFIG, EXIT_RUNTIME, EXIT_PREEMPTED = 2, 1, 42
 
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
         doctor.check_stack()            # versions only: an incoherent stack fails here
         profile = None
         if args.profile:
-            from tftrain.profiling import parse_window
+            from tftrain.training.profiling import parse_window
             profile = parse_window(args.profile)
         with Preemption() as stop:      # SIGTERM/SIGINT from here on: stop at a safe point
             run(cfg, dry_run=args.dry_run, smoke=args.smoke, stop=stop, profile=profile)
@@ -96,8 +96,11 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False,
 def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
               profile: tuple[int, int] | None) -> dict | None:
     # TensorFlow is imported only once the config has parsed: a typo costs no TF start-up.
-    from tftrain import data, export, extras, report, rundir, tracking
+    from tftrain import data, report
     from tftrain import plan as planning
+    from tftrain.core import extras
+    from tftrain.export import artifacts as exporting
+    from tftrain.training import rundir, tracking
     from tftrain.stages import StageRunner
 
     extras.require(cfg)                   # a missing optional package: config error, exit 2
@@ -128,8 +131,9 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
         # -- export, verify, report --------------------------------------------------------
         stop.check("after the last stage", runner.agree)
         net = plan.parallel.detach(net)       # a model the chief can run alone
-        artifacts = export.export_all(net, cfg.export, run.export, plan.source, data_cfg=cfg.data,
-                                      qat=plan.stages[-1].quantization_aware) if plan.chief else {}
+        artifacts = exporting.export_all(
+            net, cfg.export, run.export, plan.source, data_cfg=cfg.data,
+            qat=plan.stages[-1].quantization_aware) if plan.chief else {}
         stop.check("after the export (the rerun exports again and reports)", runner.agree)
     except BaseException:
         tracker.fail()     # (never raises) a restart sets the same tracked run running
@@ -139,7 +143,7 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
     if plan.chief:
         rundir.write_summary(run, summary)
     runner.clean_up()
-    failed = export.failures(artifacts)
+    failed = exporting.failures(artifacts)
     tracker.finish(summary, run.export, ok=not failed)      # never raises: a rerun retries
     print(rundir.report_table(summary))
     if failed:     # the artifacts stay, marked failed; the run is not completed

@@ -38,8 +38,8 @@ from pathlib import Path
 
 import yaml
 
-from tftrain.config_types import ConfigError
-from tftrain.extras import missing
+from tftrain.core.config_types import ConfigError
+from tftrain.core.extras import missing
 
 EXIT_CONFIG = 2
 
@@ -50,7 +50,7 @@ class NoTrialCompleted(RuntimeError):
 
 def parse_space(path: Path) -> dict:
     """The space file, checked: a clear `ConfigError` for anything malformed."""
-    from tftrain.config_load import parse_yaml
+    from tftrain.config.loading import parse_yaml
 
     try:
         space = parse_yaml(path.read_text(), "--space") or {}

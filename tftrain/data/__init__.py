@@ -1,8 +1,12 @@
 """Datasets by name, the batch arithmetic, and the sharded, seeded, resumable input
 pipeline. See `source.py` for what a source is and `pipeline.py` for how epochs become
-replica batches."""
+replica batches.
+
+May import: `tftrain.core`, `tftrain.optim`, `tftrain.config`.
+"""
 from tftrain.data.batching import BatchPlan, EpochLayout, plan_batches
-from tftrain.data.source import DATASETS, IndexedSource, InputSpec, Source, load_source
+from tftrain.data.source import DATASETS, IndexedSource, InputSpec, Source
+from tftrain.data.loaders import load_source
 from tftrain.data import arrays, audio, augment_audio, images, records, text  # noqa: F401,E501  (register)
 from tftrain.data.arrays import from_arrays
 from tftrain.data.pipeline import (cache_choice, cached, describe, distribute, epoch_layout,

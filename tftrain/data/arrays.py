@@ -131,7 +131,7 @@ def npz(fraction: float, seed: int, path: str = "", x_key: str = "x", y_key: str
 
 def _keras_dataset(name: str):
     def load(fraction: float, seed: int) -> IndexedSource:
-        from tftrain._keras import keras
+        from tftrain.core.keras import keras
 
         module = getattr(keras.datasets, name)
         try:

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import tensorflow as tf
 
 from tftrain.config import ConfigError
-from tftrain.registry import Registry, check_params
+from tftrain.core.registry import Registry, check_params
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ import tensorflow as tf
 
 from tftrain.config import ConfigError
 from tftrain.data.batching import EpochLayout
-from tftrain.data.source import (DATASETS, InputSpec, Source, parsed, permutation,
-                                 shard_updates, window_shuffle)
+from tftrain.data.source import (DATASETS, InputSpec, Source, parsed, permutation, shard_updates,
+                                 window_shuffle)
 
 CACHE = Path(os.environ.get("TFTRAIN_CACHE", Path.home() / ".cache" / "tftrain"))
 

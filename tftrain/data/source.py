@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from tftrain.config import ConfigError, DataConfig
 from tftrain.data.batching import EpochLayout
-from tftrain.registry import Registry, check_params
+from tftrain.core.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -193,28 +193,6 @@ def existing(path, key: str) -> Path:
     if not p.exists():
         raise ConfigError(f"{key}: {path} does not exist; give the path of your data")
     return p
-
-
-def load_source(cfg: DataConfig, seed: int) -> Source:
-    """Build the configured dataset (validating its params against the loader)."""
-    if ":" in cfg.name and cfg.name.split(":", 1)[0] not in ("keras", "tfds"):
-        from tftrain.data.user import user_source
-        return user_source(cfg, seed)
-    if cfg.name.startswith("tfds:"):
-        from tftrain.data.tfds import tfds_source
-        return tfds_source(cfg, seed)
-    loader = DATASETS.get(cfg.name)
-    for key in FROM_CONFIG:
-        if key in cfg.params:
-            raise ConfigError(f"data.params.{key}: set data.{key} instead (one way to say it)")
-    check_params(loader, cfg.params, "data.params", skip=2)
-    import inspect
-    taken = inspect.signature(loader).parameters
-    given = {k: getattr(cfg, k) for k in FROM_CONFIG if k in taken and getattr(cfg, k) is not None}
-    return loader(cfg.validation_fraction, seed, **cfg.params, **given)
-
-
-FROM_CONFIG = ("shuffle_buffer", "on_bad_record")   # data.* keys some loaders take
 
 
 def window_shuffle(stream, seed, epoch, position: int, window: int):

@@ -119,7 +119,7 @@ def split(root: Path, fraction: float, seed: int, text_column: str = "text",
 
 
 def tokenizer(tokens: str, ngrams: int, vocab_size: int, sequence_length: Optional[int]):
-    from tftrain._keras import keras
+    from tftrain.core.keras import keras
 
     if tokens not in ("word", "character"):
         raise ConfigError(f"data.params.tokens: {tokens!r}; expected word or character")

@@ -12,7 +12,7 @@ import tensorflow as tf
 from tftrain.config import ConfigError, DataConfig
 from tftrain.data.records import Files, RecordSource, split_files
 from tftrain.data.source import InputSpec
-from tftrain.registry import check_params
+from tftrain.core.registry import check_params
 
 
 def _params(data_dir: Optional[str] = None, split: str = "train",

@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from tftrain.config import ConfigError, DataConfig
 from tftrain.data.source import InputSpec, Source, padded, shard_updates, window_shuffle
-from tftrain.registry import import_function
+from tftrain.core.registry import import_function
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import os
 
 import tensorflow as tf
 
-from tftrain._keras import keras
+from tftrain.core.keras import keras
 
 # family module of keras.applications -> preprocess_input mode
 MODES = {"mobilenet": "tf", "mobilenet_v2": "tf", "mobilenet_v3": "none", "resnet": "caffe",

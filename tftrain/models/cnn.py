@@ -1,6 +1,6 @@
 """Conv-relu-pool blocks followed by dense layers."""
-from tftrain._keras import keras
-from tftrain.models import MODELS
+from tftrain.core.keras import keras
+from tftrain.models.registry import MODELS
 
 
 @MODELS.register("cnn")

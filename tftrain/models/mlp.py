@@ -1,6 +1,6 @@
 """Multi-layer perceptron."""
-from tftrain._keras import keras
-from tftrain.models import MODELS
+from tftrain.core.keras import keras
+from tftrain.models.registry import MODELS
 
 
 @MODELS.register("mlp")

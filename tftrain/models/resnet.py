@@ -1,6 +1,6 @@
 """CIFAR-style ResNet (He et al. 2016): depth = 6n + 2, three stages of basic blocks."""
-from tftrain._keras import keras
-from tftrain.models import MODELS
+from tftrain.core.keras import keras
+from tftrain.models.registry import MODELS
 
 
 def _conv_bn(x, filters, stride, name, relu=True):

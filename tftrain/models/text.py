@@ -2,8 +2,8 @@
 exported SavedModel)."""
 import tensorflow as tf
 
-from tftrain._keras import keras
-from tftrain.models import MODELS
+from tftrain.core.keras import keras
+from tftrain.models.registry import MODELS
 
 
 @keras.utils.register_keras_serializable("tftrain")

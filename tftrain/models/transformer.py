@@ -1,8 +1,8 @@
 """Transformer encoder for sequence classification (pre-norm blocks)."""
 import tensorflow as tf
 
-from tftrain._keras import keras
-from tftrain.models import MODELS
+from tftrain.core.keras import keras
+from tftrain.models.registry import MODELS
 
 
 @keras.utils.register_keras_serializable("tftrain")

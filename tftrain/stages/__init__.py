@@ -1,6 +1,10 @@
 """The pipeline's stages, in the order they run: each enabled stage gets the model the
 previous one finished with. One module per stage (see `base.Stage` for the interface);
-adding one is its module and one line here."""
+adding one is its module and one line here.
+
+May import: every package (`core`, `optim`, `config`, `data`, `models`, `runtime`,
+`training`, `compress`, `export`); not the top-level modules.
+"""
 from __future__ import annotations
 
 from tftrain.stages.base import Built, Stage

@@ -108,12 +108,12 @@ class Stage:
 
     # -- how it trains ------------------------------------------------------------------
     def loss(self):
-        from tftrain.train_step import build_loss
+        from tftrain.training.train_step import build_loss
         return build_loss(self.cfg.train.loss)
 
     def train_model(self):
         """The Keras model class whose `train_step` trains the stage."""
-        from tftrain.train_step import TrainModel
+        from tftrain.training.train_step import TrainModel
         return TrainModel
 
     def checkpoint_dir(self, root: Path) -> Path:
@@ -127,21 +127,21 @@ class Stage:
         """The learning rate: a constant of the stage's own, else training's schedule over
         this stage's updates; wrapped in a factor the rollback can lower (and checkpoints
         keep)."""
-        from tftrain import optim
+        from tftrain.optim import optimizers, rates
 
         cfg = self.cfg.train
         if self.learning_rate is None:
-            lr = optim.build_schedule(cfg.schedule, cfg.optimizer.learning_rate,
-                                      self.steps_per_epoch, self.updates)
+            lr = optimizers.build_schedule(cfg.schedule, cfg.optimizer.learning_rate,
+                                           self.steps_per_epoch, self.updates)
         else:
-            lr = optim.Constant(self.learning_rate)
-        return lr if isinstance(lr, float) else optim.Scaled(lr)
+            lr = rates.Constant(self.learning_rate)
+        return lr if isinstance(lr, float) else rates.Scaled(lr)
 
     def compile(self, built: Built, ctx):
         """(training model, optimizer) for `built`: tftrain's train step around its
         network, under the stage's precision and the run's parallelism. Call inside the
         strategy scope."""
-        from tftrain import optim
+        from tftrain.optim import optimizers
 
         precision = self.precision(ctx)
         model = self.train_model().wrap(
@@ -149,7 +149,7 @@ class Stage:
             update_hooks=built.hooks, unroll=self.unroll,
             parallel=ctx.parallel, precision=precision)
         optimizer = precision.wrap_optimizer(
-            optim.build_optimizer(self.cfg.train.optimizer, self.schedule()))
+            optimizers.build_optimizer(self.cfg.train.optimizer, self.schedule()))
         ctx.parallel.pin(optimizer)
         model.resizable_calls = self.cfg.train.steps_per_execution == "auto"
         model.log_local_metrics()        # the runner's `GlobalMetrics` logs global values
@@ -167,7 +167,7 @@ def fixed_steps_per_execution(cfg) -> int:
 
 def metric_names(names):
     """The configured Keras metric names, each checked."""
-    from tftrain._keras import keras
+    from tftrain.core.keras import keras
     from tftrain.config import ConfigError
 
     for name in names:

@@ -34,7 +34,7 @@ class Distill(Stage):
     def plan(self, net, ctx):
         """The teacher (checked), and the student, built now (its initial weights from the
         run's seed) so that the later stages can check it."""
-        from tftrain._keras import keras
+        from tftrain.core.keras import keras
         from tftrain.models import build_model
 
         cfg = self.settings(self.cfg)
@@ -70,7 +70,7 @@ def distiller_class():
     when a run needs it)."""
     import tensorflow as tf
 
-    from tftrain.train_step import TrainModel
+    from tftrain.training.train_step import TrainModel
 
     global _DISTILLER
     if _DISTILLER is not None:

@@ -22,11 +22,11 @@ class Freeze(Stage):
 
     def plan(self, net, ctx):
         """Builds the model (training then fine-tunes this one) and checks the rules."""
-        from tftrain import compression
+        from tftrain.compress import pruning
         from tftrain.stages.train import build_network
 
         self.net = build_network(self.cfg, ctx)
-        self.frozen = compression.select_layers(self.net, self.cfg.train.freeze.layers,
+        self.frozen = pruning.select_layers(self.net, self.cfg.train.freeze.layers,
                                                 "train.freeze.layers", _has_weights)
         from tftrain.config import ConfigError
         weighted = [layer.name for layer in self.net.layers if layer.weights]

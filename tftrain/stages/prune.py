@@ -11,26 +11,26 @@ class Prune(Stage):
 
     def plan(self, net, ctx):
         """The schedule in updates, and the layers chosen, checked on the model."""
-        from tftrain import compression
+        from tftrain.compress import pruning
 
         cfg = self.cfg.compression.pruning
-        self.schedule_plan = compression.plan_pruning(cfg, self.steps_per_epoch, self.updates)
-        compression.select_layers(net, cfg.layers, "compression.pruning.layers",
-                                  compression.pruning_refusal(cfg))
+        self.schedule_plan = pruning.plan_pruning(cfg, self.steps_per_epoch, self.updates)
+        pruning.select_layers(net, cfg.layers, "compression.pruning.layers",
+                                  pruning.pruning_refusal(cfg))
         return net
 
     def build(self, net, ctx) -> Built:
-        from tftrain import compression
+        from tftrain.compress import pruning
 
-        pruned = compression.prune_model(net, self.cfg.compression.pruning, self.schedule_plan)
-        return Built(pruned, hooks=(compression.PruningHook(pruned),),
-                     callbacks=(compression.SparsityLogger(pruned),))
+        pruned = pruning.prune_model(net, self.cfg.compression.pruning, self.schedule_plan)
+        return Built(pruned, hooks=(pruning.PruningHook(pruned),),
+                     callbacks=(pruning.SparsityLogger(pruned),))
 
     def finalize(self, built: Built, result: dict, ctx):
-        from tftrain import compression
+        from tftrain.compress import pruning
 
-        result["sparsity"] = compression.sparsity(built.net)
-        return compression.strip(built.net)
+        result["sparsity"] = pruning.sparsity(built.net)
+        return pruning.strip(built.net)
 
     def describe(self, ctx) -> str:
         p = self.schedule_plan

@@ -22,24 +22,25 @@ class QAT(Stage):
                                          strategy=ctx.parallel.strategy)
 
     def plan(self, net, ctx):
-        from tftrain import compression
+        from tftrain.compress import quantization
 
-        compression.unquantizable(net, self.cfg.compression.quantization)
+        quantization.unquantizable(net, self.cfg.compression.quantization)
         return net
 
     def build(self, net, ctx) -> Built:
-        from tftrain import compression, export
+        from tftrain.compress import quantization
+        from tftrain.export import artifacts
 
         with self.precision(ctx).scope():
-            quantized = compression.quantize_configured(export.inference_model(net), self.cfg)
+            quantized = quantization.quantize_configured(artifacts.inference_model(net), self.cfg)
         return Built(quantized)
 
     def finalize(self, built: Built, result: dict, ctx):
-        from tftrain import compression
+        from tftrain.compress import quantization
 
         # the zeros the quantized kernels hold after QAT (what the int8 artifacts get)
         result["sparsity"] = {name: float((kernel == 0).mean()) for name, kernel in
-                              compression.quantized_kernels(built.net).items()}
+                              quantization.quantized_kernels(built.net).items()}
         return built.net
 
     def describe(self, ctx) -> str:

@@ -14,8 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from tftrain import xla
-from tftrain.preemption import Preempted, Preemption  # noqa: F401  (Preempted: re-exported)
+from tftrain.training import xla
+from tftrain.training.preemption import Preempted, Preemption  # noqa: F401  (Preempted: re-exported)
 
 
 class StageRunner:
@@ -28,12 +28,12 @@ class StageRunner:
         """`plan`: the run's plan (`tftrain.plan.RunPlan`); `run`: its `RunDir`; `stop`:
         the run's `Preemption` flag; `profile`: (START, STOP) updates of the first stage
         to trace with the profiler (`--profile`); `tracker`: the run's
-        `tftrain.tracking.Tracker` (each epoch's metrics, on the chief)."""
+        `tftrain.training.tracking.Tracker` (each epoch's metrics, on the chief)."""
         import tensorflow as tf
 
         from tftrain import data
 
-        from tftrain.tracking import Tracker
+        from tftrain.training.tracking import Tracker
 
         self.plan, self.cfg, self.run, self.profile = plan, plan.cfg, run, profile
         self.tracker = tracker or Tracker()
@@ -61,8 +61,8 @@ class StageRunner:
         `previous` (the last stage's model), fitted, evaluated and finalized."""
         import tensorflow as tf
 
-        from tftrain import callbacks as cb
-        from tftrain import optim
+        from tftrain.training import callbacks as cb
+        from tftrain.optim import rates
 
         cfg = self.cfg
         self.stop.rearm()
@@ -75,7 +75,7 @@ class StageRunner:
         jit = tf.Variable(xla.UNDECIDED, dtype=tf.int64, trainable=False)   # kept on resume
         ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, rng=generators,
                                    position=position, jit_compile=jit,
-                                   learning_rate=optim.learning_rate_state(optimizer),
+                                   learning_rate=rates.learning_rate_state(optimizer),
                                    callbacks=[c.state for c in built.stateful],
                                    average=built.average.variables if built.average else {})
         directory = stage.checkpoint_dir(self.run.checkpoints)
@@ -100,7 +100,7 @@ class StageRunner:
 
     def _compile_choice(self, stage, model, jit) -> None:
         """`train.jit_compile` for this stage: as decided before a restart, else decided
-        now (`tftrain.xla`); printed when it was for `auto` to decide."""
+        now (`tftrain.training.xla`); printed when it was for `auto` to decide."""
         setting = self.cfg.train.jit_compile
         if int(jit.numpy()) != xla.UNDECIDED:
             decision = xla.Decision(bool(jit.numpy()), "as decided before the restart")
@@ -118,10 +118,11 @@ class StageRunner:
             print(f"XLA ({stage.name}): {decision.reason}", flush=True)
 
     def _fit(self, stage, built, model, optimizer, ckpt, manager, directory, start) -> dict:
-        from tftrain import callbacks as cb
-        from tftrain import data, optim
-        from tftrain import epoch_logs
-        from tftrain._keras import keras
+        from tftrain.training import callbacks as cb
+        from tftrain import data
+        from tftrain.optim import rates
+        from tftrain.training import epoch_logs
+        from tftrain.core.keras import keras
 
         cfg, spe = self.cfg, self.steps_per_epoch
         position = ckpt.position
@@ -145,7 +146,7 @@ class StageRunner:
             callbacks += [keras.callbacks.CSVLogger(str(self.run.path / csv), append=start > 0),
                           epoch_logs.EpochTensorBoard(str(self.run.path / "tensorboard" / logs))]
             if self.profile and stage is self.plan.stages[0]:
-                from tftrain.profiling import ProfileWindow
+                from tftrain.training.profiling import ProfileWindow
                 callbacks.append(ProfileWindow(*self.profile, str(self.run.path / "tensorboard"),
                                                spe))
         if cfg.train.on_nan == "rollback" and start == 0:
@@ -166,9 +167,10 @@ class StageRunner:
                     raise RuntimeError(f"{err}; lower train.optimizer.learning_rate, add clipping "
                                        "(train.optimizer.global_clipnorm) or set train.on_nan: "
                                        "rollback") from None
-                lowered = float(optim.learning_rate_state(optimizer).numpy()) * cfg.train.nan_lr_factor
+                factor = rates.learning_rate_state(optimizer)
+                lowered = float(factor.numpy()) * cfg.train.nan_lr_factor
                 cb.restore_latest(ckpt, directory)
-                optim.learning_rate_state(optimizer).assign(lowered)   # cumulative over retries
+                factor.assign(lowered)   # cumulative over retries
                 start = int(position.numpy())
                 checkpointer.resume_at(start)
                 print(f"tftrain: {err}; rolled back to update {start}, learning rate x "
@@ -203,7 +205,7 @@ class StageRunner:
         """Swap in the weight average and re-estimate batch-norm statistics, the same
         way whether the stage trained now or before a restart; what was done ("": no
         change)."""
-        from tftrain.averaging import has_batch_norm, recalibrate_batch_norm
+        from tftrain.optim.averaging import has_batch_norm, recalibrate_batch_norm
 
         if built.average is not None:
             built.average.apply(built.net, self._batches(self.cfg.train.ema.recalibrate_batches))
@@ -245,7 +247,7 @@ class StageRunner:
     def _record(self, stage, result: dict) -> None:
         self.results[stage.name] = result
         if self.chief:
-            from tftrain.rundir import atomic_write
+            from tftrain.training.rundir import atomic_write
             atomic_write(self.record, json.dumps(self.results, indent=2) + "\n")
 
     def clean_up(self) -> None:
@@ -271,7 +273,7 @@ def host_figures(model, checkpointer, sizer) -> dict:
     (each one small all-reduce in a cluster), the collectives inside the compiled step (a
     cluster's should be its gradient all-reduce alone) and, when `auto` sized the calls,
     the host seconds per call and the step time it measured."""
-    from tftrain.strategy import graph_collectives
+    from tftrain.runtime.strategy import graph_collectives
 
     traced = getattr(model, "train_tf_function", None)
     figures = {"steps_per_execution": int(model.steps_per_execution.numpy()),
@@ -285,7 +287,7 @@ def host_figures(model, checkpointer, sizer) -> dict:
 
 def fit(model, train, val, start, epochs, steps_per_epoch, callbacks, cfg, smoke) -> None:
     """fit from optimizer update `start` (mid-epoch if need be) to the end of the stage."""
-    from tftrain.callbacks import ResumePoint
+    from tftrain.training.callbacks import ResumePoint
 
     if start >= epochs * steps_per_epoch:
         return
@@ -301,7 +303,7 @@ def fit(model, train, val, start, epochs, steps_per_epoch, callbacks, cfg, smoke
 def scratch_dir(run_path: Path) -> Path:
     """A non-chief worker's checkpoint directory: named after the run and the worker, so
     a relaunch after a crash clears what the crashed worker left."""
-    from tftrain.strategy import cluster_spec
+    from tftrain.runtime.strategy import cluster_spec
 
     key = hashlib.sha256(str(run_path.resolve()).encode()).hexdigest()[:12]
     path = Path(tempfile.gettempdir()) / f"tftrain-worker-{key}-{cluster_spec()[2]}"

@@ -24,13 +24,13 @@ class Train(Stage):
         return self.net
 
     def build(self, net, ctx) -> Built:
-        from tftrain import optim
-        from tftrain.averaging import WeightAverage
-        from tftrain.callbacks import EarlyStopping
+        from tftrain.training import callbacks
+        from tftrain.optim.averaging import WeightAverage
+        from tftrain.training.callbacks import EarlyStopping
 
         train = self.cfg.train
         es = train.early_stopping
-        stateful = [optim.plateau_callback(train.schedule),
+        stateful = [callbacks.plateau_callback(train.schedule),
                     es and EarlyStopping(self.net, monitor=es.monitor, patience=es.patience,
                                          min_delta=es.min_delta, verbose=1,
                                          restore_best_weights=es.restore_best_weights)]
@@ -39,12 +39,12 @@ class Train(Stage):
                      stateful=tuple(c for c in stateful if c), average=average)
 
     def finalize(self, built: Built, result: dict, ctx):
-        from tftrain import export
+        from tftrain.export import artifacts
 
         # the float model's size, the baseline of the compression stages' ratios
         if ctx.stages[-1] is not self and ctx.chief and \
                 "float32_variables_gzip_bytes" not in result:
-            result["float32_variables_gzip_bytes"] = export.saved_model_variables_gzip(built.net)
+            result["float32_variables_gzip_bytes"] = artifacts.saved_model_variables_gzip(built.net)
         return built.net
 
     def describe(self, ctx) -> str:
@@ -63,7 +63,7 @@ class Train(Stage):
 def build_network(cfg, ctx):
     """The configured model from its seeded initial weights, under the run's precision
     and parallelism."""
-    from tftrain._keras import keras
+    from tftrain.core.keras import keras
     from tftrain.models import build_model
 
     keras.utils.set_random_seed(cfg.run.seed)

@@ -1,0 +1,56 @@
+"""The command line's surface, to compare before and after a change that must not alter
+it (a restructuring): `python -m tftrain.run --schema` and `--dry-run` of every
+`configs/*.yaml`, each run in a fresh process from the checkout it is started in.
+
+    python scripts/cli_surface.py > before.txt          # on the old tree
+    python scripts/cli_surface.py --compare before.txt  # on the new tree: exit 1 on a difference
+
+Measured seconds (how long the export preflight took) differ run to run and are masked.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SECONDS = re.compile(r"\b\d+(\.\d+)? s\b")
+
+
+def _run(*args: str) -> str:
+    proc = subprocess.run([sys.executable, "-m", "tftrain.run", *args], cwd=ROOT,
+                          capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    printed = SECONDS.sub("<s> s", proc.stdout)
+    return f"$ tftrain.run {' '.join(args)}\nexit {proc.returncode}\n{printed}"
+
+
+def surface() -> str:
+    parts = [_run("--schema")]
+    parts += [_run(f"configs/{path.name}", "--dry-run")
+              for path in sorted((ROOT / "configs").glob("*.yaml"))]
+    return "\n".join(parts)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--compare", type=Path, help="a file this script wrote before")
+    args = parser.parse_args(argv)
+    now = surface()
+    if args.compare is None:
+        sys.stdout.write(now)
+        return 0
+    before = args.compare.read_text()
+    diff = list(difflib.unified_diff(before.splitlines(), now.splitlines(), "before", "now",
+                                     lineterm=""))
+    configs = len(list((ROOT / "configs").glob("*.yaml")))
+    print("\n".join(diff) if diff else f"identical: --schema and --dry-run of {configs} configs")
+    return 1 if diff else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

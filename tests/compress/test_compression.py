@@ -1,0 +1,247 @@
+"""Compression: update-driven pruning, structures, layer rules, prune-preserving QAT."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tftrain.compress import pruning, quantization
+from tftrain.runtime import precision
+from tftrain.core.keras import keras
+from tftrain.config import ConfigError, load_config
+from tftrain.data import InputSpec
+from tftrain.models import MODELS
+from tftrain.training.train_step import TrainModel, build_loss
+
+SPEC = InputSpec((8, 8, 1), "float32", 10)
+MIRRORED = ["/cpu:0", "/cpu:1"]
+
+
+def mirrored():
+    # Reduction to one device, as tftrain picks on CPUs: no collective instance keys, so
+    # new strategies in this process cannot collide with other tests' collectives.
+    return tf.distribute.MirroredStrategy(MIRRORED, cross_device_ops=tf.distribute.ReductionToOneDevice())
+
+
+def pruning_cfg(*sets):
+    return load_config(None, [f"compression.pruning.{s}" for s in sets]).compression.pruning
+
+
+def cnn():
+    return precision.float32_outputs(MODELS.get("cnn")(SPEC, filters=[16, 32], dense=[64]))
+
+
+def data(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(n, 8, 8, 1)).astype(np.float32), rng.integers(0, 10, n)
+
+
+def fit(model, updates, batch=64, callbacks=()):
+    x, y = data(updates * batch)
+    model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False, callbacks=list(callbacks))
+
+
+def pruned_training(cfg, updates, accumulation=1, strategy=None, policy="float32"):
+    """Train a pruned CNN for `updates` updates; returns (pruned net, train model, log)
+    where log[k] = (iterations, pruning step, sparsity) after update k+1."""
+    precision.apply_policy(policy)
+    keras.utils.set_random_seed(3)
+    strategy = strategy or mirrored()
+    plan = pruning.PruningPlan(updates, *_schedule(cfg, updates))
+    with strategy.scope():
+        net = pruning.prune_model(cnn(), cfg, plan)
+        model = TrainModel.wrap(net, accumulation, update_hooks=[pruning.PruningHook(net)])
+        model.compile(keras.optimizers.Adam(0.01), build_loss("sparse_categorical_crossentropy"))
+    log = []
+    probe = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: log.append(
+        (int(model.optimizer.iterations.numpy()),
+         int(pruning.pruned_layers(net)[0].pruning_step.numpy()),
+         pruning.sparsity(net))))
+    fit(model, updates, callbacks=[probe])
+    return net, model, log
+
+
+def _schedule(cfg, updates):
+    plan = pruning.plan_pruning(cfg.model_copy(update={"epochs": 1}), updates)
+    return plan.begin, plan.end, plan.frequency
+
+
+def test_plan_aligns_the_end_to_a_mask_update():
+    plan = pruning.plan_pruning(pruning_cfg("epochs=4", "end=0.7", "frequency=10"), 23)
+    assert plan == pruning.PruningPlan(updates=92, begin=0, end=60, frequency=10)
+    plan = pruning.plan_pruning(pruning_cfg("epochs=2", "begin=1 epochs", "end=40",
+                                                "frequency=4"), 23)
+    assert plan == pruning.PruningPlan(updates=46, begin=23, end=39, frequency=4)
+    with pytest.raises(ConfigError, match=r"compression\.pruning\.end: update 60 is after"):
+        pruning.plan_pruning(pruning_cfg("epochs=1", "end=60"), 23)
+    with pytest.raises(ConfigError, match=r"compression\.pruning\.begin: update 30 is outside"):
+        pruning.plan_pruning(pruning_cfg("epochs=1", "begin=30"), 23)
+
+
+def test_layer_rules():
+    model = cnn()
+    refusal = pruning.pruning_refusal(pruning_cfg())
+    assert pruning.select_layers(model, [], "k", refusal) == [
+        "conv_0", "conv_1", "dense_0", "logits"]
+    assert pruning.select_layers(model, ["conv_.*", "logits"], "k", refusal) == \
+        ["conv_0", "conv_1", "logits"]
+    with pytest.raises(ConfigError, match=r"k\[1\]: rule 'dense_9' matches no layer; the model's "
+                                          r"layers are: inputs, conv_0"):
+        pruning.select_layers(model, ["conv_0", "dense_9"], "k", refusal)
+    with pytest.raises(ConfigError, match=r"k: layer pool_0: tfmot cannot prune MaxPooling2D"):
+        pruning.select_layers(model, ["pool_0"], "k", refusal)
+    two_four = pruning.pruning_refusal(pruning_cfg("structure='2:4'"))
+    # conv_0 has one input channel: no group of four along its input axis
+    assert pruning.select_layers(model, [], "k", two_four) == ["conv_1", "dense_0", "logits"]
+    with pytest.raises(ConfigError, match=r"layer conv_0: 2:4 sparsity groups .* 1 inputs"):
+        pruning.select_layers(model, ["conv_0"], "k", two_four)
+    block = pruning.pruning_refusal(pruning_cfg("block=[1, 4]"))
+    with pytest.raises(ConfigError, match=r"layer conv_1: block sparsity needs a 2-D kernel"):
+        pruning.select_layers(model, ["conv_1"], "k", block)
+
+
+@pytest.mark.parametrize("accumulation", [1, 4])
+def test_pruning_step_counts_updates_and_weights_stay_sparse(accumulation):
+    cfg = pruning_cfg("final_sparsity=0.75", "end=0.5", "frequency=2")
+    net, model, log = pruned_training(cfg, 12, accumulation)
+    assert [(it, step) for it, step, _ in log] == [(k, k) for k in range(1, 13)]
+    # polynomial from 0 at update 2 (the first mask update) to 0.75 at update 6, then held
+    sparsities = [s["dense_0"] for _, _, s in log]
+    assert sparsities[0] == 0 and 0 < sparsities[1] < sparsities[3] < sparsities[5]
+    for s in sparsities[5:]:
+        assert s == pytest.approx(0.75, abs=0.01)
+    stripped = pruning.strip(net)
+    assert not pruning.pruned_layers(stripped)
+    layers = ["conv_0", "conv_1", "dense_0", "logits"]
+    for name, value in pruning.kernel_sparsity(stripped, layers).items():
+        assert value == pytest.approx(0.75, abs=0.01 if name != "conv_0" else 0.02), name
+
+
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+def test_pruning_under_mixed_precision(policy):
+    net, model, log = pruned_training(pruning_cfg("final_sparsity=0.5", "end=0.5", "frequency=2"),
+                                      8, policy=policy)
+    assert model.get_layer("prune_by_update_dense_0").layer.compute_dtype == policy.split("_")[1]
+    assert all(v.dtype == tf.float32 for v in net.weights if v.dtype.is_floating)
+    assert [it for it, _, _ in log] == list(range(1, 9))
+    assert log[-1][2]["dense_0"] == pytest.approx(0.5, abs=0.01)
+
+
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+def test_pruning_a_float32_layer_under_a_mixed_policy(policy):
+    """A layer pinned to float32 (a float32 head) keeps its precision in the wrapper: the
+    wrapper no longer casts its inputs to the policy's float16 for a float32 kernel."""
+    precision.apply_policy(policy)
+    try:
+        inputs = keras.Input((6,))
+        hidden = keras.layers.Dense(8, name="hidden")(inputs)
+        head = keras.layers.Dense(3, dtype="float32", name="head")(hidden)
+        cfg = pruning_cfg("final_sparsity=0.5")
+        plan = pruning.plan_pruning(cfg.model_copy(update={"epochs": 1}), 4)
+        pruned = pruning.prune_model(keras.Model(inputs, head), cfg, plan)
+        wrapped = {layer.layer.name: layer for layer in pruning.pruned_layers(pruned)}
+        assert wrapped["head"].compute_dtype == "float32"
+        assert wrapped["hidden"].compute_dtype == policy.split("_")[1]
+        out = pruned(np.ones((2, 6), np.float32))
+        assert out.dtype == tf.float32 and out.shape == (2, 3)
+    finally:
+        precision.apply_policy("float32")
+
+
+def test_pruning_under_mirrored_equals_one_device():
+    cfg = pruning_cfg("final_sparsity=0.6", "end=0.5", "frequency=2")
+    mirrored, _, _ = pruned_training(cfg, 8)        # 2 replicas x 32
+    single, _, _ = pruned_training(cfg, 8, strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
+    for a, b in zip(mirrored.weights, single.weights):
+        assert a.name == b.name
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6, err_msg=a.name)
+
+
+def test_two_four_structure():
+    net, _, _ = pruned_training(pruning_cfg("structure='2:4'", "end=0.5", "frequency=2"), 6)
+    kernel = pruning.strip(net).get_layer("dense_0").get_weights()[0]        # (in, out)
+    groups = kernel.reshape(kernel.shape[0] // 4, 4, kernel.shape[1])
+    assert np.all(np.sum(groups == 0, axis=1) >= 2)          # every 4 along the input axis
+    conv = pruning.strip(net).get_layer("conv_1").get_weights()[0]           # (h, w, in, out)
+    groups = conv.reshape(3, 3, conv.shape[2] // 4, 4, conv.shape[3])
+    assert np.all(np.sum(groups == 0, axis=3) >= 2)
+    assert float(np.mean(conv == 0)) == pytest.approx(0.5, abs=0.01)
+
+
+def test_block_sparsity():
+    cfg = pruning_cfg("block=[1, 4]", "layers=[dense_0]", "final_sparsity=0.5", "end=0.5",
+                      "frequency=2")
+    net, _, _ = pruned_training(cfg, 6)
+    kernel = pruning.strip(net).get_layer("dense_0").get_weights()[0]
+    blocks = kernel.reshape(kernel.shape[0], kernel.shape[1] // 4, 4)
+    zero_blocks = np.all(blocks == 0, axis=2)
+    assert np.all(zero_blocks | np.all(blocks != 0, axis=2))     # whole blocks are pruned
+    assert float(np.mean(zero_blocks)) == pytest.approx(0.5, abs=0.01)
+
+
+def quantized(net, strategy, preserve=True, accumulation=2, updates=6):
+    cfg = load_config(None, [])
+    with strategy.scope():
+        q = quantization.quantize_model(net, cfg.compression.quantization, preserve)
+        model = TrainModel.wrap(q, accumulation, unroll=True)
+        model.compile(keras.optimizers.Adam(0.01), build_loss("sparse_categorical_crossentropy"))
+    fit(model, updates)
+    return q
+
+
+@pytest.mark.parametrize("preserve", [True, False])
+def test_prune_preserving_qat_keeps_every_zero(preserve):
+    strategy = mirrored()
+    net, _, _ = pruned_training(pruning_cfg("end=0.5", "frequency=2"), 6, strategy=strategy)
+    stripped = pruning.strip(net)
+    zeros = {n: stripped.get_layer(n).get_weights()[0] == 0 for n in ("conv_0", "conv_1", "dense_0", "logits")}
+    q = quantized(stripped, strategy, preserve)
+    kernels = quantization.quantized_kernels(q)
+    assert set(kernels) == set(zeros)        # Conv2D -> ReLU kernels are quantized too
+    kept = {n: bool(np.all(kernels[n][z] == 0)) for n, z in zeros.items()}
+    assert all(kept.values()) if preserve else not any(kept.values())
+
+
+def test_quantization_lists_unsupported_layers_or_skips_them():
+    inputs = keras.Input((8, 16))
+    h = keras.layers.Dense(16, name="proj")(inputs)
+    h = keras.layers.LayerNormalization(name="norm")(h)
+    outputs = keras.layers.Dense(4, name="head")(keras.layers.Flatten(name="flat")(h))
+    net = keras.Model(inputs, outputs)
+    cfg = load_config(None, []).compression.quantization
+    with pytest.raises(ConfigError, match=r"compression\.quantization: tfmot cannot quantize "
+                                          r"norm \(LayerNormalization\); set .*skip_unsupported"):
+        quantization.quantize_model(net, cfg, preserve_sparsity=False)
+    cfg = load_config(None, ["compression.quantization.skip_unsupported=true"]).compression.quantization
+    q = quantization.quantize_model(net, cfg, preserve_sparsity=False)
+    assert type(q.get_layer("norm")).__name__ == "LayerNormalization"
+    assert set(quantization.quantized_kernels(q)) == {"proj", "head"}
+
+
+@pytest.mark.parametrize("batch_norm", [False, True], ids=["relu", "batch_norm"])
+def test_prune_preserving_qat_keeps_the_zeros_of_depthwise_kernels(tmp_path, batch_norm):
+    """tfmot's prune-preserving scheme leaves DepthwiseConv2D kernels unmasked: QAT used to
+    refill their zeros. The depthwise kernel's zeros after QAT equal the pruned ones, in
+    the QAT model and in the int8 TFLite file; followed by a batch norm (ds_cnn,
+    MobileNetV2) too, which tfmot refused once the depthwise had its own config."""
+    from tftrain.export import artifacts
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8, 8, 1))
+    h = keras.layers.Conv2D(8, 3, padding="same", activation="relu", name="conv")(inputs)
+    h = keras.layers.DepthwiseConv2D(3, padding="same", name="depthwise")(h)
+    if batch_norm:
+        h = keras.layers.BatchNormalization(name="depthwise_bn")(h)
+    h = keras.layers.ReLU(name="relu")(h)
+    h = keras.layers.GlobalAveragePooling2D(name="pool")(h)
+    net = keras.Model(inputs, keras.layers.Dense(10, name="logits")(h))
+    kernel = net.get_layer("depthwise").depthwise_kernel
+    values = kernel.numpy()
+    values[np.abs(values) < np.median(np.abs(values))] = 0             # pruned to 50%
+    kernel.assign(values)
+    zeros = values == 0
+    q = quantized(net, mirrored(), preserve=True, updates=12)
+    trained = quantization.quantized_kernels(q)["depthwise"]
+    assert np.array_equal(trained == 0, zeros) and float(np.mean(zeros)) == 0.5
+    saved = artifacts.save_saved_model(q, tmp_path / "saved_model")
+    blob = artifacts.convert_tflite(saved, "int8", np.zeros((0, 8, 8, 1), np.float32), qat=True)
+    depthwise, = [w for name, w in artifacts.tflite_weights(blob).items()
+                  if "depthwise" in name and w.ndim == 4 and w.dtype == np.int8]
+    assert float(np.mean(depthwise == 0)) == 0.5

@@ -1,0 +1,159 @@
+"""Export: SavedModel signature and float32 logits, TFLite in LiteRT, verification."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from helpers import saved_model_cli_show_and_run
+
+from tftrain.runtime import precision
+from tftrain.config import load_config
+from tftrain.data import load_source
+from tftrain.export.artifacts import (convert_tflite, export_all, inference_model,
+                                      save_saved_model, tflite_logits)
+from tftrain.models import MODELS
+from tftrain.training.train_step import TrainModel
+
+
+@pytest.fixture(scope="module")
+def trained():
+    source = load_source(load_config().data, 0)
+    model = TrainModel.wrap(MODELS.get("mlp")(source.spec, hidden=[32]))
+    model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(source.calibration(source.num_train).batch(64), epochs=3, verbose=0)
+    return model, source
+
+
+@pytest.mark.parametrize("mode", ["float", "dynamic", "float16", "int8"])
+def test_tflite_modes_match_the_model(tmp_path, trained, mode):
+    model, source = trained
+    cfg = load_config(None, [f"export.tflite={mode}"]).export
+    report = export_all(model, cfg, tmp_path, source)
+    saved, lite = report["saved_model"], report[f"tflite_{mode}"]
+    assert saved["max_abs_logit_diff"] < 1e-4
+    if mode == "float":
+        assert lite["max_abs_logit_diff"] < 1e-4
+    assert abs(lite["accuracy"] - saved["accuracy"]) <= 0.01
+    assert (tmp_path / "model.tflite").stat().st_size == lite["size_bytes"]
+    assert saved["verified"] and lite["verified"], (saved["check"], lite["check"])
+    if mode == "int8":
+        assert lite["size_bytes"] < report["saved_model"]["size_bytes"] / 3
+
+
+def test_verification_has_teeth():
+    from tftrain.export.artifacts import failures, verify
+    cfg = load_config(None, ["export.max_logit_diff=1e-3", "export.max_accuracy_drop=0.01"]).export
+    report = verify({"saved_model": {"max_abs_logit_diff": 2e-3, "accuracy": 0.95},
+                     "tflite_float": {"max_abs_logit_diff": 1e-3, "accuracy": 0.95},
+                     "tflite_int8": {"max_abs_logit_diff": 0.4, "accuracy": 0.939}}, cfg, 0.95)
+    assert [name for name, e in report.items() if e["verified"]] == ["tflite_float"]
+    assert report["saved_model"]["check"] == ("largest logit difference 0.002 > "
+                                              "export.max_logit_diff 0.001")
+    assert report["tflite_int8"]["check"] == ("accuracy 0.9390 vs 0.9500 in memory: drop 0.0110 "
+                                              "> export.max_accuracy_drop 0.01")
+    assert failures(report) == [f"{n}: {report[n]['check']}" for n in ("saved_model", "tflite_int8")]
+    within = verify({"tflite_int8": {"max_abs_logit_diff": 0.4, "accuracy": 0.94}}, cfg, 0.95)
+    assert within["tflite_int8"]["verified"]                      # exactly one point: allowed
+
+
+@pytest.mark.slow
+def test_a_failed_export_check_exits_1_and_marks_the_artifact(tmp_path, capsys):
+    import json
+    from helpers import ROOT
+    from tftrain.run import main
+    code = main([str(ROOT / "configs" / "quickstart.yaml"), "--run-dir", str(tmp_path),
+                 "--set", "train.epochs=1", "--set", "train.verbose=0",
+                 "--set", "export.max_logit_diff=1e-12"])   # float TFLite rounds differently
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "export verification failed: " in err and "tflite_float: largest logit difference" in err
+    summary = json.loads((tmp_path / "quickstart" / "summary.json").read_text())
+    assert summary["status"] == "export verification failed"
+    assert summary["artifacts"]["tflite_float"]["verified"] is False
+    assert (tmp_path / "quickstart" / "export" / "model.tflite").exists()
+
+
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+def test_mixed_precision_model_exports_float32(tmp_path, policy):
+    precision.apply_policy(policy)
+    source = load_source(load_config().data, 0)
+    model = precision.float32_outputs(MODELS.get("cnn")(source.spec, filters=[4], dense=[8]))
+    plain = inference_model(model)
+    assert all(l.compute_dtype == "float32" for l in plain.layers)
+    path = save_saved_model(model, tmp_path / "sm")
+    out = tf.saved_model.load(str(path)).signatures["serving_default"](inputs=tf.zeros((2, 8, 8, 1)))
+    assert out["logits"].dtype == tf.float32 and out["logits"].shape == (2, 10)
+    lite = convert_tflite(path, "float", np.zeros((0,), np.float32))   # converts (tensorflow#35379)
+    logits, _ = tflite_logits(lite, np.zeros((2, 8, 8, 1), np.float32))
+    np.testing.assert_allclose(logits, out["logits"].numpy(), atol=1e-5)
+
+
+@pytest.mark.slow
+def test_saved_model_cli_show_and_run(tmp_path, trained):
+    model, _ = trained
+    path = save_saved_model(model, tmp_path / "sm")
+    saved_model_cli_show_and_run(path, np.zeros((2, 8, 8, 1), np.float32), tmp_path)
+
+
+def test_each_saved_model_is_checked_in_bounded_batches(tmp_path, trained, monkeypatch):
+    """The validation split goes through every exported SavedModel a batch at a time, not
+    in one call (the whole split of an ImageNet-sized model is gigabytes at once)."""
+    model, source = trained
+    sizes = []
+    load = tf.saved_model.load
+
+    def recording(path, *args, **kwargs):
+        loaded = load(path, *args, **kwargs)
+        signature = loaded.signatures["serving_default"]
+
+        def call(inputs):
+            sizes.append(int(inputs.shape[0]))
+            return signature(inputs=inputs)
+        return type("Loaded", (), {"signatures": {"serving_default": call}})()
+    monkeypatch.setattr(tf.saved_model, "load", recording)
+    cfg = load_config(None, ["export.tflite=none", "export.saved_model_int8=true"]).export
+    report = export_all(model, cfg, tmp_path, source)
+    assert report["saved_model"]["verified"] and report["saved_model_int8"]["verified"]
+    assert source.num_val > 64 and max(sizes) <= 64
+    assert sum(s for s in sizes if s > 1) == 2 * source.num_val     # every example, each model
+
+
+def test_post_training_int8_of_a_token_model_is_integer_throughout(tmp_path):
+    """`export.tflite: int8` without QAT on a model taking token ids: calibrated on token
+    ids, so every FULLY_CONNECTED takes int8 activations and int8 weights, and the
+    embedding table is an int8 GATHER (not a dynamic-range model with float activations)."""
+    from ai_edge_litert.interpreter import Interpreter
+    source = load_source(load_config(None, [
+        "data.name=synthetic",
+        "data.params={kind: tokens, num_examples: 300, seq_len: 12, vocab_size: 50}"]).data, 0)
+    model = TrainModel.wrap(MODELS.get("embedding_bag")(source.spec, embed_dim=8))
+    # trained a little: an untrained model's predictions are near ties, and int8 rounding
+    # moves its accuracy by more than export.max_accuracy_drop at random
+    model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(source.calibration(source.num_train).batch(32), epochs=5, verbose=0)
+    report = export_all(model, load_config(None, ["export.tflite=int8"]).export, tmp_path, source)
+    assert report["tflite_int8"]["verified"]
+    ops = Interpreter(model_path=str(tmp_path / "model.tflite"))._get_ops_details()
+    dense = [op for op in ops if op["op_name"] == "FULLY_CONNECTED"]
+    assert dense and all([t.__name__ for t in op["operand_types"][:2]] == ["int8", "int8"]
+                         for op in dense)
+    gather, = [op for op in ops if op["op_name"] == "GATHER"]
+    assert gather["operand_types"][0].__name__ == "int8"
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+def test_the_float32_baseline_size_is_the_saved_models_variables_gzip(tmp_path, policy):
+    """The compression ratios' baseline (a checkpoint of the float32 inference model's
+    variables, written without a signature) is the gzip size of the float32 SavedModel's
+    `variables/` to within the object graph's bytes, under any policy."""
+    import gzip
+
+    from tftrain.export.artifacts import _dir_bytes, saved_model_variables_gzip
+    precision.apply_policy(policy)
+    try:
+        model = MODELS.get("cnn")(load_source(load_config().data, 0).spec)
+    finally:
+        precision.apply_policy("float32")
+    saved = save_saved_model(model, tmp_path / "saved_model")
+    expected = len(gzip.compress(_dir_bytes(saved / "variables"), 9))
+    assert abs(saved_model_variables_gzip(model) - expected) <= 100
+    assert expected > 4 * 53_002 * 0.8     # float32 weights (53,002), not 16-bit copies

@@ -1,0 +1,102 @@
+"""ONNX export: float model within 1e-4 of the SavedModel, int8 QDQ model equal to the
+int8 TFLite model and run with ONNX Runtime's int8 kernels, the activation rewrite exact."""
+
+import numpy as np
+import onnx
+import pytest
+import tensorflow as tf
+from onnx import TensorProto, helper
+
+from tftrain.export import onnx_export
+from tftrain.config import load_config
+from tftrain.data import load_source
+from tftrain.export.artifacts import export_all
+from tftrain.models import MODELS
+from tftrain.training.train_step import TrainModel
+
+
+@pytest.fixture(scope="module")
+def cnn():
+    tf.keras.utils.set_random_seed(0)
+    source = load_source(load_config().data, 0)
+    model = TrainModel.wrap(MODELS.get("cnn")(source.spec, filters=[8, 16], dense=[32]))
+    model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(source.calibration(source.num_train).batch(32), epochs=10, verbose=0)
+    return model, source
+
+
+def test_float_onnx_gives_the_saved_model_logits(tmp_path, cnn):
+    model, source = cnn
+    cfg = load_config(None, ["export.onnx=true", "export.tflite=none"]).export
+    report = export_all(model, cfg, tmp_path, source)
+    entry = report["onnx"]
+    assert entry["max_abs_diff_vs_saved_model"] < 1e-4 and entry["max_abs_logit_diff"] < 1e-4
+    assert entry["accuracy"] == report["saved_model"]["accuracy"] and entry["verified"]
+    assert "onnx_int8" not in report              # no int8 TFLite model, no int8 ONNX
+    proto = onnx.load(str(tmp_path / "model.onnx"))
+    assert [i.name for i in proto.graph.input] == ["inputs"]
+    assert [o.name for o in proto.graph.output] == ["logits"]
+    assert (tmp_path / "model.onnx").stat().st_size == entry["size_bytes"]
+    x = np.random.default_rng(0).random((5, 8, 8, 1), np.float32)
+    sess = onnx_export.session((tmp_path / "model.onnx").read_bytes())
+    np.testing.assert_allclose(onnx_export.logits(sess, x), model.predict(x, verbose=0), atol=1e-4)
+
+
+def test_int8_onnx_equals_the_int8_tflite_model_and_runs_int8_kernels(tmp_path, cnn):
+    model, source = cnn
+    cfg = load_config(None, ["export.onnx=true", "export.tflite=int8"]).export
+    report = export_all(model, cfg, tmp_path, source)
+    entry, lite = report["onnx_int8"], report["tflite_int8"]
+    assert entry["max_abs_diff_vs_tflite_int8"] <= 1e-5
+    assert report["onnx"]["accuracy"] > 0.9                 # a trained model, not noise
+    assert entry["accuracy"] == lite["accuracy"] and entry["verified"] and lite["verified"]
+    # both convolutions and both dense layers (MatMul + bias) run as int8 kernels
+    assert entry["int8_kernels"] == {"QLinearConv": 2, "QGemm": 2}
+    assert report["onnx"]["max_abs_diff_vs_saved_model"] < 1e-4       # and the float one
+    kinds = {n.op_type for n in onnx.load(str(tmp_path / "model_int8.onnx")).graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= kinds
+
+
+def _relu_then_quantize(rewrite: bool) -> bytes:
+    """x -> Relu -> Q -> DQ, int8 with zero point -3 (Relu not absorbed by the range)."""
+    nodes = [helper.make_node("Relu", ["inputs"], ["r"]),
+             helper.make_node("QuantizeLinear", ["r", "s", "z"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["logits"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("inputs", TensorProto.FLOAT, [None, 4])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [None, 4])],
+        [helper.make_tensor("s", TensorProto.FLOAT, [], [0.05]),
+         helper.make_tensor("z", TensorProto.INT8, [], [-3])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    if rewrite:
+        assert onnx_export._quantize_before_activations(proto.graph) == 1
+        assert [n.op_type for n in proto.graph.node] == [
+            "QuantizeLinear", "DequantizeLinear", "Relu", "QuantizeLinear", "DequantizeLinear"]
+    onnx.checker.check_model(proto)
+    return proto.SerializeToString()
+
+
+def test_quantizing_before_an_activation_changes_no_value():
+    rng = np.random.default_rng(1)
+    x = np.concatenate([rng.normal(0, 3, (2000, 4)),        # beyond the range both ways
+                        np.arange(-40, 40).reshape(-1, 4) * 0.025]).astype(np.float32)  # ties
+    before, after = (onnx_export.logits(onnx_export.session(_relu_then_quantize(r)), x)
+                     for r in (False, True))
+    np.testing.assert_array_equal(before, after)
+    assert before.min() == 0.0 and before.max() == pytest.approx(0.05 * 130)
+
+
+def test_a_mixed_precision_model_exports_a_float32_onnx_model():
+    from tftrain.runtime import precision
+    from tftrain.export.artifacts import inference_model
+    precision.apply_policy("mixed_bfloat16")
+    source = load_source(load_config().data, 0)
+    model = precision.float32_outputs(MODELS.get("cnn")(source.spec, filters=[4], dense=[8]))
+    plain = inference_model(model)                 # float32 copies (tensorflow#45441)
+    proto = onnx.load_from_string(onnx_export.float_onnx(plain))
+    assert proto.graph.input[0].type.tensor_type.elem_type == TensorProto.FLOAT
+    assert proto.graph.output[0].type.tensor_type.elem_type == TensorProto.FLOAT
+    assert not {"Cast"} & {n.op_type for n in proto.graph.node}    # no bfloat16 inside
+    x = np.random.default_rng(2).random((4, 8, 8, 1), np.float32)
+    sess = onnx_export.session(proto.SerializeToString())
+    np.testing.assert_allclose(onnx_export.logits(sess, x), plain.predict(x, verbose=0), atol=1e-5)

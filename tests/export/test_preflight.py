@@ -1,0 +1,95 @@
+"""Export preflight: every requested export converted and run once before training; a
+conversion that cannot work is a config error (exit 2) with nothing written."""
+import json
+import re
+
+import pytest
+
+from helpers import QUICKSTART, quick_config
+from tftrain.core.keras import keras
+from tftrain.run import main, run
+
+
+def unconvertible(spec):
+    """A model whose Bessel-function layer no TFLite builtin computes."""
+    import tensorflow as tf
+    inputs = keras.Input(spec.shape)
+    x = keras.layers.Flatten()(inputs)
+    x = keras.layers.Lambda(lambda t: tf.math.special.bessel_i1e(t), name="bessel")(x)
+    return keras.Model(inputs, keras.layers.Dense(spec.num_classes, name="logits")(x))
+
+
+def args(tmp_path, *sets, flags=()):
+    return [str(QUICKSTART), "--run-dir", str(tmp_path), *flags,
+            *[a for s in sets for a in ("--set", s)]]
+
+
+def test_an_export_that_cannot_convert_is_refused_before_training(tmp_path, capsys):
+    code = main(args(tmp_path, "model={name: 'test_preflight:unconvertible'}", "export.tflite=int8",
+                     "train.epochs=50"))
+    out, err = capsys.readouterr()
+    assert code == 2, err[-3000:]
+    line, = [x for x in err.splitlines() if x.startswith("tftrain: config error: ")]
+    assert line == ("tftrain: config error: export.tflite (int8): the untrained model does not "
+                    "convert: op BesselI1e (layer bessel) has no TFLite builtin form; replace the "
+                    "layer or set export.tflite: none, or set export.preflight: false to find out "
+                    "after training")
+    assert "export.preflight: false" in line and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == [] and "training:" not in out      # nothing trained
+    # off: the plan goes on (and this model then fails at the export, after training)
+    cfg = quick_config(tmp_path, "model={name: 'test_preflight:unconvertible'}",
+                       "export.tflite=int8", "export.preflight=false")
+    assert cfg.export.preflight is False
+
+
+def test_the_plan_says_what_preflight_converted_and_how_long_it_took(tmp_path, capsys):
+    assert main(args(tmp_path, "export.tflite=int8", "export.saved_model_int8=true",
+                     flags=["--dry-run"])) == 0
+    out = capsys.readouterr().out
+    line, = [x for x in out.splitlines() if x.startswith("export preflight: ")]
+    assert re.fullmatch(r"export preflight: saved_model, saved_model_int8, tflite_int8 converted "
+                        r"and run from the untrained model in \d+\.\d s \(export\.preflight: "
+                        r"false to skip\)", line), line
+    assert main(args(tmp_path, "export.preflight=false", flags=["--dry-run"])) == 0
+    assert "export preflight" not in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_preflight_follows_the_last_stage_qat_and_records_its_time(tmp_path):
+    summary = run(quick_config(tmp_path, "train.epochs=1", "export.tflite=int8",
+                               "compression.quantization={enabled: true, epochs: 1}",
+                               "export.preflight=true"))
+    assert summary["preflight"]["artifacts"] == ["saved_model", "tflite_int8"]
+    assert 0 < summary["preflight"]["seconds"]
+    assert json.loads((tmp_path / "quickstart" / "summary.json").read_text())["preflight"] == \
+        summary["preflight"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["transformer", "speech"])
+def test_onnx_of_the_transformer_and_speech_models_exports_or_is_refused_in_preflight(
+        tmp_path, capsys, recipe, spoken_digits):
+    """The transformer's exact GELU (Erfc) and the speech models' spectrogram (RFFT,
+    ComplexAbs) meet ONNX opset 17: exported and verified, or refused before training."""
+    sets = {"transformer": ["data.name=synthetic",
+                            "data.params={kind: tokens, num_examples: 600, seq_len: 16, vocab_size: 200}",
+                            "model={name: transformer, params: {embed_dim: 16, num_heads: 2, "
+                            "num_layers: 1, mlp_dim: 32}}"],
+            "speech": ["data.name=audio_folder", "data.validation_fraction=0.25",
+                       f"data.params={{path: {spoken_digits}, sample_rate: 16000}}",
+                       "model={name: ds_cnn, params: {filters: 16}}"]}[recipe]
+    # a smoke run (a few batches per stage): the claim is the conversion, and a smoke
+    # model's accuracy is noise (the logits must still agree)
+    code = main(args(tmp_path, *sets, "export.onnx=true", "export.tflite=int8",
+                     "export.max_accuracy_drop=1", "train.jit_compile=false",
+                     "compression.quantization={enabled: true, epochs: 1, skip_unsupported: true}",
+                     flags=["--smoke"]))
+    out, err = capsys.readouterr()
+    if code == 2:
+        assert re.search(r"tftrain: config error: export\.onnx: the untrained model does not "
+                         r"convert: op \w+ .*has no ONNX opset 17 form", err), err[-3000:]
+        assert "training:" not in out
+        return
+    assert code == 0, err[-3000:]
+    summary = json.loads((tmp_path / "quickstart-smoke" / "summary.json").read_text())
+    assert summary["artifacts"]["onnx_int8"]["verified"]

@@ -1,0 +1,105 @@
+"""The planner: memory estimates, data vs model parallel, batch choice, impossible plans."""
+import pytest
+
+from helpers import ROOT, cli
+from tftrain.runtime import placement
+from tftrain.runtime import planner
+from tftrain.config import ConfigError, load_config
+from tftrain.data import InputSpec
+from tftrain.models import MODELS
+
+SPEC = InputSpec((8, 8, 1), "float32", 10)
+MIB = 2**20
+
+
+def costs():
+    return placement.layer_costs(MODELS.get("mlp")(SPEC, hidden=[128] * 6))
+
+
+def cfg(*sets):
+    return load_config(None, list(sets))
+
+
+@pytest.mark.parametrize("sets,slots", [
+    ([], 2), (["train.optimizer.name=sgd"], 1),      # tf_keras' SGD keeps momentum at 0 too
+    (["train.optimizer={name: adam, params: {amsgrad: true}}"], 3),
+    (["train.optimizer={name: sgd, params: {momentum: 0.9}}"], 1),
+    (["train.optimizer.name=rmsprop"], 1),
+    (["train.optimizer={name: rmsprop, params: {momentum: 0.9, centered: true}}"], 3),
+])
+def test_optimizer_slots(sets, slots):
+    assert planner.optimizer_slots(cfg(*sets)) == slots
+
+
+def test_estimate_counts_each_part():
+    c = costs()
+    params = sum(x.params for x in c)
+    assert params == 64 * 128 + 128 + 5 * (128 * 128 + 128) + 128 * 10 + 10
+    acts = sum(x.activation_bytes for x in c)
+    e = planner.estimate(c, micro_batch=32, slots=2, policy="float32")
+    assert (e.params, e.gradients, e.slots) == (params * 4, params * 4, params * 8)
+    assert e.activations == acts * 32 * planner.ACTIVATION_FACTOR
+    half = planner.estimate(c, micro_batch=32, slots=2, policy="mixed_bfloat16")
+    assert half.activations == e.activations / 2 and half.params == e.params
+
+
+def test_ample_memory_is_data_parallel():
+    plan = planner.choose(cfg("distribute.device_memory=16GB"), costs(), ["/cpu:0", "/cpu:1"],
+                          "float32", 32, 1)
+    assert plan.kind == "data" and plan.stages == 1 and plan.memory == 16 * 10**9
+
+
+def test_a_model_too_big_for_one_device_is_split_in_the_fewest_stages():
+    c = costs()
+    whole = planner.estimate(c, 32, 2, "float32").total
+    devices = [f"/cpu:{i}" for i in range(4)]
+    plan = planner.choose(cfg(f"distribute.device_memory={int(whole * 0.8)}"), c, devices,
+                          "float32", 32, 1)
+    assert plan.kind == "model" and plan.stages == 2
+    assert all(e.total <= whole * 0.8 for e in plan.per_device)
+    tighter = planner.choose(cfg(f"distribute.device_memory={int(whole * 0.4)}"), c, devices,
+                             "float32", 32, 1)
+    assert tighter.stages == 3 and all(e.total <= whole * 0.4 for e in tighter.per_device)
+
+
+def test_global_batch_takes_more_accumulation_when_the_micro_batch_does_not_fit():
+    c = costs()
+    at_64 = planner.estimate(c, 64, 2, "float32").total
+    plan = planner.choose(cfg("train.global_batch_size=256", f"distribute.device_memory={int(at_64)}"),
+                          c, ["/cpu:0", "/cpu:1"], "float32", 32, 1, replicas=2)
+    assert (plan.per_replica, plan.accumulation, plan.kind) == (64, 2, "data")   # 64 x 2 x 2 = 256
+    roomy = planner.choose(cfg("train.global_batch_size=256"), c, ["/cpu:0", "/cpu:1"],
+                           "float32", 32, 1, replicas=2)
+    assert (roomy.per_replica, roomy.accumulation) == (128, 1)
+
+
+def test_impossible_plan_says_what_to_change():
+    with pytest.raises(ConfigError, match=r"distribute\.device_memory: the model needs .* MiB on one "
+                                          r"device .* lower data\.per_replica_batch_size"):
+        planner.choose(cfg("distribute.device_memory=1000"), costs(), ["/cpu:0", "/cpu:1"],
+                       "float32", 32, 1)
+
+
+def test_device_memory_defaults_to_available_ram():
+    assert 0 < planner.device_memory("/cpu:0", None) <= 64 * 2**30
+    assert planner.device_memory("/gpu:0", 123) == 123
+
+
+def test_matmul_peak_is_measured():
+    assert planner.matmul_peak_flops(n=256, repeats=2) > 1e8
+
+
+@pytest.mark.slow
+def test_auto_chooses_model_parallel_when_memory_is_short(tmp_path):
+    args = [ROOT / "configs" / "quickstart.yaml", "--run-dir", tmp_path, "--dry-run",
+            "--set", "distribute.strategy=auto"]
+    roomy = cli(*args)
+    assert roomy.returncode == 0 and "planner: data parallel" in roomy.stdout
+    short = cli(*args, "--set", "distribute.device_memory=1.5MiB")
+    assert short.returncode == 0, short.stderr[-2000:]
+    assert "planner: model parallel over 2 stages (the model does not fit one device)" in short.stdout
+    assert "strategy: default" in short.stdout and "stage 1 /device:CPU:1" in short.stdout
+    impossible = cli(*args, "--set", "distribute.device_memory=100KB")
+    assert impossible.returncode == 2
+    assert "tftrain: config error: distribute.device_memory: the model needs" in impossible.stderr
+    assert list(tmp_path.iterdir()) == []

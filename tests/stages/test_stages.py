@@ -1,0 +1,163 @@
+"""Stages: which run, how long, at what learning rate, and the interface each keeps (the
+fitting is in test_run.py)."""
+import pytest
+
+from tftrain.config import load_config
+from tftrain.stages import STAGES, Stage, plan_stages
+
+
+def summary(stages):
+    return [(s.name, s.epochs, s.updates, s.learning_rate) for s in stages]
+
+
+def test_training_alone():
+    assert summary(plan_stages(load_config(None, ["train.epochs=3"]), 23)) == [("train", 3, 69, None)]
+
+
+def test_compression_stages_follow_training_with_their_own_rates():
+    cfg = load_config(None, ["train.epochs=3", "train.optimizer.learning_rate=0.01",
+                             "compression.pruning={enabled: true, epochs: 2}",
+                             "compression.quantization={enabled: true, epochs: 1, learning_rate: 0.0005}"])
+    assert summary(plan_stages(cfg, 23)) == [("train", 3, 69, None), ("prune", 2, 46, 0.001),
+                                             ("qat", 1, 23, 0.0005)]
+
+
+def test_smoke_runs_one_epoch_of_each():
+    cfg = load_config(None, ["compression.quantization.enabled=true"])
+    assert summary(plan_stages(cfg, 3, smoke=True)) == [("train", 1, 3, None), ("qat", 1, 3, 0.0001)]
+
+
+@pytest.mark.parametrize("cls", STAGES)
+def test_every_stage_implements_the_interface_and_reads_its_own_section(cls):
+    assert cls.build is not Stage.build and cls.name
+    cfg = load_config(None, ["compression.distillation.student={name: mlp}", "train.freeze={epochs: 2}"])
+    section = cls.settings(cfg)
+    assert type(section).__name__.endswith("Config") and cls.configured_epochs(cfg) == section.epochs
+    assert len({c.name for c in STAGES}) == len(STAGES)
+
+
+def test_constructors_are_keyword_only():
+    from tftrain.stages import StageRunner
+    from tftrain.stages.train import Train
+    with pytest.raises(TypeError):
+        Train(load_config(None, []), 3)
+    with pytest.raises(TypeError):
+        StageRunner(None, None)
+
+
+def test_a_stage_can_supersede_another():
+    class Replacement(Stage):
+        name, section = "replacement", "train"
+
+        @classmethod
+        def enabled(cls, cfg):
+            return True
+
+        @classmethod
+        def configured_epochs(cls, cfg):
+            return 2
+
+        def supersedes(self):
+            return ("train",)
+
+    from tftrain import stages
+    original = stages.STAGES
+    stages.STAGES = original + (Replacement,)
+    try:
+        assert summary(plan_stages(load_config(None, []), 5)) == [("replacement", 2, 10, 0.0001)]
+    finally:
+        stages.STAGES = original
+
+
+@pytest.mark.slow
+def test_batch_norm_is_re_estimated_at_the_end_of_training_and_pruning_not_qat(tmp_path):
+    from helpers import quick_config
+    from tftrain.run import run
+    from tftrain.stages.runner import _generalisation_gap
+    summary = run(quick_config(
+        tmp_path, "run.name=bn", "model.params={filters: [8, 16], dense: [32], batch_norm: true}",
+        "train.epochs=1", "train.recalibrate_batch_norm=4",
+        "compression.pruning={enabled: true, epochs: 1}", "compression.quantization={enabled: true, epochs: 1}",
+        "export.tflite=int8"))
+    stages = summary["stages"]
+    assert stages["train"]["settled"] == stages["prune"]["settled"] == "recalibrated"
+    assert "settled" not in stages["qat"] and "raw_metrics" in stages["train"]
+    off = run(quick_config(tmp_path, "run.name=nobn", "model.params={batch_norm: true}",
+                           "train.epochs=1", "train.recalibrate_batch_norm=off",
+                           "export.tflite=none", "export.saved_model=false"))
+    assert "raw_metrics" not in off["stages"]["train"]
+
+    class Trained:
+        history = type("H", (), {"history": {"accuracy": [0.5, 0.94]}})()
+    assert "batch-norm moving statistics" in _generalisation_gap(Trained(), {"val_accuracy": 0.09})
+    assert _generalisation_gap(Trained(), {"val_accuracy": 0.9}) == ""
+
+
+def test_auto_recalibration_uses_about_2048_examples_at_most_an_epoch():
+    from types import SimpleNamespace
+    from tftrain.stages.runner import StageRunner
+    runner = StageRunner.__new__(StageRunner)
+    for setting, spe, per_replica, replicas, want in [("auto", 23, 32, 2, 46), ("auto", 500, 32, 2, 64),
+                                                       ("off", 23, 32, 2, 0), ("true", 23, 32, 2, 46),
+                                                       (5, 23, 32, 2, 5)]:
+        runner.cfg = load_config(None, [f"train.recalibrate_batch_norm={setting}"])
+        runner.steps_per_epoch = spe
+        runner.plan = SimpleNamespace(batches=SimpleNamespace(global_batch=per_replica * replicas,
+                                                              replica_batch=per_replica))
+        assert runner.recalibration_batches() == want
+
+
+def test_batch_norm_re_estimation_sees_the_normalized_inputs_training_sees():
+    """The batches that re-estimate batch-norm statistics (and finish a weight average) go
+    through `data.augment`'s deterministic steps, as training and validation do: with
+    `normalize` they are the training stream's batches, and the statistics are those of
+    the normalized data."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from tftrain import data
+    from tftrain.core.keras import keras
+    from tftrain.optim.averaging import recalibrate_batch_norm
+    from tftrain.stages.runner import StageRunner
+    cfg = load_config(None, ["data.augment=[{normalize: {mean: 100, std: 50}}]"])
+    source, batches = data.load_source(cfg.data, cfg.run.seed), data.plan_batches(cfg, 1)
+    runner = StageRunner.__new__(StageRunner)
+    runner.cfg, runner.smoke = cfg, False
+    runner.plan = SimpleNamespace(source=source, batches=batches)
+    used = np.stack([x for x, _ in runner._batches(4).as_numpy_iterator()])
+    trained = np.stack([x for x, _ in data.train_dataset(
+        source, batches, cfg.data, cfg.run.seed).take(4).as_numpy_iterator()])
+    np.testing.assert_allclose(used, trained, rtol=0, atol=1e-6)
+    raw = np.stack([x for x, _ in data.train_dataset(
+        source, batches, cfg.data, cfg.run.seed, ops=[]).take(4).as_numpy_iterator()])
+    np.testing.assert_allclose(used, (raw - 100) / 50, atol=1e-5)
+    model = keras.Sequential([keras.Input(source.spec.shape), keras.layers.BatchNormalization()])
+    assert recalibrate_batch_norm(model, runner._batches(4)) == 4
+    np.testing.assert_allclose(model.layers[0].moving_mean.numpy(),
+                               [np.mean([b.mean() for b in used])], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
+def test_the_frozen_phase_leaves_the_head_to_train_under_every_precision(policy):
+    """By default every layer but the output layer is frozen. Under a mixed policy the
+    model ends with a float32 cast (no weights): the head was frozen with the rest and
+    the phase had nothing to train (a crash in the step)."""
+    from types import SimpleNamespace
+
+    from tftrain.data import InputSpec
+    from tftrain.runtime.parallelism import Parallelism
+    from tftrain.runtime.precision import Precision
+    from tftrain.stages.freeze import Freeze
+    cfg = load_config(None, [f"precision.policy={policy}", "train.freeze={epochs: 1}",
+                             "model={name: cnn, params: {filters: [4], dense: [8]}}"])
+    ctx = SimpleNamespace(precision=Precision(policy=policy, config=cfg.precision),
+                          parallel=Parallelism(), source=SimpleNamespace(spec=InputSpec((8, 8, 1), "float32", 10)))
+    stage = Freeze(cfg=cfg, steps_per_epoch=4)
+    net = stage.plan(None, ctx)
+    assert stage.frozen == ["conv_0", "dense_0"]
+    assert (net.layers[-1].name == "logits") == (policy == "float32")
+    bad = load_config(None, ["train.freeze={epochs: 1, layers: [conv_0, dense_0, logits]}",
+                             "model={name: cnn, params: {filters: [4], dense: [8]}}"])
+    with pytest.raises(Exception, match=r"train\.freeze\.layers: the rules freeze every layer"):
+        Freeze(cfg=bad, steps_per_epoch=4).plan(None, ctx)

@@ -1,0 +1,72 @@
+"""The documents: README as a short front door, every link between README,
+CONTRIBUTING.md and the pages under docs/ leading to a file and a heading that exist,
+and CONTRIBUTING's layout map generated from the current tree."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import ROOT
+
+PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    found, fence = set(), False
+    for line in path.read_text().splitlines():
+        if line.startswith("```"):
+            fence = not fence
+        elif not fence and (m := re.match(r"^#{1,6} (.+)$", line)):
+            found.add(slug(m.group(1)))
+    return found
+
+
+def links(path: Path) -> list[str]:
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    return [t for t in LINK.findall(text) if not re.match(r"^[a-z]+:", t)]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_every_link_leads_to_a_file_and_a_heading_that_exist(page):
+    assert links(page) or page.name != "README.md"
+    for target in links(page):
+        name, _, anchor = target.partition("#")
+        file = (page.parent / name).resolve() if name else page
+        assert file.exists(), f"{page.name}: {target}: no such file"
+        if anchor:
+            assert anchor in anchors(file), f"{page.name}: {target}: no such heading"
+
+
+def test_the_checker_finds_a_broken_link_and_a_missing_heading(tmp_path):
+    (tmp_path / "a.md").write_text("# Title\n\n## Some part\n\n[ok](#some-part) [b](b.md#x)\n"
+                                   "[gone](c.md) [web](https://example.com)\n")
+    (tmp_path / "b.md").write_text("# B\n")
+    assert links(tmp_path / "a.md") == ["#some-part", "b.md#x", "c.md"]
+    assert anchors(tmp_path / "a.md") == {"title", "some-part"}
+    with pytest.raises(AssertionError, match="no such heading"):
+        test_every_link_leads_to_a_file_and_a_heading_that_exist(tmp_path / "a.md")
+
+
+def test_readme_is_a_front_door_to_every_page():
+    readme = ROOT / "README.md"
+    assert len(readme.read_text().splitlines()) <= 250
+    linked = {(ROOT / t.partition("#")[0]).resolve() for t in links(readme)}
+    assert set(PAGES[1:]) <= linked                     # CONTRIBUTING and every docs/ page
+
+
+def test_contributings_layout_map_is_the_trees():
+    printed = subprocess.run([sys.executable, str(ROOT / "scripts" / "layout_map.py"), "--print"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    text = (ROOT / "CONTRIBUTING.md").read_text()
+    current = text.split("<!-- layout:begin -->")[1].split("<!-- layout:end -->")[0].strip()
+    assert current == printed, "run python scripts/layout_map.py"

@@ -1,0 +1,7 @@
+"""Model compression with tfmot: magnitude pruning driven by updates (`pruning`),
+quantization-aware training, prune-preserving after pruning (`quantization`), and the
+per-layer QAT configs tfmot lacks (`qat_configs`).
+
+May import: `tftrain.core`, `tftrain.optim`, `tftrain.config`, `tftrain.data`,
+`tftrain.models`, `tftrain.runtime`, `tftrain.training`.
+"""

@@ -1,0 +1,188 @@
+"""Quantization configs for layers tfmot's default 8-bit scheme leaves out.
+
+tfmot's registry refuses `Conv1D` (its entry is commented out) and `MaxPooling1D`, and
+knows nothing of tftrain's own layers, so a 1-D speech model could not be quantized at
+all. TFLite runs a Conv1D as a Conv2D over a height-1 map; for QAT tftrain does the
+same (`Conv1DAsConv2D`) and gives it the config tfmot gives Conv2D: per-output-channel
+symmetric int8 kernels, an 8-bit activation range, and, for prune-preserving QAT, the
+quantizer that keeps pruned zeros. Max pooling passes ranges through (no quantizer); the feature layer
+of the speech models computes in float and only its output is quantized, so the int8
+TFLite file takes a float waveform and runs every layer after the features in int8.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from tensorflow_model_optimization.python.core.quantization.keras.collab_opts.prune_preserve import (  # noqa: E501
+    prune_preserve_quantize_registry as pqat_registry,
+)
+from tensorflow_model_optimization.python.core.quantization.keras.default_8bit import (
+    default_8bit_quantize_registry as registry,
+)
+
+from tftrain.core.keras import keras
+
+
+@keras.utils.register_keras_serializable("tftrain")
+class Conv1DAsConv2D(keras.layers.Layer):
+    """A Conv1D computed as a 2-D convolution over a height-1 map, with a [1, k, in, out]
+    kernel: the layout TFLite runs a Conv1D in, and one tfmot's per-channel fake
+    quantization and the TFLite converter both handle (a rank-3 kernel they do not).
+    Same name, outputs and (reshaped) weights as the Conv1D it replaces for QAT."""
+
+    def __init__(self, filters, kernel_size, strides=1, padding="valid", dilation_rate=1,
+                 activation=None, use_bias=True, **kwargs):
+        super().__init__(**kwargs)
+        first = lambda v: int(v[0] if isinstance(v, (list, tuple)) else v)  # noqa: E731
+        self.filters, self.kernel_size = int(filters), first(kernel_size)
+        self.strides, self.dilation_rate = first(strides), first(dilation_rate)
+        if padding not in ("valid", "same"):
+            raise ValueError(f"padding {padding!r}: only valid/same Conv1D have an int8 form here")
+        self.padding, self.use_bias = padding, use_bias
+        self.activation = keras.activations.get(activation)
+
+    @classmethod
+    def of(cls, conv1d):
+        if conv1d.groups != 1:
+            raise ValueError(f"layer {conv1d.name}: grouped Conv1D has no int8 form here")
+        return cls(conv1d.filters, conv1d.kernel_size, conv1d.strides, conv1d.padding,
+                   conv1d.dilation_rate, keras.activations.serialize(conv1d.activation),
+                   conv1d.use_bias, name=conv1d.name, dtype=conv1d.dtype_policy)
+
+    def build(self, input_shape):
+        channels = int(input_shape[-1])
+        self.kernel = self.add_weight("kernel", (1, self.kernel_size, channels, self.filters))
+        self.bias = self.add_weight("bias", (self.filters,), initializer="zeros") \
+            if self.use_bias else None
+        super().build(input_shape)
+
+    def call(self, inputs):
+        import tensorflow as tf
+        # conv, bias and activation on the 4-D map, so TFLite fuses them into one int8
+        # CONV_2D; the reshapes around it stay int8
+        y = tf.nn.conv2d(tf.expand_dims(inputs, 1), tf.cast(self.kernel, inputs.dtype),
+                         [1, 1, self.strides, 1], self.padding.upper(),
+                         dilations=[1, 1, self.dilation_rate, 1])
+        if self.bias is not None:
+            y = tf.nn.bias_add(y, tf.cast(self.bias, y.dtype))
+        return tf.squeeze(self.activation(y), 1)
+
+    def get_config(self):
+        return {**super().get_config(), "filters": self.filters,
+                "kernel_size": self.kernel_size, "strides": self.strides,
+                "padding": self.padding, "dilation_rate": self.dilation_rate,
+                "activation": keras.activations.serialize(self.activation),
+                "use_bias": self.use_bias}
+
+
+@keras.utils.register_keras_serializable("tftrain")
+class Conv1DQuantizeConfig(registry.Default8BitConvQuantizeConfig):
+    """tfmot's Conv2D config (per-channel kernel, activation) for `Conv1DAsConv2D`, with
+    the prune-preserving kernel quantizer if asked; serializable, since `quantize_apply`
+    rebuilds configs from their config (a quantizer set on an instance is lost)."""
+
+    def __init__(self, preserve_sparsity: bool = False):
+        super().__init__(["kernel"], ["activation"], False)
+        self.preserve_sparsity = preserve_sparsity
+        if preserve_sparsity:
+            self.weight_quantizer = pqat_registry.PrunePreserveDefault8BitConvWeightsQuantizer()
+
+    def get_config(self):
+        return {"preserve_sparsity": self.preserve_sparsity}
+
+
+@keras.utils.register_keras_serializable("tftrain")
+class DepthwisePrunePreserveConfig(registry.Default8BitConvQuantizeConfig):
+    """tfmot's 8-bit DepthwiseConv2D config with the prune-preserving kernel quantizer.
+    tfmot's prune-preserving scheme leaves depthwise kernels unmasked (its registry
+    disables them), so QAT refilled their pruned zeros. `activation`: also quantize the
+    layer's activation (not when a separate ReLU after it does). Serializable, as
+    `Conv1DQuantizeConfig`."""
+
+    def __init__(self, activation: bool = True):
+        super().__init__(["depthwise_kernel"], ["activation"] if activation else [], False)
+        self.activation = activation
+        self.weight_quantizer = pqat_registry.PrunePreserveDefault8BitConvWeightsQuantizer()
+
+    def get_config(self):
+        return {"activation": self.activation}
+
+
+def configs_for(model, preserve_sparsity: bool) -> dict:
+    """The QuantizeConfig tftrain gives each layer of `model` that needs one, by name.
+
+    tfmot quantizes a `DepthwiseConv2D -> BatchNormalization` pair as one (the batch norm
+    quantizes the output, which TFLite folds into the depthwise) only when neither layer
+    has a config of its own; a depthwise with the prune-preserving config gets the same
+    arrangement here, else tfmot refuses the batch norm."""
+    from tensorflow_model_optimization.python.core.quantization.keras.default_8bit import (
+        default_8bit_quantize_configs as configs,
+    )
+    configs_ = {}
+    sources = _sources(model) if preserve_sparsity else {}
+    for layer in model.layers:
+        source = sources.get(layer.name)
+        if (isinstance(layer, keras.layers.BatchNormalization)
+                and isinstance(source, keras.layers.DepthwiseConv2D)):
+            configs_[layer.name] = configs.Default8BitOutputQuantizeConfig()
+            configs_[source.name] = DepthwisePrunePreserveConfig(activation=False)
+    for layer in model.layers:
+        if layer.name not in configs_:
+            config = config_for(layer, preserve_sparsity)
+            if config is not None:
+                configs_[layer.name] = config
+    return configs_
+
+
+def _sources(model) -> dict:
+    """The one layer feeding each single-input layer, in this model's graph (a layer
+    shared with another model has nodes of that model's too)."""
+    found = {}
+    for entry in model.get_config()["layers"]:
+        inbound = [i[0] for node in entry["inbound_nodes"] for i in node]
+        if len(inbound) == 1:
+            found[entry["name"]] = model.get_layer(inbound[0])
+    return found
+
+
+def config_for(layer, preserve_sparsity: bool) -> Optional[object]:
+    """The QuantizeConfig tftrain gives `layer`, or None when tfmot's registry has one."""
+    from tensorflow_model_optimization.python.core.quantization.keras.default_8bit import (
+        default_8bit_quantize_configs as configs,
+    )
+    from tftrain.models.applications import Preprocess
+    from tftrain.models.audio import AudioFeatures
+    from tftrain.models.text import TokenMean
+
+    if type(layer) in (keras.layers.Conv1D, Conv1DAsConv2D):
+        return Conv1DQuantizeConfig(preserve_sparsity)
+    if preserve_sparsity and isinstance(layer, keras.layers.DepthwiseConv2D):
+        return DepthwisePrunePreserveConfig()
+    if isinstance(layer, (keras.layers.MaxPooling1D, keras.layers.GlobalMaxPooling1D)):
+        return configs.NoOpQuantizeConfig()
+    if isinstance(layer, (AudioFeatures, Preprocess, TokenMean)):
+        return configs.Default8BitOutputQuantizeConfig()
+    return None
+
+
+def quantizable_form(layer):
+    """A fresh copy of `layer` in the form QAT quantizes (a Conv1D as `Conv1DAsConv2D`)."""
+    if type(layer) is keras.layers.Conv1D:
+        return Conv1DAsConv2D.of(layer)
+    return layer.__class__.from_config(layer.get_config())
+
+
+def supported(layer) -> bool:
+    """Whether tftrain has a config of its own for this layer."""
+    return config_for(layer, False) is not None
+
+
+def quantize_input(model) -> bool:
+    """Whether QAT should fake-quantize the model's input: not token ids (integers), nor
+    a waveform feeding float feature extraction (8 bits would lose the quiet frames)."""
+    from tftrain.models.audio import AudioFeatures
+
+    if model.inputs[0].dtype.is_integer:
+        return False
+    first = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
+    return not (first and isinstance(first[0], AudioFeatures))

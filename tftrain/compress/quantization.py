@@ -1,0 +1,192 @@
+"""Quantization-aware training: tfmot's 8-bit scheme, prune-preserving after pruning.
+
+The forward pass of tfmot's wrappers does not take bfloat16/float16
+(tensorflow/model-optimization#367, #409): QAT always runs in float32 on a float32 copy
+of the model. Per-layer configs tfmot lacks (depthwise prune preservation, the bundled
+models' own layers) are `qat_configs.py`.
+"""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow_model_optimization as tfmot
+
+from tftrain.compress import qat_configs
+from tftrain.config import ConfigError, QuantizationConfig
+from tftrain.core.keras import keras
+from tftrain.models import layer_parents
+
+_FOLDED_INTO = ("Conv2D", "DepthwiseConv2D", "Dense")
+
+
+def quantizable(layer, parents: list[str]) -> bool:
+    """Whether tfmot's default 8-bit scheme can quantize this layer (batch norm right
+    after a convolution or dense layer is folded into it)."""
+    from tensorflow_model_optimization.python.core.quantization.keras.default_8bit import (
+        default_8bit_quantize_registry as registry,
+    )
+    if isinstance(layer, keras.layers.InputLayer):
+        return True
+    if isinstance(layer, keras.layers.BatchNormalization):
+        return bool(parents) and all(p in _FOLDED_INTO for p in parents)
+    return registry.Default8BitQuantizeRegistry().supports(layer) or qat_configs.supported(layer)
+
+
+def unquantizable(model, cfg: QuantizationConfig) -> list[str]:
+    """Layers tfmot cannot quantize: an error naming them, or (skip_unsupported) the
+    names to leave in float."""
+    parents = layer_parents(model)
+    unsupported = [layer for layer in model.layers if not quantizable(layer, parents[layer.name])]
+    if unsupported and not cfg.skip_unsupported:
+        kinds = ", ".join(f"{layer.name} ({type(layer).__name__})" for layer in unsupported)
+        raise ConfigError(f"compression.quantization: tfmot cannot quantize {kinds}; set "
+                          "compression.quantization.skip_unsupported: true to keep them in "
+                          "float, or disable quantization")
+    return [layer.name for layer in unsupported]
+
+
+def quantize_configured(model, cfg):
+    """`quantize_model` as the run's config asks: prune-preserving after pruning."""
+    q = cfg.compression.quantization
+    return quantize_model(model, q, cfg.compression.pruning.enabled and q.preserve_sparsity)
+
+
+def quantize_model(model, cfg: QuantizationConfig, preserve_sparsity: bool):
+    """8-bit QAT copy of a float32 functional model (tfmot default scheme, or the
+    prune-preserving one so that zeros stay zeros). Call inside the strategy scope."""
+    q = tfmot.quantization.keras
+    skipped = set(unquantizable(model, cfg))
+    configs = qat_configs.configs_for(model, preserve_sparsity)
+
+    def annotate(layer):
+        if layer.name in skipped or isinstance(layer, keras.layers.InputLayer):
+            return layer.__class__.from_config(layer.get_config())
+        return q.quantize_annotate_layer(qat_configs.quantizable_form(layer),
+                                         configs.get(layer.name))
+
+    annotated = keras.models.clone_model(model, clone_function=annotate)
+    annotated.set_weights([w.reshape(v.shape) for w, v in zip(model.get_weights(), annotated.weights)])
+    with q.quantize_scope():
+        quantized = q.quantize_apply(annotated, _scheme(preserve_sparsity,
+                                                        qat_configs.quantize_input(model)))
+    if preserve_sparsity:
+        _keep_zeros(quantized, model)
+    return quantized
+
+
+def _scheme(preserve_sparsity: bool, quantize_input: bool = True):
+    """tfmot's default 8-bit scheme (prune-preserving or not), with one layout fix.
+
+    tfmot marks a Conv2D/Dense that feeds a separate ReLU layer "no-op" so no fake-quant
+    sits between them (TFLite fuses the pair), but that also leaves the layer's weights
+    unquantized during QAT and, with prune-preserving QAT, unmasked: the pruned zeros of
+    every `Conv2D -> ReLU` were lost. Here such a layer quantizes its weights and only
+    its output is left to the ReLU. Without `quantize_input` the model's input is not
+    fake-quantized (a raw waveform feeding float feature extraction)."""
+    from tensorflow_model_optimization.python.core.quantization.keras.collab_opts.prune_preserve import (  # noqa: E501
+        default_8bit_prune_preserve_quantize_scheme as pqat,
+        prune_preserve_quantize_registry as pqat_registry,
+    )
+    from tensorflow_model_optimization.python.core.quantization.keras.default_8bit import (
+        default_8bit_quantize_configs as configs,
+        default_8bit_quantize_layout_transform as layout,
+        default_8bit_quantize_registry as registry,
+        default_8bit_quantize_scheme as default,
+        default_8bit_transforms as transforms,
+    )
+
+    def weights_only(class_name: str):
+        if class_name == "Add":
+            return configs.NoOpQuantizeConfig()
+        if class_name == "DepthwiseConv2D" and preserve_sparsity:
+            return qat_configs.DepthwisePrunePreserveConfig(activation=False)
+        if class_name in ("Conv2D", "DepthwiseConv2D"):
+            attr = "kernel" if class_name == "Conv2D" else "depthwise_kernel"
+            config = registry.Default8BitConvQuantizeConfig([attr], [], False)
+            if preserve_sparsity:
+                config.weight_quantizer = pqat_registry.PrunePreserveDefault8BitConvWeightsQuantizer()
+            return config
+        config = registry.Default8BitQuantizeConfig(["kernel"], [], False)
+        if preserve_sparsity:
+            config.weight_quantizer = pqat_registry.PrunePreserveDefault8BitWeightsQuantizer()
+        return config
+
+    class ReLUAfterLayer(transforms.LayerReLUQuantize):
+        def replacement(self, match_layer):
+            node = match_layer.input_layers[0]
+            node.metadata["quantize_config"] = weights_only(node.layer["class_name"])
+            return match_layer
+
+    class ReLUActivationAfterLayer(transforms.LayerReluActivationQuantize):
+        replacement = ReLUAfterLayer.replacement
+
+    fixed = (ReLUAfterLayer(), ReLUActivationAfterLayer())
+    replaced = (transforms.LayerReLUQuantize, transforms.LayerReluActivationQuantize)
+
+    class Layout(layout.Default8BitQuantizeLayoutTransform):
+        def apply(self, model, layer_quantize_map):
+            from tensorflow_model_optimization.python.core.quantization.keras.graph_transformations import (  # noqa: E501
+                model_transformer,
+            )
+            original = layout.default_8bit_transforms
+            chosen = [t for t in _default_transforms(original) if type(t) not in replaced
+                      and (quantize_input or not isinstance(t, original.InputLayerQuantize))]
+            return model_transformer.ModelTransformer(
+                model, chosen + list(fixed), set(layer_quantize_map), layer_quantize_map
+            ).transform()
+
+    base = pqat.Default8BitPrunePreserveQuantizeScheme if preserve_sparsity else \
+        default.Default8BitQuantizeScheme
+
+    class Scheme(base):
+        def get_layout_transformer(self):
+            return Layout()
+
+    return Scheme()
+
+
+def _default_transforms(module) -> list:
+    """tfmot's default 8-bit layout transforms, in its order."""
+    return [module.InputLayerQuantize(), module.SeparableConv1DQuantize(),
+            module.SeparableConvQuantize(), module.Conv2DReshapeBatchNormReLUQuantize(),
+            module.Conv2DReshapeBatchNormActivationQuantize(),
+            module.Conv2DBatchNormReLUQuantize(), module.Conv2DBatchNormActivationQuantize(),
+            module.Conv2DReshapeBatchNormQuantize(), module.Conv2DBatchNormQuantize(),
+            module.ConcatTransform6Inputs(), module.ConcatTransform5Inputs(),
+            module.ConcatTransform4Inputs(), module.ConcatTransform3Inputs(),
+            module.ConcatTransform(), module.DenseBatchNormQuantize(),
+            module.DenseBatchNormReLUQuantize(), module.DenseBatchNormActivationQuantize(),
+            module.LayerReLUQuantize(), module.LayerReluActivationQuantize()]
+
+
+def _keep_zeros(quantized, pruned) -> None:
+    """Give each prune-preserving weight quantizer a mask variable of the pruned zeros.
+
+    tfmot's prune-preserving quantizer computes its mask once, as a constant, from the
+    weights the layer holds when it is built, which inside `quantize_apply` are a fresh
+    copy's random initial values for some layer types (convolutions here), and a constant
+    is not in checkpoints. tftrain masks with a variable set from the pruned model's zeros:
+    every pruned zero stays zero, and a resumed QAT stage restores the mask."""
+    for layer in quantized.layers:
+        for weight, _, variables in getattr(layer, "_weight_vars", []):
+            if "sparsity_mask" not in variables:
+                continue
+            source = pruned.get_layer(layer.layer.name)
+            name = weight.name.split("/")[-1].split(":")[0]
+            zeros = (getattr(source, name).numpy() != 0).reshape(weight.shape)
+            mask = layer.add_weight(f"pruning_mask_{name}", shape=weight.shape, trainable=False,
+                                    initializer=keras.initializers.Ones(), dtype=weight.dtype)
+            mask.assign(zeros.astype(weight.dtype.as_numpy_dtype))
+            variables["sparsity_mask"] = mask
+
+
+def quantized_kernels(model) -> dict[str, np.ndarray]:
+    """The effective float weights a QAT model quantizes (masked where prune-preserving),
+    by wrapped layer name."""
+    out = {}
+    for layer in model.layers:
+        for weight, _, variables in getattr(layer, "_weight_vars", []):
+            value = weight.numpy()
+            if "sparsity_mask" in variables:
+                value = value * np.asarray(variables["sparsity_mask"])
+            out[layer.layer.name] = value
+    return out

@@ -1,0 +1,390 @@
+"""The config schema: typed, frozen, unknown keys forbidden (loading: `loading.py`).
+
+`load_config(path, overrides)` reads a YAML file with a safe loader, applies
+`key.path=value` overrides (values parsed as YAML scalars or lists) and validates the
+result. Every problem becomes one line naming the file, the key path, the bad value and
+what is expected; they are raised together as a `ConfigError`.
+"""
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import Field, field_validator, model_validator
+
+
+from tftrain.core.config_types import (Duration, Strict, _parse_duration,  # noqa: F401
+                                       _size_bytes, size_schema)
+from tftrain.optim.schedules import Constant as ConstantSchedule
+from tftrain.optim.schedules import ScheduleConfig  # noqa: F401  (one model per schedule)
+from tftrain.optim.configs import OptimizerConfig
+
+
+# --- sections ------------------------------------------------------------------------
+class RunConfig(Strict):
+    name: str = Field("run", pattern=r"^[A-Za-z0-9_.-]+$")
+    dir: str = "runs"
+    seed: int = 42
+    deterministic: bool = False
+
+    @field_validator("name")
+    @classmethod
+    def _a_directory_of_its_own(cls, v):
+        if set(v) == {"."}:           # "." and ".." name run.dir itself or its parent
+            raise ValueError("must name a directory inside run.dir, not '.' or '..'; use "
+                             "letters, digits, '_', '-' or '.' (e.g. quickstart)")
+        return v
+
+
+class DistributeConfig(Strict):
+    strategy: Literal["auto", "default", "one_device", "mirrored", "multi_worker"] = "auto"
+    devices: Optional[list[str]] = None
+    virtual_cpus: Optional[int] = Field(None, ge=1, le=64)
+    device_memory: Optional[int] = Field(None, json_schema_extra=size_schema)
+    gpu_memory_growth: bool = True
+    gpu_memory_limit: Optional[int] = Field(None, json_schema_extra=size_schema)
+    cross_device_ops: Literal["auto", "nccl", "hierarchical_copy", "reduce_to_one_device"] = "auto"
+    communication: Literal["auto", "ring", "nccl"] = "auto"
+    all_reduce_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    # multi-worker: gradients all-reduced in packs of about this size (e.g. 4MiB), each
+    # launched once its gradients exist, so communication overlaps the rest of the
+    # backward pass; null: TensorFlow's default, one pack per update
+    pack_bytes: Optional[int] = Field(None, json_schema_extra=size_schema)
+
+    @field_validator("device_memory", "gpu_memory_limit", "pack_bytes", mode="before")
+    @classmethod
+    def _sizes(cls, v):
+        return _size_bytes(v)
+
+
+class PrecisionConfig(Strict):
+    policy: Literal["auto", "float32", "mixed_float16", "mixed_bfloat16"] = "auto"
+    loss_scale: Union[Literal["dynamic"], float] = "dynamic"
+    initial_scale: float = Field(2.0**15, gt=0)
+
+    @field_validator("loss_scale")
+    @classmethod
+    def _positive(cls, v):
+        if v != "dynamic" and v <= 0:
+            raise ValueError("a fixed loss scale must be > 0 (or use 'dynamic')")
+        return v
+
+
+class PlacementConfig(Strict):
+    devices: list[str]
+    stages: Union[Literal["auto"], list[list[str]]] = "auto"
+    balance: Literal["params", "flops", "memory"] = "params"
+    microbatches: int = Field(1, ge=1)
+
+
+class ModelConfig(Strict):
+    name: str = "cnn"
+    params: dict[str, Any] = {}
+    placement: Optional[PlacementConfig] = None
+
+
+class ServiceConfig(Strict):
+    """tf.data service: the input pipeline runs on data workers, one per dispatcher
+    (`python -m tftrain.launch --data-workers N` starts N locally)."""
+    dispatchers: list[str] = Field(min_length=1)     # e.g. [grpc://host-a:5050, ...]
+
+    @field_validator("dispatchers", mode="before")
+    @classmethod
+    def _one_or_more(cls, v):
+        return [v] if isinstance(v, str) else v
+
+
+class DataConfig(Strict):
+    name: str = "digits"
+    params: dict[str, Any] = {}
+    per_replica_batch_size: int = Field(32, ge=1)
+    shuffle: bool = True
+    shuffle_buffer: Optional[int] = Field(None, ge=1)     # streaming sources: 10,000 records
+    cache: Literal["auto", "memory", "none"] = "auto"
+    cache_budget: int = Field(1_000_000_000, json_schema_extra=size_schema)  # decoded training data
+    remainder: Literal["drop", "pad"] = "drop"
+    shard_policy: Literal["auto", "file", "data"] = "auto"
+    augment: list[Union[str, dict[str, Any]]] = []
+    service: Optional[ServiceConfig] = None
+    on_bad_record: Literal["fail", "skip"] = "fail"
+    validation_fraction: float = Field(0.15, ge=0.0, lt=1.0)
+
+    @field_validator("cache_budget", mode="before")
+    @classmethod
+    def _budget(cls, v):
+        return _size_bytes(v)
+
+
+class CheckpointConfig(Strict):
+    every: Duration = Duration(value=1, unit="epochs")
+    keep: int = Field(3, ge=1)
+
+    @field_validator("every", mode="before")
+    @classmethod
+    def _duration(cls, v):
+        return _parse_duration(v)
+
+
+class EarlyStoppingConfig(Strict):
+    monitor: str = "val_loss"
+    patience: int = Field(5, ge=1)
+    min_delta: float = Field(0.0, ge=0)
+    restore_best_weights: bool = False
+
+
+class EMAConfig(Strict):
+    """An exponential moving average of the weights (see `tftrain/optim/averaging.py`)."""
+    decay: float = Field(0.999, gt=0, lt=1)
+    recalibrate_batches: int = Field(20, ge=0)   # batch-norm statistics for the averages
+
+
+class FreezeConfig(Strict):
+    """A frozen-backbone phase before training (fine-tuning a pretrained model)."""
+    layers: list[str] = []            # name / regex rules; empty: all but the output layer
+    epochs: int = Field(1, ge=1)
+    learning_rate: Optional[float] = Field(None, gt=0)   # default: training's
+
+
+class TrainConfig(Strict):
+    epochs: int = Field(10, ge=1)
+    accumulation_steps: int = Field(1, ge=1)
+    global_batch_size: Optional[int] = Field(None, ge=1)
+    # steps per tf.function call: auto sizes it after a few steps so that host work per
+    # call stays under 2% of the step time (and a call under a second)
+    steps_per_execution: Union[Literal["auto"], Annotated[int, Field(ge=1)]] = "auto"
+    # XLA for the replica gradients: auto measures both on one batch and keeps the faster
+    jit_compile: Union[Literal["auto"], bool] = "auto"
+    # the run's checks (non-finite loss, stop signal; one small all-reduce in a cluster)
+    # at the first call's end at or after every N updates
+    check_every: int = Field(1, ge=1)
+    optimizer: OptimizerConfig = OptimizerConfig()
+    schedule: ScheduleConfig = ConstantSchedule()
+    loss: str = "sparse_categorical_crossentropy"
+    metrics: list[str] = ["accuracy"]
+    early_stopping: Optional[EarlyStoppingConfig] = None
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    on_nan: Literal["stop", "rollback"] = "stop"
+    nan_retries: int = Field(3, ge=0)
+    nan_lr_factor: float = Field(0.5, gt=0, le=1)
+    smoke_steps: int = Field(3, ge=1)
+    verbose: Literal[0, 1, 2] = 2
+    ema: Optional[EMAConfig] = None
+    freeze: Optional[FreezeConfig] = None    # a frozen-backbone phase before training
+    # re-estimate batch-norm moving statistics at the end of each stage (PreciseBN):
+    # auto (about 2,000 examples, at most an epoch), a number of batches, or off (YAML's
+    # bare off/on read as false/true)
+    recalibrate_batch_norm: Union[Literal["auto", "off"], bool, Annotated[int, Field(ge=1)]] = "auto"
+
+    @field_validator("schedule", mode="before")
+    @classmethod
+    def _constant_by_default(cls, v):
+        return {**v, "name": "constant"} if isinstance(v, dict) and "name" not in v else v
+
+    @model_validator(mode="after")
+    def _monitors(self):
+        known = self.monitors()
+        watched = [("train.early_stopping.monitor", self.early_stopping)] + (
+            [("train.schedule.monitor", self.schedule)] if self.schedule.name == "plateau" else [])
+        for key, section in watched:
+            if section is not None and section.monitor not in known:
+                raise ValueError(f"{key}: '{section.monitor}' is not a logged metric; use one "
+                                 f"of {', '.join(known)}")
+        if self.ema and self.early_stopping and self.early_stopping.restore_best_weights:
+            # both choose the weights training ends with: the average would silently
+            # replace the best epoch's weights that early stopping restored
+            raise ValueError("train.ema: the weight average replaces the final weights, so "
+                             "train.early_stopping.restore_best_weights would be undone; set "
+                             "restore_best_weights: false to keep the average (early stopping "
+                             "still ends training), or remove train.ema to keep the best epoch")
+        return self
+
+    def monitors(self) -> list[str]:
+        """The epoch-log names a callback can monitor: the loss and each metric, on the
+        training data and (val_) on the validation data."""
+        names = ["loss", *self.metrics]
+        return names + [f"val_{n}" for n in names]
+
+
+_M_BY_N = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*$")
+
+
+class PruningConfig(Strict):
+    """Magnitude pruning (tfmot) as its own fine-tuning stage after training."""
+
+    enabled: bool = False
+    final_sparsity: float = Field(0.8, gt=0, lt=1)
+    initial_sparsity: float = Field(0.0, ge=0, lt=1)
+    schedule: Literal["polynomial", "constant"] = "polynomial"
+    begin: Duration = Duration(value=0, unit="steps")       # of the pruning stage
+    end: Duration = Duration(value=0.7, unit="fraction")    # final sparsity reached here
+    frequency: int = Field(10, ge=1)                        # updates between mask updates
+    power: float = Field(3.0, gt=0)                         # polynomial schedule
+    structure: str = "unstructured"                         # or "M:N", e.g. "2:4"
+    block: Optional[tuple[int, int]] = None                 # block sparsity, e.g. [1, 4]
+    block_pooling: Literal["avg", "max"] = "avg"
+    layers: list[str] = []            # layer name / regex rules; empty: every prunable layer
+    epochs: int = Field(4, ge=1)      # length of the pruning stage
+    learning_rate: Optional[float] = Field(None, gt=0)   # default: train's / 10
+
+    @field_validator("begin", "end", mode="before")
+    @classmethod
+    def _duration(cls, v):
+        return _parse_duration(v)
+
+    @field_validator("structure", mode="before")
+    @classmethod
+    def _structure(cls, v):
+        if isinstance(v, int) and not isinstance(v, bool):
+            raise ValueError("write M:N in quotes, e.g. structure: \"2:4\" (unquoted, YAML "
+                             "reads 2:4 as the number 124)")
+        if v == "unstructured":
+            return v
+        m = _M_BY_N.match(str(v))
+        if not m or not 0 < int(m.group(1)) < int(m.group(2)):
+            raise ValueError("expected 'unstructured' or 'M:N' with 0 < M < N "
+                             "(M zeros in every N weights along the input axis), e.g. \"2:4\"")
+        return f"{int(m.group(1))}:{int(m.group(2))}"
+
+    @field_validator("block")
+    @classmethod
+    def _block(cls, v):
+        if v is not None and min(v) < 1:
+            raise ValueError("block sizes must be >= 1, e.g. [1, 4]")
+        return v
+
+    @field_validator("layers")
+    @classmethod
+    def _rules(cls, v):
+        for rule in v:
+            try:
+                re.compile(rule)
+            except re.error as err:
+                raise ValueError(f"rule {rule!r} is not a valid regular expression ({err})")
+        return v
+
+    @model_validator(mode="after")
+    def _one_structure(self):
+        if self.structure != "unstructured" and self.block not in (None, (1, 1)):
+            raise ValueError("compression.pruning.block: M:N structure and block sparsity "
+                             "cannot be combined; set one of them")
+        if self.initial_sparsity > self.final_sparsity:
+            raise ValueError("compression.pruning.initial_sparsity: must not exceed "
+                             "final_sparsity")
+        return self
+
+    @property
+    def m_by_n(self) -> Optional[tuple[int, int]]:
+        if self.structure == "unstructured":
+            return None
+        m, n = self.structure.split(":")
+        return int(m), int(n)
+
+
+class QuantizationConfig(Strict):
+    """8-bit quantization-aware training (tfmot) as the stage after pruning."""
+
+    enabled: bool = False
+    preserve_sparsity: bool = True     # prune-preserving QAT when pruning ran
+    epochs: int = Field(2, ge=1)
+    learning_rate: Optional[float] = Field(None, gt=0)   # default: train's / 10
+    skip_unsupported: bool = False     # leave layers tfmot cannot quantize in float
+
+
+class StudentConfig(Strict):
+    name: str                       # registry name, or "package.module:function"
+    params: dict[str, Any] = {}
+
+
+class DistillationConfig(Strict):
+    """Knowledge distillation as a stage after training: a smaller student learns from
+    the trained model (or the SavedModel `teacher`), then goes on to pruning/QAT/export."""
+
+    enabled: bool = False
+    student: Optional[StudentConfig] = None
+    teacher: Optional[str] = None     # a SavedModel directory; replaces the training stage
+    temperature: float = Field(4.0, gt=0)
+    alpha: float = Field(0.1, ge=0, le=1)      # weight of the labels' cross-entropy
+    epochs: int = Field(10, ge=1)
+    learning_rate: Optional[float] = Field(None, gt=0)   # default: training's schedule
+
+    @model_validator(mode="after")
+    def _student(self):
+        if self.enabled and self.student is None:
+            raise ValueError("compression.distillation.student: required when distillation "
+                             "is enabled, e.g. {name: cnn, params: {filters: [8, 16]}}")
+        return self
+
+
+class CompressionConfig(Strict):
+    distillation: DistillationConfig = DistillationConfig()
+    pruning: PruningConfig = PruningConfig()
+    quantization: QuantizationConfig = QuantizationConfig()
+
+
+class ExportConfig(Strict):
+    # every export below converted (and run once) from the untrained model before
+    # training, so a conversion that cannot work is a config error, not a failure at the end
+    preflight: bool = True
+    saved_model: bool = True
+    # export/saved_model_int8/: int8 kernels (QAT's ranges, else post-training weight-only)
+    saved_model_int8: bool = False
+    # model.onnx (float32) and, with an int8 TFLite model, model_int8.onnx (QDQ); [onnx] extra
+    onnx: bool = False
+    tflite: Literal["none", "float", "dynamic", "float16", "int8"] = "float"
+    calibration_examples: int = Field(200, ge=1)
+    max_logit_diff: float = Field(1e-3, gt=0)     # float artifacts vs the in-memory model
+    max_accuracy_drop: float = Field(0.01, ge=0, le=1)   # reduced-precision artifacts
+
+
+class MlflowConfig(Strict):
+    uri: str = Field(..., min_length=1)  # tracking URI: sqlite:///mlflow.db, http://host:5000
+    experiment: str = Field("tftrain", min_length=1)
+    # where a new experiment keeps its artifacts; null: the server's choice, or for a
+    # sqlite:///PATH store, mlartifacts/ beside the database (not the working directory)
+    artifact_location: Optional[str] = None
+
+
+class TrackingConfig(Strict):
+    # the chief logs the run once: config as params, per-epoch metrics, summary, artifacts
+    mlflow: Optional[MlflowConfig] = None
+
+
+class Config(Strict):
+    run: RunConfig = RunConfig()
+    distribute: DistributeConfig = DistributeConfig()
+    precision: PrecisionConfig = PrecisionConfig()
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    train: TrainConfig = TrainConfig()
+    compression: CompressionConfig = CompressionConfig()
+    export: ExportConfig = ExportConfig()
+    tracking: TrackingConfig = TrackingConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _int8_after_qat(cls, data):
+        """A quantization-aware trained model exports int8 TFLite unless told otherwise."""
+        if isinstance(data, dict):
+            quantization = (data.get("compression") or {}).get("quantization") or {}
+            export = data.get("export") or {}
+            if isinstance(quantization, dict) and quantization.get("enabled") is True \
+                    and isinstance(export, dict) and "tflite" not in export:
+                data = {**data, "export": {**export, "tflite": "int8"}}
+        return data
+
+    @model_validator(mode="after")
+    def _combinations(self):
+        placement = self.model.placement
+        if self.compression.quantization.enabled and self.export.tflite not in ("none", "int8"):
+            raise ValueError(f"export.tflite: a quantization-aware trained model exports as "
+                             f"int8, not {self.export.tflite}; set export.tflite: int8 (or "
+                             "disable compression.quantization)")
+        if placement is not None and self.distribute.strategy not in ("auto", "default"):
+            raise ValueError(f"distribute.strategy: model.placement places one model copy over "
+                             f"its devices and cannot be combined with "
+                             f"'{self.distribute.strategy}'; set distribute.strategy: auto")
+        if placement is not None and (self.compression.pruning.enabled
+                                      or self.compression.quantization.enabled):
+            raise ValueError("model.placement: compression stages run on one device or data "
+                             "parallel; remove model.placement or disable compression")
+        return self

@@ -1,0 +1,49 @@
+"""The model registry: builders by name (`MODELS`), Keras Applications by
+`keras_applications:NAME`, or the user's `package.module:function`; building a configured
+model with its params checked."""
+from __future__ import annotations
+
+from tftrain.core.keras import ensure_tf_keras_model
+from tftrain.config import ConfigError, ModelConfig
+from tftrain.core.registry import Registry, check_params, import_function
+
+MODELS = Registry("model", "model.name")
+APPLICATIONS = "keras_applications:"      # + a keras.applications model name
+
+
+def resolve_builder(name: str, key: str = "model.name"):
+    """A registered builder, or `package.module:function`; errors name `key`."""
+    if ":" not in name:
+        return MODELS.get(name, key)
+    if name.startswith(APPLICATIONS):
+        from tftrain.models.applications import application
+        try:
+            return application(name[len(APPLICATIONS):])
+        except ValueError as err:
+            raise ConfigError(f"{key}: {err}") from None
+    return import_function(name, key)
+
+
+def build_model(cfg: ModelConfig, spec, section: str = "model"):
+    """Build the configured model for `spec` (params checked against the builder); errors
+    name the config `section` it came from (e.g. a distillation student's)."""
+    builder = resolve_builder(cfg.name, f"{section}.name")
+    check_params(builder, cfg.params, f"{section}.params", skip=1)
+    if ":" in cfg.name and not cfg.name.startswith(APPLICATIONS):   # user code: whatever it raises is a bug in it (exit 1, traceback)
+        return ensure_tf_keras_model(builder(spec, **cfg.params), f"model '{cfg.name}'")
+    try:
+        model = builder(spec, **cfg.params)
+    except ValueError as err:     # the bundled builders' own checks of their params
+        raise ConfigError(f"{section}.params: {cfg.name} rejected {cfg.params} ({err})") from None
+    return ensure_tf_keras_model(model, f"model '{cfg.name}'")
+
+
+def layer_parents(model) -> dict[str, list[str]]:
+    """Class names of each layer's inputs within `model`, read from the model's own
+    graph (a layer may also be called in other models, so its inbound nodes are not)."""
+    config = model.get_config()["layers"]
+    kinds = {entry["name"]: entry["class_name"] for entry in config}
+    return {entry["name"]: [kinds[item[0]] for node in entry.get("inbound_nodes", [])
+                            for item in node
+                            if isinstance(item, (list, tuple)) and item[0] in kinds]
+            for entry in config}

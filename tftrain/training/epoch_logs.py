@@ -1,0 +1,252 @@
+"""What a run measures and logs per epoch: throughput, input wait, FLOPs, the learning
+rate, the metrics over all replicas, TensorBoard, and the steps each call runs
+(`train.steps_per_execution: auto`). Checkpoints and checks are in `callbacks.py`."""
+from __future__ import annotations
+
+import math
+import time
+
+from tftrain.core.keras import keras
+from tftrain.optim.rates import current_lr
+
+
+def steady_median(per_epoch: list[float], empty):
+    """Median over epochs, leaving out the first (it includes tracing); `empty` when
+    nothing was measured."""
+    values = sorted(per_epoch[1:] or per_epoch)
+    return values[len(values) // 2] if values else empty
+
+
+class Throughput(keras.callbacks.Callback):
+    """Adds `examples_per_sec` (training examples per second of the epoch) to the logs."""
+
+    _supports_tf_logs = True
+
+    def __init__(self, global_batch: int):
+        super().__init__()
+        self.global_batch = global_batch
+        self.per_epoch: list[float] = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start, self._first_batch, self._last_batch = time.perf_counter(), None, None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._first_batch is None:
+            self._first_batch = batch
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._last_batch, self._end = batch, time.perf_counter()   # before validation runs
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self._last_batch is None or logs is None:
+            return
+        steps = self._last_batch - self._first_batch + 1
+        rate = steps * self.global_batch / (self._end - self._start)
+        self.per_epoch.append(rate)
+        logs["examples_per_sec"] = rate
+
+    def steady_rate(self) -> float:
+        """Median over epochs, leaving out the first (it includes tracing)."""
+        return steady_median(self.per_epoch, 0.0)
+
+
+class InputWait(keras.callbacks.Callback):
+    """Adds `input_wait` to the epoch logs: the fraction of the training calls' wall time
+    spent outside the train step itself, i.e. waiting for the next batch plus the call's
+    own host overhead (dispatch, the distributed iterator, logs), which is large next to a
+    tiny step and shrinks with `train.steps_per_execution`. A call that traced the step
+    is left out (its seconds are tracing and compilation). Warns once when an epoch after
+    the stage's first exceeds 20%. Not measured under op determinism (TensorFlow refuses clocks there)."""
+
+    _supports_tf_logs = True
+    threshold = 0.2
+
+    def __init__(self):
+        super().__init__()
+        self.per_epoch: list[float] = []
+        self._warned = False
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._calls = 0.0
+        self._steps_before = float(self.model.step_seconds.numpy())
+
+    def _traces(self) -> int:
+        function = getattr(self.model, "train_tf_function", None)
+        return function.experimental_get_tracing_count() if function is not None else 0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._traces_before = self._traces()
+        self._began = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._traces() != self._traces_before:
+            # this call traced (and compiled) the step: seconds of Python that are neither
+            # waiting for input nor the step, left out of both sides of the fraction
+            self._steps_before = float(self.model.step_seconds.numpy())
+            return
+        self._calls += time.perf_counter() - self._began
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is None or not self._calls or not self.model.clocked:
+            return
+        inside = float(self.model.step_seconds.numpy()) - self._steps_before
+        wait = min(1.0, max(0.0, 1.0 - inside / self._calls))
+        self.per_epoch.append(wait)
+        logs["input_wait"] = wait
+        # judged on steady epochs only: a stage's first epoch also sizes the calls
+        # (`steps_per_execution: auto` starts at one step per call) and warms up
+        if len(self.per_epoch) > 1 and wait > self.threshold and not self._warned:
+            self._warned = True
+            print(f"tftrain: warning: {wait:.0%} of the training time is spent outside the "
+                  "step, waiting for input or in per-step host overhead; cache decoded data "
+                  "(data.cache), lighten data.augment, add tf.data service workers "
+                  "(data.service), or raise train.steps_per_execution", flush=True)
+
+    def fraction(self) -> float | None:
+        """Median over epochs, leaving out the first (it includes tracing); None when
+        nothing was measured."""
+        return steady_median(self.per_epoch, None)
+
+
+class GlobalMetrics(keras.callbacks.Callback):
+    """Puts each training metric's value over all replicas into the epoch's logs (the
+    train step logs one replica's running values, `TrainModel.local_metrics`, so that a
+    step exchanges nothing but gradients). The values are read at the epoch's last
+    training batch, before validation reuses the metric objects, and written at the
+    epoch's end; it must come before every callback that reads those logs (Keras
+    appends its history and progress bar after the given callbacks)."""
+
+    _supports_tf_logs = True
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._values = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        steps = (self.params or {}).get("steps")
+        if steps and batch + 1 < steps:              # not the epoch's last training batch
+            return
+        values = {}
+        for metric in self.model.metrics:
+            value = metric.result()                  # a synchronised read: every worker
+            values.update({k: float(v) for k, v in value.items()} if isinstance(value, dict)
+                          else {metric.name: float(value)})
+        self._values = values
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None and self._values:
+            logs.update(self._values)
+
+
+class ExecutionSizer(keras.callbacks.Callback):
+    """`train.steps_per_execution: auto`: after a few executions of one step, sets the
+    steps run per `tf.function` call so that the host's work per call (Python callbacks,
+    the checks, dispatch, the distributed iterator) stays under `target` of the time spent
+    inside the steps, and one call lasts at most `max_seconds` (callbacks, checks and
+    signals are looked at between calls: a stop asked for is honoured within that time,
+    well inside the 30 s a scheduler's SIGTERM usually leaves). In a cluster every worker
+    takes the same value, the rounded-up mean of their proposals (one all-reduce).
+    Without clocks in the step (`run.deterministic`), half of each call is taken as host
+    time, which errs toward more steps per call."""
+
+    _supports_tf_logs = True
+    target = 0.02
+
+    def __init__(self, steps_per_epoch: int, mean=None, measure: int = 8,
+                 max_seconds: float = 5.0, most: int | None = None):
+        """`most`: an upper bound (the checkpoint interval, so saves stay on time)."""
+        super().__init__()
+        self.steps_per_epoch, self.mean = steps_per_epoch, mean
+        self.most = min(steps_per_epoch, most or steps_per_epoch)
+        self.measure, self.max_seconds = measure, max_seconds
+        self.chosen: int | None = None
+        self.host_seconds: float | None = None     # per call, measured
+        self.step_seconds: float | None = None     # per step, measured
+
+    def on_epoch_begin(self, epoch, logs=None):
+        # A window starts after the epoch's first call (tracing, the iterator) and never
+        # spans an epoch's end (validation).
+        self._start, self._calls = None, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.chosen is not None:
+            return
+        if self._start is None:
+            self._start = (time.perf_counter(), self._inside(), batch)
+            return
+        self._calls += 1
+        if self._calls >= max(1, min(self.measure, self.steps_per_epoch - 2)):
+            began, inside, first = self._start
+            steps = batch - first
+            wall = (time.perf_counter() - began) / self._calls
+            now = self._inside()
+            step = ((now - inside) / steps if now is not None else 0.5 * wall * self._calls / steps)
+            self._choose(host=max(0.0, wall - step * steps / self._calls), step=step)
+
+    def _inside(self) -> float | None:
+        """Seconds spent inside steps so far (one read of a replica-synchronised sum:
+        milliseconds, so only at a window's ends)."""
+        if not self.model.clocked:
+            return None
+        return float(self.model.step_seconds.numpy())
+
+    def _choose(self, host: float, step: float) -> None:
+        k = math.ceil(host / (self.target * max(step, 1e-9)))
+        k = max(1, min(k, int(self.max_seconds // max(step, 1e-9)), self.most))
+        if self.mean is not None:                        # every worker alike
+            k = math.ceil(self.mean([float(k)])[0] - 1e-9)
+        self.chosen, self.host_seconds, self.step_seconds = k, host, step
+        self.model.steps_per_execution.assign(k)
+
+
+class EpochTensorBoard(keras.callbacks.TensorBoard):
+    """Keras' TensorBoard callback with per-epoch scalars and no work per batch: Keras'
+    own writes the training graph at the first batch's end (about 0.1 s, enough to trip
+    its slow-callback warning) and runs a summary op per log per batch even when only
+    epochs are recorded. The graph is written at the first epoch's end instead."""
+
+    def __init__(self, log_dir: str):
+        super().__init__(log_dir, update_freq="epoch", profile_batch=0)
+
+    def _implements_train_batch_hooks(self):
+        return False
+
+    def on_train_batch_begin(self, batch, logs=None):
+        pass
+
+    def on_train_batch_end(self, batch, logs=None):
+        pass
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self._should_write_train_graph:
+            self._write_keras_model_train_graph()
+            self._should_write_train_graph = False
+        super().on_epoch_end(epoch, logs)
+
+
+class FlopsLogger(keras.callbacks.Callback):
+    """Adds `model_flops_per_sec` (training FLOPs: 3x the forward pass) and `mfu` (model
+    FLOP utilisation against `peak` FLOP/s) to the epoch logs, from `examples_per_sec`
+    (so it comes after `Throughput`)."""
+
+    def __init__(self, flops_per_example: float, peak: float):
+        super().__init__()
+        self.flops_per_example, self.peak = flops_per_example, peak
+
+    def rate(self, examples_per_sec: float) -> float:
+        return 3.0 * self.flops_per_example * examples_per_sec
+
+    def utilisation(self, examples_per_sec: float) -> float:
+        return self.rate(examples_per_sec) / self.peak if self.peak else 0.0
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None and "examples_per_sec" in logs:
+            logs["model_flops_per_sec"] = self.rate(logs["examples_per_sec"])
+            logs["mfu"] = self.utilisation(logs["examples_per_sec"])
+
+
+class LearningRateLogger(keras.callbacks.Callback):
+    """Adds `lr` (the rate of the next update) to the epoch logs."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs["lr"] = current_lr(self.model.optimizer)
