@@ -5,7 +5,8 @@ it (a restructuring): `python -m tftrain.run --schema` and `--dry-run` of every
     python scripts/cli_surface.py > before.txt          # on the old tree
     python scripts/cli_surface.py --compare before.txt  # on the new tree: exit 1 on a difference
 
-Measured seconds (how long the export preflight took) differ run to run and are masked.
+Measured seconds (how long the export preflight took) and the device memory free at the
+moment (the planner reads it) differ run to run and are masked.
 """
 from __future__ import annotations
 
@@ -19,13 +20,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SECONDS = re.compile(r"\b\d+(\.\d+)? s\b")
+FREE = re.compile(r"device memory \d+(\.\d+)? GiB")
 
 
 def _run(*args: str) -> str:
     proc = subprocess.run([sys.executable, "-m", "tftrain.run", *args], cwd=ROOT,
                           capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
-    printed = SECONDS.sub("<s> s", proc.stdout)
+    printed = FREE.sub("device memory <free> GiB", SECONDS.sub("<s> s", proc.stdout))
     return f"$ tftrain.run {' '.join(args)}\nexit {proc.returncode}\n{printed}"
 
 
