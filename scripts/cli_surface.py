@@ -27,8 +27,11 @@ def _run(*args: str) -> str:
     proc = subprocess.run([sys.executable, "-m", "tftrain.run", *args], cwd=ROOT,
                           capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
-    printed = FREE.sub("device memory <free> GiB", SECONDS.sub("<s> s", proc.stdout))
-    return f"$ tftrain.run {' '.join(args)}\nexit {proc.returncode}\n{printed}"
+    return f"$ tftrain.run {' '.join(args)}\nexit {proc.returncode}\n{_masked(proc.stdout)}"
+
+
+def _masked(printed: str) -> str:
+    return FREE.sub("device memory <free> GiB", SECONDS.sub("<s> s", printed))
 
 
 def surface() -> str:
@@ -46,7 +49,7 @@ def main(argv=None) -> int:
     if args.compare is None:
         sys.stdout.write(now)
         return 0
-    before = args.compare.read_text()
+    before = _masked(args.compare.read_text())     # (a file written before the masks)
     diff = list(difflib.unified_diff(before.splitlines(), now.splitlines(), "before", "now",
                                      lineterm=""))
     configs = len(list((ROOT / "configs").glob("*.yaml")))
