@@ -49,6 +49,16 @@ class RunPlan:
         return peak_flops(self.parallel.training_devices(), self.precision.policy,
                           self.parallel.info.workers)
 
+    def topology(self) -> dict:
+        """Where the run executes and how an update's examples are split: what its
+        checkpoints are written under (`topology.json`, compared when it resumes)."""
+        b, info, wire = self.batches, self.parallel.info, self.precision.wire
+        return {"workers": info.workers, "replicas": info.replicas,
+                "per_replica_batch": b.per_replica, "accumulation_steps": b.accumulation,
+                "global_batch": b.global_batch, "shard_policy": self.cfg.data.shard_policy,
+                "precision": self.precision.policy, "all_reduce": wire.dtype,
+                "loss_scaled": wire.loss_scaled}
+
     def describe(self) -> str:
         from tftrain import data
         from tftrain.runtime.strategy import device_table

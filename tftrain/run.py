@@ -118,7 +118,11 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
         tracking.finish_pending(cfg, rundir.run_path(cfg, smoke), done, plan.chief)
         print(rundir.report_table(done))
         return done
-    run = rundir.open_run_dir(cfg, smoke, write=plan.chief)
+    topology = plan.topology()
+    run = rundir.open_run_dir(cfg, smoke, write=plan.chief, topology=topology)
+    if run.previous is not None and run.previous != topology:
+        print(f"resuming on a different topology: {rundir.describe_topology(run.previous)} -> "
+              f"{rundir.describe_topology(topology)}", flush=True)
     plan.source = data.cached(plan.source, cfg.data)     # the decoded set in memory when it fits
     tracker = tracking.open_tracker(cfg, run.path, rundir.dump_config(cfg), plan.chief)
     runner = StageRunner(plan=plan, run=run, stop=stop, profile=profile, tracker=tracker)

@@ -322,6 +322,70 @@ def test_killed_augmented_run_resumes_exactly(tmp_path, uninterrupted):
         np.testing.assert_allclose(ours[name], reference[name], rtol=0, atol=1e-6)
 
 
+# --- elastic resume: another number of replicas, the same global batch ------------------
+ELASTIC_EPOCHS = 4
+ELASTIC_SETS = [f"train.epochs={ELASTIC_EPOCHS}", "train.checkpoint.every=10",
+                "export.tflite=none", "export.preflight=false", "run.deterministic=true",
+                "model.params={filters: [16, 32], dense: [64]}",     # no dropout, no batch norm
+                "data.augment=[{random_crop: {padding: 1}}]"]
+ON = {2: ["distribute.virtual_cpus=2", "train.accumulation_steps=1"],
+      1: ["distribute.virtual_cpus=1", "train.accumulation_steps=2"]}
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_on_another_number_of_replicas_to_the_same_weights(tmp_path):
+    """Mirrored on 2 virtual replicas, SIGKILLed mid-epoch, resumed on 1 replica with
+    accumulation doubled, SIGKILLed again, resumed on 2: every update took the same 64
+    examples (and crops) as the run never stopped, and the weights end within 1e-5 of it.
+    (Processes of their own: the device count is set once per process.)"""
+    planned = ELASTIC_EPOCHS * (1527 // 64)
+    reference = cli(QUICKSTART, "--run-dir", tmp_path / "reference",
+                    *[a for s in ELASTIC_SETS + ON[2] for a in ("--set", s)])
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    checkpoints, last = tmp_path / "quickstart" / "checkpoints", 0
+    for replicas, at_least in ((2, 20), (1, 50)):
+        args = [sys.executable, "-m", "tftrain.run", str(QUICKSTART), "--run-dir", str(tmp_path),
+                *[a for s in ELASTIC_SETS + ON[replicas] for a in ("--set", s)]]
+        proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        last = wait_for_checkpoint(checkpoints, proc, at_least=at_least)
+        proc.send_signal(signal.SIGKILL)
+        out, err = proc.communicate(timeout=120)
+        if replicas == 1:
+            assert ("resuming on a different topology: 1 worker(s), 2 replica(s) x 32 x 1 "
+                    "accumulation = global batch 64, float32 with a float32 all-reduce -> "
+                    "1 worker(s), 1 replica(s) x 32 x 2 accumulation") in out, err[-2000:]
+    assert last < planned
+    again = cli(QUICKSTART, "--run-dir", tmp_path,
+                *[a for s in ELASTIC_SETS + ON[2] for a in ("--set", s)])
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming on a different topology: 1 worker(s), 1 replica(s)" in again.stdout
+    summary = json.loads((tmp_path / "quickstart" / "summary.json").read_text())
+    assert summary["steps"] == planned and summary["replicas"] == 2
+    ours = model_weights(tmp_path / "quickstart")
+    theirs = model_weights(tmp_path / "reference" / "quickstart")
+    assert ours.keys() == theirs.keys() and ours
+    for name in ours:
+        np.testing.assert_allclose(ours[name], theirs[name], rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_resume_that_would_change_the_global_batch_exits_2_naming_both(tmp_path):
+    """The same config resumed on one device instead of two: 32 examples per update
+    instead of 64, refused before anything is trained or written."""
+    sets = [a for s in ELASTIC_SETS + ["train.epochs=1"] for a in ("--set", s)]
+    first = cli(QUICKSTART, "--run-dir", tmp_path, *sets, "--set", "train.checkpoint.every=5")
+    assert first.returncode == 0, first.stderr[-3000:]
+    (tmp_path / "quickstart" / "summary.json").unlink()          # as if it were interrupted
+    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "quickstart").rglob("*")}
+    again = cli(QUICKSTART, "--run-dir", tmp_path, *sets, "--set", "train.checkpoint.every=5",
+                "--set", "distribute.virtual_cpus=1")
+    assert again.returncode == 2, again.stderr[-3000:]
+    assert ("would change the global batch from 64 to 32 examples per update" in again.stderr
+            and "train.global_batch_size: 64" in again.stderr and "Traceback" not in again.stderr)
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "quickstart").rglob("*")} == before
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     def build(out):

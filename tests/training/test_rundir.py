@@ -1,10 +1,16 @@
-"""Run directory: atomic writes, completed vs interrupted, config changes refused."""
+"""Run directory: atomic writes, completed vs interrupted, config changes refused, a
+resume on another topology allowed when it keeps the global batch."""
 import json
 
 import pytest
 
 from tftrain.config import ConfigError, load_config
-from tftrain.training.rundir import atomic_write, open_run_dir, read_summary, report_table
+from tftrain.training.rundir import (atomic_write, describe_topology, open_run_dir,
+                                    read_summary, read_topology, report_table)
+
+TOPOLOGY = {"workers": 1, "replicas": 2, "per_replica_batch": 32, "accumulation_steps": 1,
+            "global_batch": 64, "shard_policy": "auto", "precision": "float32",
+            "all_reduce": "float32", "loss_scaled": False}
 
 
 def test_new_then_resumed_then_changed(tmp_path):
@@ -55,3 +61,54 @@ def test_report_table_shows_what_each_stage_cost_and_gained():
     assert any("stage qat" in l and "(-0.25 pt)" in l for l in lines)
     assert any(l.split() == ["sparsity", "dense", "0.800"] for l in lines)
     assert "0.012 ms/example" in table
+
+
+def _cfg(tmp_path, *sets):
+    return load_config(None, [f"run.dir={tmp_path}", "run.name=a", "distribute.virtual_cpus=2",
+                              *sets])
+
+
+def test_a_resume_on_another_topology_that_keeps_the_global_batch_is_allowed(tmp_path):
+    first = open_run_dir(_cfg(tmp_path), topology=TOPOLOGY)
+    assert first.previous is None and read_topology(tmp_path / "a") == TOPOLOGY
+    # one replica, two accumulation steps: the same 64 examples per update
+    one = {**TOPOLOGY, "replicas": 1, "accumulation_steps": 2}
+    cfg = _cfg(tmp_path, "distribute.virtual_cpus=1", "train.accumulation_steps=2")
+    resumed = open_run_dir(cfg, topology=one)
+    assert resumed.resumed and resumed.previous == TOPOLOGY
+    assert read_topology(tmp_path / "a") == one                 # what new checkpoints are under
+    assert "accumulation_steps: 2" in (tmp_path / "a" / "config.yaml").read_text()
+    # the global batch derived from train.global_batch_size on four replicas: also 64
+    four = {**TOPOLOGY, "replicas": 4, "per_replica_batch": 16}
+    derived = _cfg(tmp_path, "distribute.virtual_cpus=4", "train.global_batch_size=64")
+    with pytest.raises(ConfigError, match="different config"):    # not a topology key
+        open_run_dir(derived, topology=four)
+    assert describe_topology(one) == ("1 worker(s), 1 replica(s) x 32 x 2 accumulation = "
+                                      "global batch 64, float32 with a float32 all-reduce")
+
+
+def test_a_resume_that_changes_the_global_batch_or_the_workers_is_refused(tmp_path):
+    open_run_dir(_cfg(tmp_path), topology=TOPOLOGY)
+    before = sorted(p.name for p in (tmp_path / "a").iterdir())
+    # the same config on one device: 32 examples per update instead of 64
+    with pytest.raises(ConfigError, match=r"would change the global batch from 64 to 32 "
+                                          r"examples per update .* train\.global_batch_size: 64"):
+        open_run_dir(_cfg(tmp_path, "distribute.virtual_cpus=1"),
+                     topology={**TOPOLOGY, "replicas": 1, "global_batch": 32})
+    with pytest.raises(ConfigError, match=r"on 1 worker\(s\): it was written by 2 .* relaunch "
+                                          r"it with 2 worker\(s\)"):
+        (tmp_path / "a" / "topology.json").write_text(json.dumps({**TOPOLOGY, "workers": 2}))
+        open_run_dir(_cfg(tmp_path), topology=TOPOLOGY)
+    (tmp_path / "a" / "topology.json").write_text(json.dumps(TOPOLOGY))
+    with pytest.raises(ConfigError, match=r"different config \(-  epochs: 10; \+  epochs: 3\)"):
+        open_run_dir(_cfg(tmp_path, "distribute.virtual_cpus=1", "train.epochs=3"),
+                     topology={**TOPOLOGY, "replicas": 1, "accumulation_steps": 2})
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == before
+    assert read_topology(tmp_path / "a") == TOPOLOGY
+
+
+def test_a_run_without_a_recorded_topology_resumes_only_with_the_same_config(tmp_path):
+    open_run_dir(_cfg(tmp_path))                     # no topology: a run from before it
+    assert read_topology(tmp_path / "a") is None
+    with pytest.raises(ConfigError, match="different config"):
+        open_run_dir(_cfg(tmp_path, "distribute.virtual_cpus=1"), topology=TOPOLOGY)

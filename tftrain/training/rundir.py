@@ -1,13 +1,20 @@
 """The run directory: created only once a run is known to be valid, written atomically.
 
-`<run.dir>/<run.name>/` holds config.yaml, metrics.csv, tensorboard/, checkpoints/,
-export/ and, only when a run has completed, summary.json. A directory without a
-completed summary is an interrupted run: the same command resumes it.
+`<run.dir>/<run.name>/` holds config.yaml, topology.json, metrics.csv, tensorboard/,
+checkpoints/, export/ and, only when a run has completed, summary.json. A directory
+without a completed summary is an interrupted run: the same command resumes it.
+
+An interrupted run resumes with the same config, or on another topology: the keys that
+say where it runs (`TOPOLOGY_KEYS`: the strategy, the devices, the per-replica batch and
+the accumulation steps) may change as long as the global batch stays, so that every
+update takes the same examples (`topology.json` records what the checkpoints were
+written under).
 """
 from __future__ import annotations
 
 import difflib
 import json
+import re
 import os
 import tempfile
 from dataclasses import dataclass
@@ -25,10 +32,17 @@ def atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+# config keys that say where a run executes, not what it computes: free to change when an
+# interrupted run resumes, as long as the global batch stays (checked on the topology)
+TOPOLOGY_KEYS = {"distribute": ("strategy", "devices", "virtual_cpus"),
+                 "data": ("per_replica_batch_size",), "train": ("accumulation_steps",)}
+
+
 @dataclass(frozen=True)
 class RunDir:
     path: Path
     resumed: bool
+    previous: dict | None = None     # the topology the run's checkpoints were written under
 
     @property
     def checkpoints(self) -> Path:
@@ -56,8 +70,12 @@ def read_summary(path: Path) -> dict | None:
     return summary if summary.get("status") == "completed" else None
 
 
-def open_run_dir(cfg: Config, smoke: bool = False, write: bool = True) -> RunDir:
-    """Create the run directory, or reopen an interrupted one with the same config.
+def open_run_dir(cfg: Config, smoke: bool = False, write: bool = True,
+                 topology: dict | None = None) -> RunDir:
+    """Create the run directory, or reopen an interrupted one with the same config, or
+    with one that differs only in `TOPOLOGY_KEYS` and keeps the global batch (checked
+    against the topology recorded when the run last started). `topology`: this run's
+    (`RunPlan.topology`), recorded in `topology.json`.
 
     `write=False` (non-chief workers) checks the same things but writes nothing.
     """
@@ -66,16 +84,86 @@ def open_run_dir(cfg: Config, smoke: bool = False, write: bool = True) -> RunDir
     saved = path / "config.yaml"
     if saved.exists():
         old = saved.read_text()
-        if old != text:
-            diff = [line for line in difflib.unified_diff(old.splitlines(), text.splitlines(), lineterm="", n=0)
-                    if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+        previous = read_topology(path)
+        changed = _changed_lines(old, text)
+        # without a recorded topology (a run from before it) every key must be the same
+        refused = changed if previous is None or topology is None else \
+            _changed_lines(_free(old), _free(text))
+        if refused:
             raise ConfigError(
                 f"run.name: {path} already holds a run with a different config "
-                f"({'; '.join(diff[:4])}); use another run.name or --run-dir, or delete {path}")
-        return RunDir(path, resumed=True)
+                f"({'; '.join(refused[:4])}); use another run.name or --run-dir, or delete {path}")
+        if previous is not None and topology is not None:
+            _check_resumable(path, previous, topology)
+        if write and changed:
+            atomic_write(saved, text)        # the config the checkpoints are written under now
+        if write and topology is not None and topology != previous:
+            write_topology(path, topology)
+        return RunDir(path, resumed=True, previous=previous)
     if write:
         atomic_write(saved, text)
+        if topology is not None:
+            write_topology(path, topology)
     return RunDir(path, resumed=False)
+
+
+def _changed_lines(old: str, new: str) -> list[str]:
+    return [line for line in difflib.unified_diff(old.splitlines(), new.splitlines(),
+                                                  lineterm="", n=0)
+            if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+
+
+def _free(config_text: str) -> str:
+    """A dumped config without the values of `TOPOLOGY_KEYS`."""
+    out, section, skipping = [], None, False
+    for line in config_text.splitlines():
+        if not line.startswith(" "):
+            section = line.rstrip(":")
+        key = re.match(r"^  (\w+):", line)
+        if key:
+            skipping = key.group(1) in TOPOLOGY_KEYS.get(section, ())
+        elif not line.startswith("  -") and not line.startswith("    "):
+            skipping = False
+        if not skipping:
+            out.append(line)
+    return "\n".join(out)
+
+
+def _check_resumable(path: Path, previous: dict, topology: dict) -> None:
+    """A resume on another topology must keep the examples of every update."""
+    if previous.get("global_batch") != topology["global_batch"]:
+        raise ConfigError(
+            f"resuming {path} would change the global batch from {previous['global_batch']} "
+            f"to {topology['global_batch']} examples per update (its checkpoints count updates "
+            f"of {previous['global_batch']}); keep it: set train.global_batch_size: "
+            f"{previous['global_batch']} (the per-replica batch and accumulation steps are "
+            "derived from it) or the old data.per_replica_batch_size and "
+            "train.accumulation_steps")
+    if previous.get("workers", 1) != topology["workers"]:
+        raise ConfigError(
+            f"resuming {path} on {topology['workers']} worker(s): it was written by "
+            f"{previous['workers']} and a worker's examples and augmentation seeds depend on "
+            f"its index; relaunch it with {previous['workers']} worker(s)")
+
+
+def read_topology(path: Path) -> dict | None:
+    """The topology an interrupted run's checkpoints were written under, if recorded."""
+    try:
+        return json.loads((Path(path) / "topology.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def write_topology(path: Path, topology: dict) -> None:
+    atomic_write(Path(path) / "topology.json", json.dumps(topology, indent=2) + "\n")
+
+
+def describe_topology(t: dict) -> str:
+    """One line: workers, replicas, batch arithmetic, precision wire."""
+    return (f"{t['workers']} worker(s), {t['replicas']} replica(s) x {t['per_replica_batch']} "
+            f"x {t['accumulation_steps']} accumulation = global batch {t['global_batch']}, "
+            f"{t['precision']} with a {t['all_reduce']} all-reduce"
+            + (", loss scaled" if t.get("loss_scaled") else ""))
 
 
 def write_summary(run: RunDir, summary: dict) -> None:
