@@ -51,6 +51,7 @@ class StageRunner:
         self.scratch = None if self.chief else scratch_dir(run.path)
         self.record = run.path / "stages.json"
         self.jit: dict = {}         # each stage's XLA decision
+        self.loss_scale = []        # the stage's dynamic loss-scale variables, if any
         try:
             self.results = json.loads(self.record.read_text())
         except (OSError, json.JSONDecodeError):
@@ -78,10 +79,13 @@ class StageRunner:
                                    learning_rate=rates.learning_rate_state(optimizer),
                                    callbacks=[c.state for c in built.stateful],
                                    average=built.average.variables if built.average else {})
+        scale = getattr(optimizer, "_loss_scale", None)      # a LossScaleOptimizer's, dynamic
+        self.loss_scale = [scale.current_loss_scale, scale.counter] \
+            if hasattr(scale, "counter") else []
         directory = stage.checkpoint_dir(self.run.checkpoints)
         save_dir = directory if self.chief else self.scratch / stage.name
         manager = tf.train.CheckpointManager(ckpt, str(save_dir), cfg.train.checkpoint.keep)
-        restored = cb.restore_latest(ckpt, directory)
+        restored = cb.restore_latest(ckpt, directory, self.loss_scale)
         missing = stage.name not in self.results   # a stage that ended (early or not) is done
         if not (self.agree(missing) if self.agree else missing):    # on every worker
             result = self.results[stage.name]
@@ -169,7 +173,7 @@ class StageRunner:
                                        "rollback") from None
                 factor = rates.learning_rate_state(optimizer)
                 lowered = float(factor.numpy()) * cfg.train.nan_lr_factor
-                cb.restore_latest(ckpt, directory)
+                cb.restore_latest(ckpt, directory, self.loss_scale)
                 factor.assign(lowered)   # cumulative over retries
                 start = int(position.numpy())
                 checkpointer.resume_at(start)

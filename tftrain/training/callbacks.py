@@ -29,7 +29,7 @@ def random_generators(model) -> list:
     return generators
 
 
-def restore_latest(checkpoint: tf.train.Checkpoint, directory) -> str | None:
+def restore_latest(checkpoint: tf.train.Checkpoint, directory, loss_scale=None) -> str | None:
     """Restore the newest readable, finite checkpoint in `directory`; returns its path or
     None.
 
@@ -37,16 +37,29 @@ def restore_latest(checkpoint: tf.train.Checkpoint, directory) -> str | None:
     mid-save) or that holds a NaN or infinity (none is written by tftrain, but a
     checkpoint may come from elsewhere) is skipped with a warning and the previous one is
     used.
+
+    `loss_scale`: the variables of the optimizer's dynamic loss scale, if it has one. A
+    checkpoint written without loss scaling (a float16 all-reduce added on resume)
+    restores everything else, and the scale starts from its initial value. (A
+    LossScaleOptimizer checkpoints as its inner optimizer plus `loss_scale`, so the
+    reverse needs nothing: the scale is left unread.)
     """
     state = tf.train.get_checkpoint_state(str(directory))
     paths = list(state.all_model_checkpoint_paths) if state else []
     for path in reversed(paths):
         try:
-            _read_every_tensor(path)      # checks sizes and checksums before anything is set
-            checkpoint.restore(path).assert_existing_objects_matched()
+            names = _read_every_tensor(path)   # sizes and checksums, before anything is set
+            status = checkpoint.restore(path)
+            unscaled = bool(loss_scale) and not any("loss_scale/" in n for n in names)
+            _all_matched_but(status, loss_scale if unscaled else ())
+            if unscaled:
+                print(f"checkpoint {path} was written without loss scaling: its optimizer "
+                      "state carries over, the loss scale starts from its initial value",
+                      flush=True)
             return path
         except (tf.errors.OpError, ValueError, AssertionError, IndexError, OSError) as err:
-            warnings.warn(f"checkpoint {path} is unreadable ({type(err).__name__}); "
+            reason = " ".join(str(err).split())[:300]
+            warnings.warn(f"checkpoint {path} is unreadable ({type(err).__name__}: {reason}); "
                           "trying the previous one", stacklevel=2)
     if paths:
         raise RuntimeError(f"no readable checkpoint in {directory}; delete the run directory "
@@ -54,13 +67,32 @@ def restore_latest(checkpoint: tf.train.Checkpoint, directory) -> str | None:
     return None
 
 
-def _read_every_tensor(path: str) -> None:
+def _all_matched_but(status, allowed) -> None:
+    """`status.assert_existing_objects_matched()`, except for the objects in `allowed`."""
+    try:
+        status.assert_existing_objects_matched()
+    except AssertionError:
+        if not allowed:
+            raise
+        from tensorflow.python.checkpoint.checkpoint import _objects_with_attributes
+        from tensorflow.python.util.object_identity import ObjectIdentitySet
+        loaded = status._checkpoint        # what TensorFlow's own check compares
+        unused = ObjectIdentitySet(_objects_with_attributes(loaded.all_python_objects)) - \
+            ObjectIdentitySet(loaded.object_by_proto_id.values())
+        if any(o not in ObjectIdentitySet(allowed) for o in unused):
+            raise
+
+
+def _read_every_tensor(path: str) -> list[str]:
+    """Read (and check finite) every tensor of a checkpoint; returns their names."""
     reader = tf.train.load_checkpoint(path)
-    for name in reader.get_variable_to_shape_map():
+    names = list(reader.get_variable_to_shape_map())
+    for name in names:
         value = reader.get_tensor(name)
         if isinstance(value, np.ndarray) and value.dtype.kind == "f" and \
                 not np.isfinite(value).all():
             raise ValueError(f"{name} is not finite")
+    return names
 
 
 class ResumePoint:

@@ -5,8 +5,8 @@ checkpoints/, export/ and, only when a run has completed, summary.json. A direct
 without a completed summary is an interrupted run: the same command resumes it.
 
 An interrupted run resumes with the same config, or on another topology: the keys that
-say where it runs (`TOPOLOGY_KEYS`: the strategy, the devices, the per-replica batch and
-the accumulation steps) may change as long as the global batch stays, so that every
+say where it runs (`TOPOLOGY_KEYS`: the strategy, the devices, the all-reduce's dtype, the
+per-replica batch and the accumulation steps) may change as long as the global batch stays, so that every
 update takes the same examples (`topology.json` records what the checkpoints were
 written under).
 """
@@ -34,8 +34,9 @@ def atomic_write(path: Path, text: str) -> None:
 
 # config keys that say where a run executes, not what it computes: free to change when an
 # interrupted run resumes, as long as the global batch stays (checked on the topology)
-TOPOLOGY_KEYS = {"distribute": ("strategy", "devices", "virtual_cpus"),
-                 "data": ("per_replica_batch_size",), "train": ("accumulation_steps",)}
+TOPOLOGY_KEYS = {"distribute": ("strategy", "devices", "virtual_cpus", "all_reduce_dtype"),
+                 "data": ("per_replica_batch_size",),
+                 "train": ("accumulation_steps",)}
 
 
 @dataclass(frozen=True)
