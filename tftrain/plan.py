@@ -56,6 +56,8 @@ class RunPlan:
         return {"workers": info.workers, "replicas": info.replicas,
                 "per_replica_batch": b.per_replica, "accumulation_steps": b.accumulation,
                 "global_batch": b.global_batch, "shard_policy": self.cfg.data.shard_policy,
+                # every worker reads its share of one stream (else its own files)
+                "shared_stream": self.layout.shared_stream,
                 "precision": self.precision.policy, "all_reduce": wire.dtype,
                 "loss_scaled": wire.loss_scaled}
 

@@ -181,6 +181,24 @@ def test_data_sharding_takes_each_workers_share_of_every_update():
                                       np.concatenate([two[0][u], two[1][u]]))
 
 
+@pytest.mark.parametrize("augment", ["random_crop", "mixup"])
+def test_an_example_is_augmented_alike_whatever_the_number_of_workers(augment):
+    """Seeds follow an example's place in the epoch, not the worker that reads it: the
+    augmented inputs of every update are the same on one worker and on two, so a run can
+    resume on another number of workers."""
+    op = {"random_crop": "{random_crop: {padding: 1}}", "mixup": "{mixup: {alpha: 0.4}}"}[augment]
+    data = cfg(f"data.augment=[{op}]", "data.remainder=pad").data
+    source = load_source(data, 0)
+    plan = BatchPlan(8, 2, 1)
+    one = [b[0].numpy() for b in train_dataset(source, plan, data, 5).take(60)]
+    two = [[b[0].numpy() for b in train_dataset(source, plan, data, 5, worker=w,
+                                                workers=2).take(30)] for w in (0, 1)]
+    for u in range(30):        # crosses an epoch's end (11 updates of 16 per epoch)
+        np.testing.assert_array_equal(np.concatenate([one[2 * u], one[2 * u + 1]]),
+                                      np.concatenate([two[0][u], two[1][u]]))
+    assert not np.array_equal(one[0], one[22])             # augmented anew each epoch
+
+
 def test_training_batches_resume_at_any_update():
     source = load_source(cfg().data, 0)
     plan = BatchPlan(32, 2, 1)

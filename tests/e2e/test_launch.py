@@ -218,6 +218,36 @@ def test_interrupted_run_relaunches_to_the_same_weights(two_workers, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_killed_launch_resumes_on_another_number_of_workers_to_the_same_weights(two_workers,
+                                                                                  tmp_path):
+    """2 workers SIGKILLed mid-epoch, relaunched as 1 worker (2 replicas on 2 virtual
+    CPUs), SIGKILLed again, finished as 2 workers: every update took the same 64
+    examples, and the weights equal those of the 2-worker run never interrupted."""
+    checkpoints, last = tmp_path / "quickstart" / "checkpoints", 0
+    for workers, at_least in ((2, 20), (1, 50)):
+        proc = launch(tmp_path, workers=workers)
+        saved = wait_for_checkpoint(checkpoints, proc, at_least=at_least)
+        os.killpg(proc.pid, signal.SIGKILL)                      # launcher and workers
+        out = proc.communicate(timeout=60)[0]
+        if workers == 1:
+            assert ("resuming on a different topology: 2 worker(s), 2 replica(s) x 32 x 1 "
+                    "accumulation = global batch 64") in out, out[-3000:]
+            resumed = int(out.split("resuming from")[1].split("at update ")[1].split("/")[0])
+            assert last <= resumed < PLANNED                     # from the chief's newest
+        last = saved
+    code, out = finish(launch(tmp_path))
+    assert code == 0, out[-3000:]
+    assert "resuming on a different topology: 1 worker(s), 2 replica(s)" in out
+    assert len(set(digests(out).values())) == 1                 # both workers agree
+    summary = json.loads((tmp_path / "quickstart" / "summary.json").read_text())
+    assert summary["steps"] == PLANNED and summary["workers"] == 2
+    ours, reference = model_weights(tmp_path / "quickstart"), model_weights(two_workers[0])
+    assert ours.keys() == reference.keys() and ours
+    for name in ours:
+        np.testing.assert_allclose(ours[name], reference[name], rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
 def test_uneven_shards_finish(tmp_path):
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(1001, 6)).astype(np.float32), rng.integers(0, 3, 1001)

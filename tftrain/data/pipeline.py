@@ -36,7 +36,11 @@ def _options() -> tf.data.Options:
 
 
 def example_seed(seed: int, epoch, worker: int, position):
-    """Stateless seed of one example: (run seed, epoch, worker, position in the epoch)."""
+    """Stateless seed of one example: (run seed, epoch, worker, position in the epoch).
+    Where every pipeline reads the same stream (`EpochLayout.shared_stream`) the worker
+    is 0 and the position the example's place in the whole epoch, so an example is
+    augmented alike whatever the number of workers; with FILE sharding each worker's
+    stream is its own."""
     hi = tf.cast(seed, tf.int64) * 1_000_003 + tf.cast(epoch, tf.int64)
     return tf.stack([hi, tf.cast(worker, tf.int64) * (1 << 40) + tf.cast(position, tf.int64)])
 
@@ -65,7 +69,11 @@ def train_dataset(source: Source, plan: BatchPlan, cfg: DataConfig, seed: int,
         s = None
         if seeded:
             hi = example_seed(seed, e, worker, 0)[0] + tf.zeros_like(j)
-            s = tf.stack([hi, tf.cast(worker, tf.int64) * (1 << 40) + j], axis=-1)
+            if layout.shared_stream:     # the slot's place among all workers' slots
+                s = tf.stack([hi, j // share * layout.global_batch + worker * share + j % share],
+                             axis=-1)
+            else:
+                s = tf.stack([hi, tf.cast(worker, tf.int64) * (1 << 40) + j], axis=-1)
         return x, tf.one_hot(y, classes) if batch_ops else y, w, s
 
     def finish(x, y, w, s):

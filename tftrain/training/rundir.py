@@ -140,11 +140,12 @@ def _check_resumable(path: Path, previous: dict, topology: dict) -> None:
             f"{previous['global_batch']} (the per-replica batch and accumulation steps are "
             "derived from it) or the old data.per_replica_batch_size and "
             "train.accumulation_steps")
-    if previous.get("workers", 1) != topology["workers"]:
+    if previous.get("workers", 1) != topology["workers"] and not (
+            previous.get("shared_stream") and topology.get("shared_stream")):
         raise ConfigError(
             f"resuming {path} on {topology['workers']} worker(s): it was written by "
-            f"{previous['workers']} and a worker's examples and augmentation seeds depend on "
-            f"its index; relaunch it with {previous['workers']} worker(s)")
+            f"{previous['workers']}, each reading its own files (FILE sharding), and those "
+            f"are not reassigned yet; relaunch it with {previous['workers']} worker(s)")
 
 
 def read_topology(path: Path) -> dict | None:
