@@ -53,6 +53,30 @@ def test_truncated_latest_checkpoint_falls_back_to_previous(tmp_path):
     assert int(fresh.optimizer.iterations.numpy()) == 2
 
 
+def test_a_worker_restores_the_checkpoint_the_chief_chose_or_stops_naming_it(tmp_path):
+    """A cluster's workers load the chief's choice, not each its own newest: a worker
+    whose directory lacks that checkpoint stops with its path instead of training from
+    other weights."""
+    from tftrain.training.callbacks import checkpoint_number, restore_chosen, restore_latest
+    first, latest, weights = _saved_twice(tmp_path / "chief")
+    (tmp_path / "worker").mkdir()
+    for f in (tmp_path / "chief").glob(f"{first.split('/')[-1]}.*"):   # only the older one
+        (tmp_path / "worker" / f.name).write_bytes(f.read_bytes())
+    fresh = tiny()
+    checkpoint = tf.train.Checkpoint(model=fresh, optimizer=fresh.optimizer)
+    chosen = checkpoint_number(restore_latest(checkpoint, tmp_path / "chief"))
+    assert chosen == checkpoint_number(latest) == 5 and checkpoint_number(None) == 0
+    with pytest.raises(RuntimeError, match=r"worker 1 cannot read .*worker/ckpt-5, the "
+                                           r"checkpoint the chief restored"):
+        restore_chosen(checkpoint, tmp_path / "worker", chosen, worker=1)
+    other = tiny()
+    mine = tf.train.Checkpoint(model=other, optimizer=other.optimizer)
+    assert restore_chosen(mine, tmp_path / "chief", chosen) == latest
+    for a, b in zip(other.get_weights(), fresh.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert restore_chosen(mine, tmp_path / "worker", 0) is None     # the chief had none
+
+
 def test_no_readable_checkpoint_is_an_error(tmp_path):
     from tftrain.training.callbacks import restore_latest
     _saved_twice(tmp_path)

@@ -85,7 +85,7 @@ class StageRunner:
         directory = stage.checkpoint_dir(self.run.checkpoints)
         save_dir = directory if self.chief else self.scratch / stage.name
         manager = tf.train.CheckpointManager(ckpt, str(save_dir), cfg.train.checkpoint.keep)
-        restored = cb.restore_latest(ckpt, directory, self.loss_scale)
+        restored = self._restore(ckpt, directory)
         missing = stage.name not in self.results   # a stage that ended (early or not) is done
         if not (self.agree(missing) if self.agree else missing):    # on every worker
             result = self.results[stage.name]
@@ -101,6 +101,23 @@ class StageRunner:
         net = stage.finalize(built, result, self.plan)
         self._record(stage, result)
         return net, result
+
+    def _restore(self, ckpt, directory) -> str | None:
+        """Restore the stage's newest readable checkpoint; in a cluster the chief chooses
+        it and the others load the same one (one small all-reduce tells them which)."""
+        from tftrain.training import callbacks as cb
+
+        workers = self.plan.parallel.info.workers
+        if workers == 1 or self.plan.parallel.mean is None:
+            return cb.restore_latest(ckpt, directory, self.loss_scale)
+        mine = cb.restore_latest(ckpt, directory, self.loss_scale) if self.chief else None
+        # the mean over the cluster's replicas of (the chief's number, 0 elsewhere)
+        chosen = round(self.plan.parallel.mean([float(cb.checkpoint_number(mine))])[0] * workers)
+        if self.chief:
+            return mine
+        resolver = getattr(self.strat, "cluster_resolver", None)
+        return cb.restore_chosen(ckpt, directory, chosen, self.loss_scale,
+                                 getattr(resolver, "task_id", None) or 0)
 
     def _compile_choice(self, stage, model, jit) -> None:
         """`train.jit_compile` for this stage: as decided before a restart, else decided

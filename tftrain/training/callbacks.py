@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
@@ -48,23 +49,53 @@ def restore_latest(checkpoint: tf.train.Checkpoint, directory, loss_scale=None) 
     paths = list(state.all_model_checkpoint_paths) if state else []
     for path in reversed(paths):
         try:
-            names = _read_every_tensor(path)   # sizes and checksums, before anything is set
-            status = checkpoint.restore(path)
-            unscaled = bool(loss_scale) and not any("loss_scale/" in n for n in names)
-            _all_matched_but(status, loss_scale if unscaled else ())
-            if unscaled:
-                print(f"checkpoint {path} was written without loss scaling: its optimizer "
-                      "state carries over, the loss scale starts from its initial value",
-                      flush=True)
-            return path
+            return restore(checkpoint, path, loss_scale)
         except (tf.errors.OpError, ValueError, AssertionError, IndexError, OSError) as err:
-            reason = " ".join(str(err).split())[:300]
-            warnings.warn(f"checkpoint {path} is unreadable ({type(err).__name__}: {reason}); "
+            warnings.warn(f"checkpoint {path} is unreadable ({_reason(err)}); "
                           "trying the previous one", stacklevel=2)
     if paths:
         raise RuntimeError(f"no readable checkpoint in {directory}; delete the run directory "
                            "to start over")
     return None
+
+
+def restore(checkpoint: tf.train.Checkpoint, path: str, loss_scale=None) -> str:
+    """Restore the checkpoint at `path` (checked whole and finite first); returns `path`.
+    Raises what `restore_latest` skips."""
+    names = _read_every_tensor(path)      # sizes and checksums, before anything is set
+    status = checkpoint.restore(path)
+    unscaled = bool(loss_scale) and not any("loss_scale/" in n for n in names)
+    _all_matched_but(status, loss_scale if unscaled else ())
+    if unscaled:
+        print(f"checkpoint {path} was written without loss scaling: its optimizer state "
+              "carries over, the loss scale starts from its initial value", flush=True)
+    return path
+
+
+def restore_chosen(checkpoint: tf.train.Checkpoint, directory, chosen: int, loss_scale=None,
+                   worker: int = 0) -> str | None:
+    """Restore checkpoint number `chosen` of `directory` (0: none, a fresh start): what a
+    cluster's chief restored, which every other worker must load too (each reading its
+    newest could leave workers on different weights). Unreadable here: a RuntimeError
+    naming the path (the run stops, exit 1)."""
+    if not chosen:
+        return None
+    path = str(Path(directory) / f"ckpt-{chosen}")
+    try:
+        return restore(checkpoint, path, loss_scale)
+    except (tf.errors.OpError, ValueError, AssertionError, IndexError, OSError) as err:
+        raise RuntimeError(f"worker {worker} cannot read {path}, the checkpoint the chief "
+                           f"restored ({_reason(err)}); every worker must see the chief's "
+                           "checkpoints (a shared run directory)") from None
+
+
+def checkpoint_number(path: str | None) -> int:
+    """The number of a `CheckpointManager` checkpoint path (`.../ckpt-12` -> 12; None -> 0)."""
+    return int(path.rsplit("-", 1)[1]) if path else 0
+
+
+def _reason(err: Exception) -> str:
+    return f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
 
 
 def _all_matched_but(status, allowed) -> None:
