@@ -40,6 +40,7 @@ SCRIPTS = {
     "compression": ["--rounds", "7"],
     "applications": [],
     "sweep": ["--trials", "8", "--seeds", "3"],
+    "elastic": ["--rounds", "5"],
 }
 
 
@@ -75,7 +76,7 @@ def run(name: str) -> dict:
 
 
 def table(results: dict) -> str:
-    """the benchmark table: every kept figure, in SCRIPTS' order."""
+    """The benchmark table: every kept figure, in SCRIPTS' order."""
     lines = ["| figure | value | measured | command |", "|---|---|---|---|"]
     for name in SCRIPTS:
         entry = results.get(name)

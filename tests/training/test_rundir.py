@@ -95,9 +95,11 @@ def test_a_resume_that_changes_the_global_batch_or_the_workers_is_refused(tmp_pa
                                           r"examples per update .* train\.global_batch_size: 64"):
         open_run_dir(_cfg(tmp_path, "distribute.virtual_cpus=1"),
                      topology={**TOPOLOGY, "replicas": 1, "global_batch": 32})
-    with pytest.raises(ConfigError, match=r"on 1 worker\(s\): it was written by 2 .* relaunch "
-                                          r"it with 2 worker\(s\)"):
-        (tmp_path / "a" / "topology.json").write_text(json.dumps({**TOPOLOGY, "workers": 2}))
+    # another number of workers: refused where each read its own files (FILE sharding)
+    (tmp_path / "a" / "topology.json").write_text(json.dumps({**TOPOLOGY, "workers": 2}))
+    with pytest.raises(ConfigError, match=r"on 1 worker\(s\): it was written by 2, each "
+                                          r"reading its own files .* relaunch it with 2 "
+                                          r"worker\(s\)"):
         open_run_dir(_cfg(tmp_path), topology=TOPOLOGY)
     (tmp_path / "a" / "topology.json").write_text(json.dumps(TOPOLOGY))
     with pytest.raises(ConfigError, match=r"different config \(-  epochs: 10; \+  epochs: 3\)"):
@@ -105,6 +107,14 @@ def test_a_resume_that_changes_the_global_batch_or_the_workers_is_refused(tmp_pa
                      topology={**TOPOLOGY, "replicas": 1, "accumulation_steps": 2})
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == before
     assert read_topology(tmp_path / "a") == TOPOLOGY
+
+
+def test_a_resume_on_another_number_of_workers_reading_one_stream_is_allowed(tmp_path):
+    shared = {**TOPOLOGY, "workers": 2, "shared_stream": True}
+    open_run_dir(_cfg(tmp_path), topology=shared)
+    one = {**shared, "workers": 1}
+    assert open_run_dir(_cfg(tmp_path), topology=one).previous == shared
+    assert read_topology(tmp_path / "a") == one
 
 
 def test_a_run_without_a_recorded_topology_resumes_only_with_the_same_config(tmp_path):
