@@ -79,6 +79,11 @@ def model_weights(run_path, stage="train"):
     return {n: reader.get_tensor(n) for n in names}
 
 
+def resumed_at(printed: str) -> int:
+    """The update a run said it resumed from ("resuming from ... at update N/M")."""
+    return int(printed.split("resuming from")[1].split("at update ")[1].split("/")[0])
+
+
 def wait_for_checkpoint(path, proc, at_least=20, timeout=240):
     """Poll until a checkpoint numbered >= `at_least` is saved in `path` (listed in the
     directory's `checkpoint` state file, written once the save is complete); its number."""

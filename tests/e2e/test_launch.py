@@ -8,7 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import ROOT, model_weights, quick_config, shared_run, wait_for_checkpoint
+from helpers import (ROOT, model_weights, quick_config, resumed_at, shared_run,
+                     wait_for_checkpoint)
 from tftrain.launch import _wait, cpu_sets, free_ports, gpu_sets, local_gpus, worker_env
 from tftrain.run import run
 
@@ -232,7 +233,7 @@ def test_a_killed_launch_resumes_on_another_number_of_workers_to_the_same_weight
         if workers == 1:
             assert ("resuming on a different topology: 2 worker(s), 2 replica(s) x 32 x 1 "
                     "accumulation = global batch 64") in out, out[-3000:]
-            resumed = int(out.split("resuming from")[1].split("at update ")[1].split("/")[0])
+            resumed = resumed_at(out)
             assert last <= resumed < PLANNED                     # from the chief's newest
         last = saved
     code, out = finish(launch(tmp_path))

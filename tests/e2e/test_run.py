@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import (COMPRESS, QUICKSTART, ROOT, cli, model_weights, quick_config,
+from helpers import (COMPRESS, QUICKSTART, ROOT, cli, model_weights, quick_config, resumed_at,
                      saved_model_cli_show_and_run, shared_run, wait_for_checkpoint)
 from tftrain.run import main, run
 
@@ -303,14 +303,14 @@ def test_killed_augmented_run_resumes_exactly(tmp_path, uninterrupted):
         assert proc.returncode == code, err[-2000:]
         assert not (tmp_path / "quickstart" / "summary.json").exists()
         if last:                       # the second process resumed where the first was cut
-            resumed_at = int(out.split("resuming from")[1].split("at update ")[1].split("/")[0])
-            assert last <= resumed_at < saved
+            resumed = resumed_at(out)
+            assert last <= resumed < saved
         last = saved
     assert last < planned
     again = cli(QUICKSTART, "--run-dir", tmp_path, *[a for s in RESUME_SETS for a in ("--set", s)])
     assert again.returncode == 0, again.stderr[-3000:]
-    resumed_at = int(again.stdout.split("resuming from")[1].split("at update ")[1].split("/")[0])
-    assert last <= resumed_at < planned
+    resumed = resumed_at(again.stdout)
+    assert last <= resumed < planned
     summary = json.loads((tmp_path / "quickstart" / "summary.json").read_text())
     assert summary["steps"] == planned
     assert summary["metrics"]["val_accuracy"] >= 0.95 and "val_accuracy" in summary["raw_metrics"]
@@ -386,7 +386,7 @@ def test_a_resume_that_adds_or_removes_loss_scaling_restores_and_trains_on(tmp_p
         proc.send_signal(signal.SIGKILL)
         out, err = proc.communicate(timeout=120)
         if wire == "float16":
-            resumed = int(out.split("resuming from")[1].split("at update ")[1].split("/")[0])
+            resumed = resumed_at(out)
             assert resumed == last, out[-2000:]                 # no checkpoint was unreadable
             assert "was written without loss scaling" in out and "loss scaled" in out
             assert "unreadable" not in err
@@ -394,7 +394,7 @@ def test_a_resume_that_adds_or_removes_loss_scaling_restores_and_trains_on(tmp_p
     again = cli(QUICKSTART, "--run-dir", tmp_path,
                 *[a for s in sets + ["distribute.all_reduce_dtype=float32"] for a in ("--set", s)])
     assert again.returncode == 0, again.stderr[-3000:]
-    resumed = int(again.stdout.split("resuming from")[1].split("at update ")[1].split("/")[0])
+    resumed = resumed_at(again.stdout)
     assert resumed == last and "unreadable" not in again.stderr
     summary = json.loads((tmp_path / "quickstart" / "summary.json").read_text())
     assert summary["steps"] == 3 * (1527 // 64) and summary["all_reduce"]["dtype"] == "float32"

@@ -30,6 +30,10 @@ def random_generators(model) -> list:
     return generators
 
 
+# what reading a truncated, corrupt, non-finite or mismatched checkpoint raises
+UNREADABLE = (tf.errors.OpError, ValueError, AssertionError, IndexError, OSError)
+
+
 def restore_latest(checkpoint: tf.train.Checkpoint, directory, loss_scale=None) -> str | None:
     """Restore the newest readable, finite checkpoint in `directory`; returns its path or
     None.
@@ -50,7 +54,7 @@ def restore_latest(checkpoint: tf.train.Checkpoint, directory, loss_scale=None) 
     for path in reversed(paths):
         try:
             return restore(checkpoint, path, loss_scale)
-        except (tf.errors.OpError, ValueError, AssertionError, IndexError, OSError) as err:
+        except UNREADABLE as err:
             warnings.warn(f"checkpoint {path} is unreadable ({_reason(err)}); "
                           "trying the previous one", stacklevel=2)
     if paths:

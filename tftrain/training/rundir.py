@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import difflib
 import json
-import re
 import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
 
 from tftrain.config import Config, ConfigError, dump_config
 
@@ -116,18 +117,11 @@ def _changed_lines(old: str, new: str) -> list[str]:
 
 def _free(config_text: str) -> str:
     """A dumped config without the values of `TOPOLOGY_KEYS`."""
-    out, section, skipping = [], None, False
-    for line in config_text.splitlines():
-        if not line.startswith(" "):
-            section = line.rstrip(":")
-        key = re.match(r"^  (\w+):", line)
-        if key:
-            skipping = key.group(1) in TOPOLOGY_KEYS.get(section, ())
-        elif not line.startswith("  -") and not line.startswith("    "):
-            skipping = False
-        if not skipping:
-            out.append(line)
-    return "\n".join(out)
+    config = yaml.safe_load(config_text)
+    for section, keys in TOPOLOGY_KEYS.items():
+        for key in keys:
+            config.get(section, {}).pop(key, None)
+    return yaml.safe_dump(config, sort_keys=False)
 
 
 def _check_resumable(path: Path, previous: dict, topology: dict) -> None:
