@@ -56,8 +56,9 @@ class RunPlan:
         return {"workers": info.workers, "replicas": info.replicas,
                 "per_replica_batch": b.per_replica, "accumulation_steps": b.accumulation,
                 "global_batch": b.global_batch, "shard_policy": self.cfg.data.shard_policy,
-                # every worker reads its share of one stream (else its own files)
-                "shared_stream": self.layout.shared_stream,
+                # one stream every worker takes its share of, or files read as
+                # several streams (FILE sharding: one per worker the run began with)
+                "streams": self.layout.streams,
                 "precision": self.precision.policy, "all_reduce": wire.dtype,
                 "loss_scaled": wire.loss_scaled}
 
@@ -136,7 +137,12 @@ def make(cfg: Config, *, smoke: bool, stop) -> RunPlan:
     batches = data.plan_batches(cfg, parallel.info.replicas, memory.accumulation
                                 if memory and cfg.train.global_batch_size else None)
     parallel.check(batches)
-    layout = data.epoch_layout(source, batches, cfg.data, parallel.info.workers)
+    # a resumed run reads its files as the streams it began with, on any number of
+    # workers; files decoded into memory (`data.cached`) are one stream all workers share
+    from tftrain.training import rundir
+    streams = 1 if data.cache_choice(source, cfg.data) == "memory" else \
+        rundir.recorded_streams(rundir.run_path(cfg, smoke))
+    layout = data.epoch_layout(source, batches, cfg.data, parallel.info.workers, streams)
     steps_per_epoch = layout.steps(batches)
     if smoke:
         steps_per_epoch = min(steps_per_epoch, cfg.train.smoke_steps)

@@ -169,6 +169,47 @@ def test_tfrecord_file_sharding_gives_disjoint_files(tmp_path):
     assert sorted(seen[0] + seen[1]) == sorted((i, s) for s in range(4) for i in range(25))
 
 
+def test_file_streams_are_reassigned_to_another_number_of_workers(tmp_path):
+    """5 uneven files read as the 2 streams a 2-worker run began with, then on 1 worker
+    (2 replicas), 2 workers of 2 replicas and 4 workers, from the start or resumed at
+    update 3: every update holds the same examples with the same augmentation keys, and
+    every example is read once per epoch."""
+    pattern = write_records(tmp_path / "r", shards=5, sizes=[13, 7, 11, 3, 9])
+    data = record_cfg(pattern, "data.validation_fraction=0", "data.remainder=pad",
+                      "data.shuffle_buffer=4", "data.cache=none")
+    source = load_source(data, 0)
+    began = epoch_layout(source, BatchPlan(4, 2, 1), data, workers=2)
+    # stream 0: files 0, 2, 4 (33 examples); stream 1: files 1, 3 (10); 4 of each per update
+    assert (began.streams, began.sizes, began.chunk, began.steps()) == (2, (33, 10), 4, 9)
+
+    def updates(plan, workers, start=0):
+        """Per update: the sorted (value, file, augmentation key) of its real examples."""
+        layout = epoch_layout(source, plan, data, workers, streams=2)
+        per = plan.replicas // workers                      # elements per worker and update
+        out = [[] for _ in range(began.steps() - start)]
+        for w in range(workers):
+            batches = train_dataset(source, plan, data, 7, start_update=start, worker=w,
+                                    workers=workers, streams=2).take(per * len(out))
+            for i, (x, _, weight) in enumerate(batches):
+                j = start * layout.share + i * plan.replica_batch + np.arange(plan.replica_batch)
+                keys = [layout.slot_key(w, int(k)) for k in j]
+                out[i // per] += [(int(a), int(f), k) for (a, f), k, real
+                                  in zip(x.numpy(), keys, weight.numpy() > 0) if real]
+        return [sorted(u) for u in out]
+
+    reference = updates(BatchPlan(4, 2, 1), 2)
+    assert sorted((a, f) for u in reference for a, f, _ in u) == sorted(
+        (i, f) for f, n in enumerate([13, 7, 11, 3, 9]) for i in range(n))  # each once
+    assert len({k for u in reference for *_, k in u}) == 43
+    assert updates(BatchPlan(4, 2, 1), 1) == reference                   # 1 worker, 2 replicas
+    assert updates(BatchPlan(2, 4, 1), 2) == reference                   # 2 workers x 2 replicas
+    assert updates(BatchPlan(2, 4, 1), 4) == reference                   # 4 workers, 1 stream half each
+    assert updates(BatchPlan(2, 4, 1), 4, start=3) == reference[3:]      # resumed mid-epoch
+    assert updates(BatchPlan(4, 2, 1), 1, start=3) == reference[3:]
+    with pytest.raises(ConfigError, match="2 streams .* which 3 workers cannot split evenly"):
+        epoch_layout(source, BatchPlan(2, 3, 1), data, 3, streams=2)
+
+
 def test_data_sharding_takes_each_workers_share_of_every_update():
     data = cfg().data
     source = load_source(data, 0)

@@ -6,10 +6,11 @@ import pytest
 
 from tftrain.config import ConfigError, load_config
 from tftrain.training.rundir import (atomic_write, describe_topology, open_run_dir,
-                                    read_summary, read_topology, report_table)
+                                    read_summary, read_topology, recorded_streams,
+                                    report_table, streams_of)
 
 TOPOLOGY = {"workers": 1, "replicas": 2, "per_replica_batch": 32, "accumulation_steps": 1,
-            "global_batch": 64, "shard_policy": "auto", "precision": "float32",
+            "global_batch": 64, "shard_policy": "auto", "streams": 1, "precision": "float32",
             "all_reduce": "float32", "loss_scaled": False}
 
 
@@ -87,7 +88,7 @@ def test_a_resume_on_another_topology_that_keeps_the_global_batch_is_allowed(tmp
                                       "global batch 64, float32 with a float32 all-reduce")
 
 
-def test_a_resume_that_changes_the_global_batch_or_the_workers_is_refused(tmp_path):
+def test_a_resume_that_changes_the_global_batch_or_the_file_streams_is_refused(tmp_path):
     open_run_dir(_cfg(tmp_path), topology=TOPOLOGY)
     before = sorted(p.name for p in (tmp_path / "a").iterdir())
     # the same config on one device: 32 examples per update instead of 64
@@ -95,11 +96,11 @@ def test_a_resume_that_changes_the_global_batch_or_the_workers_is_refused(tmp_pa
                                           r"examples per update .* train\.global_batch_size: 64"):
         open_run_dir(_cfg(tmp_path, "distribute.virtual_cpus=1"),
                      topology={**TOPOLOGY, "replicas": 1, "global_batch": 32})
-    # another number of workers: refused where each read its own files (FILE sharding)
-    (tmp_path / "a" / "topology.json").write_text(json.dumps({**TOPOLOGY, "workers": 2}))
-    with pytest.raises(ConfigError, match=r"on 1 worker\(s\): it was written by 2, each "
-                                          r"reading its own files .* relaunch it with 2 "
-                                          r"worker\(s\)"):
+    # the files read as another number of streams than the run began with
+    (tmp_path / "a" / "topology.json").write_text(json.dumps({**TOPOLOGY, "workers": 2,
+                                                              "streams": 2}))
+    with pytest.raises(ConfigError, match=r"would read its files as 1 stream\(s\), not the 2 "
+                                          r"it began with"):
         open_run_dir(_cfg(tmp_path), topology=TOPOLOGY)
     (tmp_path / "a" / "topology.json").write_text(json.dumps(TOPOLOGY))
     with pytest.raises(ConfigError, match=r"different config \(-  epochs: 10; \+  epochs: 3\)"):
@@ -109,12 +110,18 @@ def test_a_resume_that_changes_the_global_batch_or_the_workers_is_refused(tmp_pa
     assert read_topology(tmp_path / "a") == TOPOLOGY
 
 
-def test_a_resume_on_another_number_of_workers_reading_one_stream_is_allowed(tmp_path):
-    shared = {**TOPOLOGY, "workers": 2, "shared_stream": True}
-    open_run_dir(_cfg(tmp_path), topology=shared)
-    one = {**shared, "workers": 1}
-    assert open_run_dir(_cfg(tmp_path), topology=one).previous == shared
+@pytest.mark.parametrize("streams", [1, 2])
+def test_a_resume_on_another_number_of_workers_is_allowed(tmp_path, streams):
+    """One shared stream, or files read as 2 streams (FILE sharding): the streams are
+    reassigned to the workers there are (`EpochLayout`), so the worker count is free."""
+    two = {**TOPOLOGY, "workers": 2, "streams": streams}
+    open_run_dir(_cfg(tmp_path), topology=two)
+    one = {**two, "workers": 1}
+    assert open_run_dir(_cfg(tmp_path), topology=one).previous == two
     assert read_topology(tmp_path / "a") == one
+    assert recorded_streams(tmp_path / "a") == streams
+    old = {k: v for k, v in two.items() if k != "streams"}      # recorded before streams
+    assert streams_of({**old, "shared_stream": streams == 1}) == streams
 
 
 def test_a_run_without_a_recorded_topology_resumes_only_with_the_same_config(tmp_path):

@@ -62,18 +62,31 @@ def plan_batches(cfg, replicas: int, accumulation: int | None = None) -> BatchPl
 class EpochLayout:
     """How an epoch's examples fill updates.
 
-    `sizes` has one entry when every input pipeline reads the same stream (in-memory and
-    indexed sources, or DATA sharding): update u then holds stream positions
-    [u*G, (u+1)*G) and pipeline w takes its contiguous share [u*G + w*P, u*G + (w+1)*P)
-    with P = G / workers. With FILE sharding each pipeline has its own stream of
-    `sizes[w]` examples and fills its share of every update from it.
+    `sizes` holds the examples of each stream. One stream when every input pipeline
+    reads the same one (in-memory and indexed sources, or DATA sharding): update u then
+    holds stream positions [u*G, (u+1)*G) and pipeline w takes its contiguous share
+    [u*G + w*P, u*G + (w+1)*P) with P = G / workers. With FILE sharding there are S
+    streams (stream s: files s, s+S, ...; S is the number of workers the run began
+    with) and update u holds positions [u*C, (u+1)*C) of every stream, C = G / S. A
+    worker reads S / workers whole streams, or (more workers than streams) its part of
+    one stream's chunk, so a run resumed on another number of workers trains on the same
+    examples in the same updates.
     A slot past the real examples is padding (`pad`) or does not exist (`drop`: the
-    epoch ends at the last update every pipeline can fill).
+    epoch ends at the last update every stream can fill).
     """
     sizes: tuple[int, ...]
     workers: int
     global_batch: int
     pad: bool
+
+    def __post_init__(self):
+        streams, workers = len(self.sizes), self.workers
+        if streams > 1 and streams % workers and workers % streams:
+            raise ConfigError(
+                f"data.shard_policy: the run's files are read as {streams} streams (FILE "
+                f"sharding over the {streams} workers it began with), which {workers} workers "
+                f"cannot split evenly; resume on a number of workers that divides {streams} "
+                f"or is a multiple of it")
 
     @property
     def share(self) -> int:
@@ -81,23 +94,52 @@ class EpochLayout:
         return self.global_batch // self.workers
 
     @property
+    def streams(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def chunk(self) -> int:
+        """Slots per update and stream."""
+        return self.global_batch // self.streams
+
+    @property
     def shared_stream(self) -> bool:
         return len(self.sizes) == 1
 
-    def steps(self, plan: BatchPlan | None = None) -> int:
-        if self.shared_stream:
-            n, g = self.sizes[0], self.global_batch
-            steps = -(-n // g) if self.pad else n // g
+    def streams_of(self, worker: int) -> list[tuple[int, int, int]]:
+        """What pipeline `worker` reads: (stream, first slot, slots) of each update's chunk
+        of each of its streams, in the order its share of an update lists them."""
+        p, c = self.share, self.chunk
+        if self.streams >= self.workers:
+            k = self.streams // self.workers
+            return [(worker * k + i, 0, c) for i in range(k)]
+        g = self.workers // self.streams
+        return [(worker // g, (worker % g) * p, p)]
+
+    def slot_key(self, worker: int, j):
+        """Where slot `j` of pipeline `worker`'s epoch lies, as stream * 2**40 + position
+        in the stream (ints or integer tensors): the same example has the same key on any
+        number of workers (augmentation seeds use it)."""
+        p, c = self.share, self.chunk
+        u, r = j // p, j % p
+        if self.streams >= self.workers:
+            k = self.streams // self.workers
+            stream, at = worker * k + r // c, r % c
         else:
-            p = self.share
-            steps = max(-(-n // p) for n in self.sizes) if self.pad else min(n // p for n in self.sizes)
+            g = self.workers // self.streams
+            stream, at = worker // g, (worker % g) * p + r
+        return stream * (1 << 40) + u * c + at
+
+    def steps(self, plan: BatchPlan | None = None) -> int:
+        c = self.chunk
+        steps = max(-(-n // c) for n in self.sizes) if self.pad else min(n // c for n in self.sizes)
         if steps < 1:
             raise ConfigError(
                 f"data.per_replica_batch_size: global batch {self.global_batch}"
                 + (f" (= {plan.per_replica} per replica x {plan.replicas} replicas x "
                    f"{plan.accumulation} accumulation steps)" if plan else "")
                 + f" exceeds the {min(self.sizes)} training examples"
-                + (" of a worker" if not self.shared_stream else "")
+                + (" of a file stream" if not self.shared_stream else "")
                 + "; lower the batch size or accumulation steps, or set data.remainder: pad")
         return steps
 
@@ -111,12 +153,8 @@ class EpochLayout:
 
     def real_per_update(self) -> np.ndarray:
         """Real examples in each update of an epoch."""
-        steps = self.steps()
-        u = np.arange(steps)
-        if self.shared_stream:
-            return np.clip(self.sizes[0] - u * self.global_batch, 0, self.global_batch)
-        p = self.share
-        return sum(np.clip(n - u * p, 0, p) for n in self.sizes)
+        u, c = np.arange(self.steps()), self.chunk
+        return sum(np.clip(n - u * c, 0, c) for n in self.sizes)
 
     def weights(self) -> np.ndarray:
         """Weight of a real example in each update: G / real examples. The loss averages

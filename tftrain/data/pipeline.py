@@ -20,9 +20,13 @@ from tftrain.data.batching import BatchPlan, EpochLayout
 from tftrain.data.source import IndexedSource, Source
 
 
-def epoch_layout(source: Source, plan: BatchPlan, cfg: DataConfig, workers: int = 1) -> EpochLayout:
-    """How an epoch fills updates for this source, batch plan and number of workers."""
-    layout = source.layout(plan.global_batch, workers, cfg.remainder == "pad", cfg.shard_policy)
+def epoch_layout(source: Source, plan: BatchPlan, cfg: DataConfig, workers: int = 1,
+                 streams: int | None = None) -> EpochLayout:
+    """How an epoch fills updates for this source, batch plan and number of workers.
+    `streams`: the file streams a resumed run began with (`EpochLayout`); 1 for a file
+    source the run holds in memory (`cached`), which every worker then shares."""
+    layout = source.layout(plan.global_batch, workers, cfg.remainder == "pad", cfg.shard_policy,
+                           streams)
     layout.steps(plan)       # a dataset smaller than one update: a config error now
     return layout
 
@@ -35,24 +39,24 @@ def _options() -> tf.data.Options:
     return options
 
 
-def example_seed(seed: int, epoch, worker: int, position):
-    """Stateless seed of one example: (run seed, epoch, worker, position in the epoch).
-    Where every pipeline reads the same stream (`EpochLayout.shared_stream`) the worker
-    is 0 and the position the example's place in the whole epoch, so an example is
-    augmented alike whatever the number of workers; with FILE sharding each worker's
-    stream is its own."""
+def example_seed(seed: int, epoch, key):
+    """Stateless seed of one example: (run seed, epoch, the example's place in the epoch:
+    `EpochLayout.slot_key`, its stream and position there), so an example is augmented
+    alike whatever the number of workers."""
     hi = tf.cast(seed, tf.int64) * 1_000_003 + tf.cast(epoch, tf.int64)
-    return tf.stack([hi, tf.cast(worker, tf.int64) * (1 << 40) + tf.cast(position, tf.int64)])
+    key = tf.cast(key, tf.int64)
+    return tf.stack([hi + tf.zeros_like(key), key], axis=-1)
 
 
 def train_dataset(source: Source, plan: BatchPlan, cfg: DataConfig, seed: int,
                   start_update: int = 0, worker: int = 0, workers: int = 1,
-                  ops: Optional[list] = None) -> tf.data.Dataset:
+                  ops: Optional[list] = None, streams: int | None = None) -> tf.data.Dataset:
     """Endless replica batches for pipeline `worker`, beginning at update `start_update`:
     each update takes `plan.replicas / workers` consecutive elements of `plan.replica_batch`
-    examples. Elements are `(x, y)`, or `(x, y, weight)` with `data.remainder: pad`."""
+    examples. Elements are `(x, y)`, or `(x, y, weight)` with `data.remainder: pad`.
+    `streams`: as for `epoch_layout`."""
     ops = aug.build(cfg.augment) if ops is None else ops
-    layout = epoch_layout(source, plan, cfg, workers)
+    layout = epoch_layout(source, plan, cfg, workers, streams)
     steps, share = layout.steps(), layout.share
     weights = tf.constant(layout.weights())
     example_ops = [op for op in ops if not op.batch]
@@ -66,14 +70,7 @@ def train_dataset(source: Source, plan: BatchPlan, cfg: DataConfig, seed: int,
         """Weights and example seeds of the slots j of epoch e (a batch or one example;
         only what is used: weights with padding, seeds with augmentation)."""
         w = tf.where(real, tf.gather(weights, tf.minimum(j // share, steps - 1)), 0.0) if pad else None
-        s = None
-        if seeded:
-            hi = example_seed(seed, e, worker, 0)[0] + tf.zeros_like(j)
-            if layout.shared_stream:     # the slot's place among all workers' slots
-                s = tf.stack([hi, j // share * layout.global_batch + worker * share + j % share],
-                             axis=-1)
-            else:
-                s = tf.stack([hi, tf.cast(worker, tf.int64) * (1 << 40) + j], axis=-1)
+        s = example_seed(seed, e, layout.slot_key(worker, j)) if seeded else None
         return x, tf.one_hot(y, classes) if batch_ops else y, w, s
 
     def finish(x, y, w, s):
@@ -134,13 +131,14 @@ def train_dataset(source: Source, plan: BatchPlan, cfg: DataConfig, seed: int,
 
 
 def distribute(strategy, source: Source, plan: BatchPlan, cfg: DataConfig, seed: int,
-               start_update: int = 0):
+               start_update: int = 0, streams: int | None = None):
     """The training input for `fit`: one pipeline per worker, from `start_update`."""
     ops = aug.build(cfg.augment)
 
     def per_worker(context: tf.distribute.InputContext):
         return train_dataset(source, plan, cfg, seed, start_update,
-                             context.input_pipeline_id, context.num_input_pipelines, ops)
+                             context.input_pipeline_id, context.num_input_pipelines, ops,
+                             streams)
 
     # Prefetching onto accelerators overlaps the host-to-device copy with the step; for
     # CPU devices it only adds a copy (measured: about 10% of the quickstart's step).
@@ -184,9 +182,10 @@ def describe(source: Source, layout: EpochLayout, cfg: DataConfig) -> str:
              f"{cfg.cache_budget / 2**20:,.0f} MiB for {_decoded_bytes(source) / 2**20:,.1f} MiB "
              "decoded)"]
     if layout.workers > 1:
-        how = ("FILE: each worker reads its own files" if not layout.shared_stream else
-               "DATA: each worker takes its share of every update")
-        lines.append(f"sharding: {how} ({layout.workers} workers)")
+        how = (f"FILE: each worker reads its own files ({layout.workers} workers, "
+               f"{layout.streams} file streams)" if not layout.shared_stream else
+               f"DATA: each worker takes its share of every update ({layout.workers} workers)")
+        lines.append(f"sharding: {how}")
     if layout.pad:
         padding = layout.slots() * layout.workers - layout.total
         lines.append(f"remainder: pad ({padding} padding slots per epoch, weighted 0)")

@@ -172,11 +172,15 @@ class RecordSource(Source):
             return stream
         return window_shuffle(stream, seed, epoch, position, window)
 
-    def layout(self, global_batch, workers, pad, policy) -> EpochLayout:
-        if self._by_file(workers, policy):
-            return EpochLayout(tuple(sum(self.counts[w::workers]) for w in range(workers)),
-                               workers, global_batch, pad)
-        return EpochLayout((self.num_train,), workers, global_batch, pad)
+    def layout(self, global_batch, workers, pad, policy, streams=None) -> EpochLayout:
+        """`streams`: the number of file streams a resumed run began with (else decided
+        here: one per worker with FILE sharding, one shared stream otherwise)."""
+        if streams is None:
+            streams = workers if self._by_file(workers, policy) else 1
+        if streams == 1:
+            return EpochLayout((self.num_train,), workers, global_batch, pad)
+        return EpochLayout(tuple(sum(self.counts[s::streams]) for s in range(streams)),
+                           workers, global_batch, pad)
 
     def _by_file(self, workers: int, policy: str) -> bool:
         if workers == 1 or policy == "data":
@@ -188,12 +192,18 @@ class RecordSource(Source):
         return len(self.train_files) >= workers
 
     def epoch(self, seed, epoch, layout, worker, start_update, shuffle, batch):
-        share, slots = layout.share, layout.slots()
-        if not layout.shared_stream:           # FILE: this worker's files only
-            files = self.train_files.take(slice(worker, None, layout.workers))
-            files = Files(files.paths, files.skips, self.counts[worker::layout.workers])
-            stream = self._stream(files, seed, epoch, start_update * share, shuffle)
-            return self._padded(stream, slots - start_update * share).batch(batch)
+        if not layout.shared_stream:    # FILE: this worker's part of its streams' chunks
+            chunks = []
+            for s, first, size in layout.streams_of(worker):
+                files = self.train_files.take(slice(s, None, layout.streams))
+                files = Files(files.paths, files.skips, self.counts[s::layout.streams])
+                stream = self._stream(files, seed, epoch, start_update * layout.chunk, shuffle)
+                stream = self._padded(stream, (layout.steps() - start_update) * layout.chunk)
+                chunks.append(stream.batch(layout.chunk).map(lambda t, a=first, n=size: t[a:a + n]))
+            if len(chunks) == 1:
+                return chunks[0].unbatch().batch(batch)
+            return tf.data.Dataset.zip(tuple(chunks)).map(
+                lambda *parts: tf.concat(parts, 0)).unbatch().batch(batch)
         files = Files(self.train_files.paths, self.train_files.skips, self.counts)
         stream = self._stream(files, seed, epoch, start_update * layout.global_batch, shuffle)
         stream = self._padded(stream, (layout.steps() - start_update) * layout.global_batch)

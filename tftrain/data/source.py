@@ -81,7 +81,10 @@ class Source(abc.ABC):
     def calibration(self, n: int) -> tf.data.Dataset:
         """The first n training examples in file order (int8 calibration)."""
 
-    def layout(self, global_batch: int, workers: int, pad: bool, policy: str) -> EpochLayout:
+    def layout(self, global_batch: int, workers: int, pad: bool, policy: str,
+               streams: int | None = None) -> EpochLayout:
+        """How an epoch fills updates: one stream every pipeline shares (file sources may
+        give each worker its own, `streams` of them)."""
         return EpochLayout((self.num_train,), workers, global_batch, pad)
 
     @abc.abstractmethod

@@ -180,7 +180,7 @@ class StageRunner:
         for attempt in range(cfg.train.nan_retries + 1):
             try:
                 fit(model, data.distribute(self.strat, self.plan.source, self.plan.batches,
-                                           cfg.data, cfg.run.seed, start),
+                                           cfg.data, cfg.run.seed, start, self.plan.layout.streams),
                     self.val, start, stage.epochs, spe, callbacks, cfg, self.smoke)
                 break
             except cb.NonFiniteLoss as err:

@@ -134,12 +134,25 @@ def _check_resumable(path: Path, previous: dict, topology: dict) -> None:
             f"{previous['global_batch']} (the per-replica batch and accumulation steps are "
             "derived from it) or the old data.per_replica_batch_size and "
             "train.accumulation_steps")
-    if previous.get("workers", 1) != topology["workers"] and not (
-            previous.get("shared_stream") and topology.get("shared_stream")):
+    if streams_of(previous) != topology["streams"]:
         raise ConfigError(
-            f"resuming {path} on {topology['workers']} worker(s): it was written by "
-            f"{previous['workers']}, each reading its own files (FILE sharding), and those "
-            f"are not reassigned yet; relaunch it with {previous['workers']} worker(s)")
+            f"resuming {path} would read its files as {topology['streams']} stream(s), not "
+            f"the {streams_of(previous)} it began with (data.cache or data.shard_policy "
+            "decides the sharding); keep them as they were")
+
+
+def streams_of(topology: dict) -> int:
+    """The file streams of a recorded topology (older records: one per worker with FILE
+    sharding, else one)."""
+    if "streams" in topology:
+        return topology["streams"]
+    return 1 if topology.get("shared_stream", True) else topology.get("workers", 1)
+
+
+def recorded_streams(path: Path) -> int | None:
+    """The file streams an interrupted run at `path` began with, if it recorded them."""
+    previous = read_topology(path)
+    return None if previous is None else streams_of(previous)
 
 
 def read_topology(path: Path) -> dict | None:
