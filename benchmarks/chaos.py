@@ -35,8 +35,8 @@ STAGED = [f"{ROOT}/configs/compress.yaml",
           "--set", "train.verbose=0"]
 CLUSTER = [f"{ROOT}/configs/quickstart.yaml", "--set", "train.epochs=4",
            "--set", "train.checkpoint.every=5", "--set", "run.deterministic=true",
-           "--set", "distribute.strategy=auto", "--set", "export.tflite=none",
-           "--set", "train.verbose=0"]
+           "--set", "distribute.strategy=auto", "--set", "distribute.virtual_cpus=1",
+           "--set", "export.tflite=none", "--set", "train.verbose=0"]     # 1 replica per worker
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 

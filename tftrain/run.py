@@ -143,6 +143,8 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
         tracker.fail()     # (never raises) a restart sets the same tracked run running
         raise
     summary = report.summary(plan, results, artifacts, net)
+    if runner.batch_changes:       # resumes that changed the global batch: not exact
+        summary["batch_changes"] = runner.batch_changes
     print(f"final weights sha256: {report.weights_digest(net)}")
     if plan.chief:
         rundir.write_summary(run, summary)

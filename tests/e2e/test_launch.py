@@ -15,7 +15,8 @@ from tftrain.run import run
 
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 EPOCHS = 4
-SETS = ["distribute.strategy=auto", f"train.epochs={EPOCHS}", "export.tflite=none",
+SETS = ["distribute.strategy=auto", "distribute.virtual_cpus=1",     # 1 replica per worker
+        f"train.epochs={EPOCHS}", "export.tflite=none",
         "train.checkpoint.every=10", "run.deterministic=true", "train.verbose=0",
         "export.preflight=false"]       # (test_preflight.py's)
 PLANNED = EPOCHS * (1527 // 64)
@@ -218,30 +219,131 @@ def test_interrupted_run_relaunches_to_the_same_weights(two_workers, tmp_path):
         np.testing.assert_allclose(ours[name], reference[name], rtol=0, atol=1e-6)
 
 
+# (workers, settings): 2 workers of 1 replica x 32 (the `two_workers` run); 1 worker of 2
+# replicas on 2 virtual CPUs x 16 x 2 accumulation steps; 2 workers of 2 replicas each
+# x 16, accumulation halved: 64 examples per update on each
+TOPOLOGIES = {"2x1": (2, []),
+              "1x2": (1, ["distribute.virtual_cpus=2", "data.per_replica_batch_size=16",
+                          "train.accumulation_steps=2"]),
+              "2x2": (2, ["distribute.virtual_cpus=2", "data.per_replica_batch_size=16"])}
+
+
+def kill_and_resume(run_dir, plan, *sets):
+    """Launch on each topology of `plan` but the last, SIGKILL it (launcher and workers)
+    mid-run; then finish on the last. Each resume starts from the chief's newest
+    checkpoint and says which topology it leaves; the last launch's output."""
+    checkpoints, last = run_dir / "quickstart" / "checkpoints", 0
+    for i, name in enumerate(plan):
+        workers, topology = TOPOLOGIES[name]
+        proc = launch(run_dir, *topology, *sets, workers=workers)
+        if i == len(plan) - 1:
+            code, out = finish(proc)
+            assert code == 0, out[-3000:]
+        else:
+            saved = wait_for_checkpoint(checkpoints, proc, at_least=20 + 30 * i)
+            os.killpg(proc.pid, signal.SIGKILL)
+            out = proc.communicate(timeout=60)[0]
+        if i:
+            before = TOPOLOGIES[plan[i - 1]][0]
+            assert f"resuming on a different topology: {before} worker(s)" in out, out[-3000:]
+            assert last <= resumed_at(out)                       # from the chief's newest
+        last = saved if i < len(plan) - 1 else last
+    assert len(set(digests(out).values())) == 1                 # the workers agree
+    return out
+
+
 @pytest.mark.slow
 def test_a_killed_launch_resumes_on_another_number_of_workers_to_the_same_weights(two_workers,
                                                                                   tmp_path):
     """2 workers SIGKILLed mid-epoch, relaunched as 1 worker (2 replicas on 2 virtual
-    CPUs), SIGKILLed again, finished as 2 workers: every update took the same 64
-    examples, and the weights equal those of the 2-worker run never interrupted."""
-    checkpoints, last = tmp_path / "quickstart" / "checkpoints", 0
-    for workers, at_least in ((2, 20), (1, 50)):
-        proc = launch(tmp_path, workers=workers)
-        saved = wait_for_checkpoint(checkpoints, proc, at_least=at_least)
-        os.killpg(proc.pid, signal.SIGKILL)                      # launcher and workers
-        out = proc.communicate(timeout=60)[0]
-        if workers == 1:
-            assert ("resuming on a different topology: 2 worker(s), 2 replica(s) x 32 x 1 "
-                    "accumulation = global batch 64") in out, out[-3000:]
-            resumed = resumed_at(out)
-            assert last <= resumed < PLANNED                     # from the chief's newest
-        last = saved
-    code, out = finish(launch(tmp_path))
-    assert code == 0, out[-3000:]
-    assert "resuming on a different topology: 1 worker(s), 2 replica(s)" in out
-    assert len(set(digests(out).values())) == 1                 # both workers agree
+    CPUs, accumulation 2), SIGKILLed again, finished as 2 workers of 2 replicas each
+    (accumulation halved): every update took the same 64 examples, and the weights equal
+    those of the 2-worker run never interrupted."""
+    out = kill_and_resume(tmp_path, ["2x1", "1x2", "2x2"])
+    assert ("1 worker(s), 2 replica(s) x 16 x 2 accumulation = global batch 64, float32 with "
+            "a float32 all-reduce -> 2 worker(s), 4 replica(s) x 16 x 1 accumulation") in out
     summary = json.loads((tmp_path / "quickstart" / "summary.json").read_text())
-    assert summary["steps"] == PLANNED and summary["workers"] == 2
+    assert summary["steps"] == PLANNED and (summary["workers"], summary["replicas"]) == (2, 4)
+    ours, reference = model_weights(tmp_path / "quickstart"), model_weights(two_workers[0])
+    assert ours.keys() == reference.keys() and ours
+    for name in ours:
+        np.testing.assert_allclose(ours[name], reference[name], rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_killed_launch_on_uneven_file_shards_with_padding_and_augmentation_resumes_exactly(
+        tmp_path):
+    """Digits in 5 uneven TFRecord training files, FILE sharding (2 file streams),
+    data.remainder: pad and random crops: killed as 2 workers, as 1 worker of 2 replicas,
+    finished as 2 workers of 2: the weights equal the uninterrupted 2-worker run's (each
+    update read the same examples from the reassigned files, cropped alike)."""
+    from sklearn.datasets import load_digits
+    import tensorflow as tf
+    digits = load_digits()
+    sizes = [300, 330, 290, 310, 270, 297]                # part-0: validation; 5 for training
+    (tmp_path / "files").mkdir()
+    at = 0
+    for i, n in enumerate(sizes):
+        with tf.io.TFRecordWriter(str(tmp_path / "files" / f"part-{i}.tfrecord")) as w:
+            for x, y in zip(digits.images[at:at + n] / 16.0, digits.target[at:at + n]):
+                w.write(tf.train.Example(features=tf.train.Features(feature={
+                    "x": tf.train.Feature(float_list=tf.train.FloatList(value=list(np.ravel(x)))),
+                    "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(y)]))}))
+                    .SerializeToString())
+            at += n
+    sets = ["data.name=tfrecord", "data.validation_fraction=0.17", "data.shard_policy=file",
+            f"data.params={{files: '{tmp_path}/files/part-*.tfrecord', shape: [8, 8, 1], "
+            "num_classes: 10}", "data.cache=none", "data.remainder=pad",
+            "data.augment=[{random_crop: {padding: 1}}]", "train.epochs=3"]
+    code, out = finish(launch(tmp_path / "reference", *sets))
+    assert code == 0, out[-3000:]
+    # 2 streams: files 1, 3, 5 (937 examples) and 2, 4 (560); 32 of each per update
+    assert "sharding: FILE: each worker reads its own files (2 workers, 2 file streams)" in out
+    assert "remainder: pad (423 padding slots per epoch, weighted 0)" in out
+    out = kill_and_resume(tmp_path, ["2x1", "1x2", "2x2"], *sets)
+    summary = json.loads((tmp_path / "quickstart" / "summary.json").read_text())
+    assert summary["steps"] == 3 * 30 and summary["replicas"] == 4
+    ours = model_weights(tmp_path / "quickstart")
+    reference = model_weights(tmp_path / "reference" / "quickstart")
+    assert ours.keys() == reference.keys() and ours
+    for name in ours:
+        np.testing.assert_allclose(ours[name], reference[name], rtol=0, atol=1e-5)
+
+
+def srun(run_dir, tasks, rank, port_base, *sets):
+    """Task `rank` of a SLURM job step of `tasks` tasks on this node, as srun starts it."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "TF_CONFIG"))},
+           "SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_NTASKS": str(tasks),
+           "SLURM_STEP_NUM_TASKS": str(tasks), "SLURM_PROCID": str(rank),
+           "SLURM_STEP_NODELIST": "localhost", "SLURM_STEP_TASKS_PER_NODE": str(tasks),
+           "TFTRAIN_PORT_BASE": str(port_base), "PYTHONPATH": str(ROOT)}
+    args = [sys.executable, "-m", "tftrain.run", str(QUICKSTART), "--run-dir", str(run_dir),
+            *[a for s in (*SETS, *sets) for a in ("--set", s)]]
+    return subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+@pytest.mark.slow
+def test_a_slurm_job_requeued_on_fewer_tasks_continues_with_no_config_change(two_workers,
+                                                                           tmp_path):
+    """A 2-task SLURM step SIGKILLed mid-epoch, requeued as 1 task with the same command:
+    train.global_batch_size keeps 64 examples per update (1 replica x 64), and the weights
+    equal the uninterrupted 2-worker run's."""
+    sets = ["train.global_batch_size=64"]
+    base = free_ports(1)[0]
+    tasks = [srun(tmp_path, 2, rank, base, *sets) for rank in range(2)]
+    wait_for_checkpoint(tmp_path / "quickstart" / "checkpoints", tasks[0], at_least=30)
+    for task in tasks:
+        os.killpg(task.pid, signal.SIGKILL)
+        task.communicate(timeout=60)
+    code, out = finish(srun(tmp_path, 1, 0, base, *sets))
+    assert code == 0, out[-3000:]
+    assert ("resuming on a different topology: 2 worker(s), 2 replica(s) x 32 x 1 accumulation "
+            "= global batch 64, float32 with a float32 all-reduce -> 1 worker(s), 1 replica(s) "
+            "x 64 x 1 accumulation") in out, out[-3000:]
+    assert resumed_at(out) >= 30
+    summary = json.loads((tmp_path / "quickstart" / "summary.json").read_text())
+    assert summary["steps"] == PLANNED and summary["workers"] == 1
     ours, reference = model_weights(tmp_path / "quickstart"), model_weights(two_workers[0])
     assert ours.keys() == reference.keys() and ours
     for name in ours:
@@ -333,9 +435,9 @@ def test_two_workers_train_on_tfrecord_shards(tmp_path):
     pattern = write_shards(tmp_path / "digits", zip(digits.images / 16.0, digits.target))
     proc = launch(tmp_path, "data.name=tfrecord",
                   f"data.params={{files: '{pattern}', shape: [8, 8, 1], num_classes: 10}}",
-                  "data.validation_fraction=0.25", "train.epochs=3")
+                  "data.validation_fraction=0.25", "train.epochs=3", "data.cache=none")
     code, out = finish(proc, timeout=300)
     assert code == 0, out[-3000:]
-    assert "sharding: FILE: each worker reads its own files (2 workers)" in out
+    assert "sharding: FILE: each worker reads its own files (2 workers, 2 file streams)" in out
     summary = json.loads((tmp_path / "quickstart" / "summary.json").read_text())
     assert summary["workers"] == 2 and summary["metrics"]["val_accuracy"] > 0.8

@@ -407,20 +407,48 @@ def test_a_resume_that_adds_or_removes_loss_scaling_restores_and_trains_on(tmp_p
 
 
 @pytest.mark.slow
-def test_a_resume_that_would_change_the_global_batch_exits_2_naming_both(tmp_path):
-    """The same config resumed on one device instead of two: 32 examples per update
-    instead of 64, refused before anything is trained or written."""
-    sets = [a for s in ELASTIC_SETS + ["train.epochs=1"] for a in ("--set", s)]
-    first = cli(QUICKSTART, "--run-dir", tmp_path, *sets, "--set", "train.checkpoint.every=5")
-    assert first.returncode == 0, first.stderr[-3000:]
-    (tmp_path / "quickstart" / "summary.json").unlink()          # as if it were interrupted
+def test_a_resume_that_would_change_the_global_batch_exits_2_or_trains_on_when_allowed(tmp_path):
+    """A run killed in its second epoch, resumed on one device instead of two: 32 examples
+    per update instead of 64 is refused before anything is trained or written; with
+    run.allow_batch_change it resumes at the same example of the epoch (update s of 64 is
+    update 2s of 32), the learning rate halved, and summary.json records the change."""
+    sets = [a for s in ELASTIC_SETS + ["train.epochs=2"] for a in ("--set", s)]
+    proc = subprocess.Popen([sys.executable, "-m", "tftrain.run", str(QUICKSTART), "--run-dir",
+                             str(tmp_path), *sets], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    wait_for_checkpoint(tmp_path / "quickstart" / "checkpoints", proc, at_least=30)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=120)
     before = {p: p.stat().st_mtime_ns for p in (tmp_path / "quickstart").rglob("*")}
-    again = cli(QUICKSTART, "--run-dir", tmp_path, *sets, "--set", "train.checkpoint.every=5",
-                "--set", "distribute.virtual_cpus=1")
+    one = ("--set", "distribute.virtual_cpus=1")
+    again = cli(QUICKSTART, "--run-dir", tmp_path, *sets, *one)
     assert again.returncode == 2, again.stderr[-3000:]
     assert ("would change the global batch from 64 to 32 examples per update" in again.stderr
-            and "train.global_batch_size: 64" in again.stderr and "Traceback" not in again.stderr)
+            and "train.global_batch_size: 64" in again.stderr
+            and "run.allow_batch_change: true" in again.stderr and "Traceback" not in again.stderr)
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "quickstart").rglob("*")} == before
+
+    allowed = cli(QUICKSTART, "--run-dir", tmp_path, *sets, *one,
+                  "--set", "run.allow_batch_change=true")
+    assert allowed.returncode == 0, allowed.stderr[-3000:]
+    old, new = 1527 // 64, 1527 // 32                  # updates per epoch: 23 of 64, 47 of 32
+    moved = re.search(r"global batch 64 -> 32 \(run\.allow_batch_change\): update (\d+) of 64 "
+                      r"becomes update (\d+) of 32", allowed.stdout)
+    assert moved, allowed.stdout[-3000:]
+    start, to = map(int, moved.groups())
+    assert start >= 30 and to == (start // old) * new + (start % old) * 2
+    assert resumed_at(allowed.stdout) == to
+    summary = json.loads((tmp_path / "quickstart" / "summary.json").read_text())
+    assert summary["batch_changes"] == [{
+        "stage": "train", "from_global_batch": 64, "to_global_batch": 32, "epoch": 1,
+        "examples_into_epoch": (start - old) * 64, "from_update": start, "to_update": to,
+        "examples_trained_again": 0, "learning_rate_scale": 0.5}]
+    assert summary["global_batch_size"] == 32 and summary["steps"] == 2 * new
+    assert (f"64 -> 32 at update {to} of stage train, learning rate x 0.5 "
+            "(run.allow_batch_change)") in allowed.stdout
+    with open(tmp_path / "quickstart" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 2 and float(rows[1]["loss"]) < float(rows[0]["loss"])
 
 
 @pytest.fixture(scope="module")
@@ -452,7 +480,8 @@ def test_multi_worker_strategy_single_worker_trains(tmp_path, launcher):
     """One worker of MultiWorkerMirroredStrategy: under `tftrain.run`, and under
     `tftrain.launch --workers 1` (a TF_CONFIG cluster of one, whose collectives must be
     configured before planning runs any op)."""
-    sets = [a for s in ("distribute.strategy=multi_worker", "train.epochs=3", "export.tflite=none",
+    sets = [a for s in ("distribute.strategy=multi_worker", "distribute.virtual_cpus=1",
+                        "train.epochs=3", "export.tflite=none",
                         "train.accumulation_steps=2", "data.per_replica_batch_size=16",
                         "train.jit_compile=false", "export.preflight=false")
             for a in ("--set", s)]

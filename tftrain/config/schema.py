@@ -26,6 +26,9 @@ class RunConfig(Strict):
     dir: str = "runs"
     seed: int = 42
     deterministic: bool = False
+    # resume on a topology with another global batch: positions move to the same example
+    # of the epoch, the learning rate scales with the batch (inexact: summary.json records it)
+    allow_batch_change: bool = False
 
     @field_validator("name")
     @classmethod

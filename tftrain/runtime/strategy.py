@@ -164,9 +164,7 @@ def build_strategy(cfg, *, force_one_device: bool = False) -> tf.distribute.Stra
     if not force_one_device and resolve_kind(d, devices=[]) == "multi_worker":
         # Decided from the environment alone and created before anything initializes
         # TensorFlow's runtime: collectives can only be configured at start-up.
-        return tf.distribute.MultiWorkerMirroredStrategy(
-            cluster_resolver=cluster_resolver(current_task()),
-            communication_options=communication_options(d))
+        return multi_worker_strategy(d, cluster_resolver(current_task()))
     devices = resolve_devices(d)
     kind = "one_device" if force_one_device else resolve_kind(d, devices)
     if kind == "default":
@@ -175,6 +173,35 @@ def build_strategy(cfg, *, force_one_device: bool = False) -> tf.distribute.Stra
         return tf.distribute.OneDeviceStrategy(devices[0])
     return tf.distribute.MirroredStrategy(
         devices=devices, cross_device_ops=_cross_device_ops(d, devices))
+
+
+def multi_worker_strategy(d: DistributeConfig, resolver) -> tf.distribute.Strategy:
+    """MultiWorkerMirroredStrategy over the task's GPUs, or its CPU: one replica, or with
+    `distribute.virtual_cpus` one per virtual CPU (TensorFlow gives a CPU task one
+    replica; this gives a CPU cluster a GPU cluster's arithmetic of several replicas per
+    worker, which an elastic resume from 2 x 2 replicas to 1 x 2 needs)."""
+    options = communication_options(d)
+    if d.virtual_cpus and d.virtual_cpus > 1 and not tf.config.list_physical_devices("GPU"):
+        return _VirtualCPUMultiWorker(resolver, options, d.virtual_cpus)
+    return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver,
+                                                     communication_options=options)
+
+
+class _VirtualCPUMultiWorker(tf.distribute.MultiWorkerMirroredStrategy):
+    """A multi-worker strategy whose tasks replicate over their virtual CPUs."""
+
+    def __init__(self, resolver, options, cpus: int):
+        from tensorflow.python.distribute import collective_all_reduce_strategy as cars
+
+        class Extended(cars.CollectiveAllReduceExtended):
+            def _initialize_local_devices(self, cluster_resolver, worker_device):
+                devices, kind = super()._initialize_local_devices(cluster_resolver, worker_device)
+                if kind != "CPU":
+                    return devices, kind
+                return tuple(f"{worker_device}/device:CPU:{i}" for i in range(cpus)), "CPU"
+
+        tf.distribute.Strategy.__init__(
+            self, Extended(self, cluster_resolver=resolver, communication_options=options))
 
 
 def describe(strategy: tf.distribute.Strategy) -> StrategyInfo:

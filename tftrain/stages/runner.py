@@ -14,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tftrain.config import ConfigError
 from tftrain.training import xla
 from tftrain.training.preemption import Preempted, Preemption  # noqa: F401  (Preempted: re-exported)
 
@@ -56,6 +57,10 @@ class StageRunner:
             self.results = json.loads(self.record.read_text())
         except (OSError, json.JSONDecodeError):
             self.results = {}
+        try:      # resumes that changed the global batch (`run.allow_batch_change`)
+            self.batch_changes = json.loads((run.path / "batch_changes.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            self.batch_changes = []
 
     def run_stage(self, stage, previous):
         """(the model the next stage gets, the stage's results): `stage` built from
@@ -74,8 +79,10 @@ class StageRunner:
             generators = cb.random_generators(model)
         position = tf.Variable(0, dtype=tf.int64, trainable=False)   # training batches done
         jit = tf.Variable(xla.UNDECIDED, dtype=tf.int64, trainable=False)   # kept on resume
+        # the examples per update the position counts (a checkpoint from before it: as now)
+        per_update = tf.Variable(self.plan.batches.global_batch, dtype=tf.int64, trainable=False)
         ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, rng=generators,
-                                   position=position, jit_compile=jit,
+                                   position=position, jit_compile=jit, global_batch=per_update,
                                    learning_rate=rates.learning_rate_state(optimizer),
                                    callbacks=[c.state for c in built.stateful],
                                    average=built.average.variables if built.average else {})
@@ -91,7 +98,7 @@ class StageRunner:
             result = self.results[stage.name]
             self._settle(stage, built)
             return stage.finalize(built, result, self.plan), result
-        start = int(position.numpy())
+        start = self._rebatch(stage, ckpt, optimizer) if restored else 0
         self._compile_choice(stage, model, jit)
         if restored:
             print(f"resuming from {restored} at update {start}/{stage.updates} of stage {stage.name}")
@@ -108,16 +115,60 @@ class StageRunner:
         from tftrain.training import callbacks as cb
 
         workers = self.plan.parallel.info.workers
+        optional = [ckpt.global_batch]
         if workers == 1 or self.plan.parallel.mean is None:
-            return cb.restore_latest(ckpt, directory, self.loss_scale)
-        mine = cb.restore_latest(ckpt, directory, self.loss_scale) if self.chief else None
+            return cb.restore_latest(ckpt, directory, self.loss_scale, optional)
+        mine = cb.restore_latest(ckpt, directory, self.loss_scale, optional) if self.chief else None
         # the mean over the cluster's replicas of (the chief's number, 0 elsewhere)
         chosen = round(self.plan.parallel.mean([float(cb.checkpoint_number(mine))])[0] * workers)
         if self.chief:
             return mine
         resolver = getattr(self.strat, "cluster_resolver", None)
         return cb.restore_chosen(ckpt, directory, chosen, self.loss_scale,
-                                 getattr(resolver, "task_id", None) or 0)
+                                 getattr(resolver, "task_id", None) or 0, optional)
+
+    def _rebatch(self, stage, ckpt, optimizer) -> int:
+        """The update to resume at. A checkpoint written under another global batch
+        (`run.allow_batch_change`) resumes at the same example of the same epoch (rounded
+        down to a whole update of the new batch: at most a batch less one is trained
+        again), the optimizer's update count moves with it (the schedule stays at the same
+        point of the stage), and the learning rate is scaled by new / old batch (the
+        linear scaling rule). Recorded in `batch_changes.json` and `summary.json`."""
+        from dataclasses import replace
+
+        from tftrain.optim import rates
+        from tftrain.training.rundir import atomic_write
+
+        start, new = int(ckpt.position.numpy()), self.plan.batches.global_batch
+        old = int(ckpt.global_batch.numpy())
+        ckpt.global_batch.assign(new)
+        if old == new:
+            return start
+        if not self.cfg.run.allow_batch_change:
+            raise ConfigError(f"the checkpoint of stage {stage.name} counts updates of {old} "
+                              f"examples, this run's global batch is {new}; set "
+                              f"train.global_batch_size: {old}, or run.allow_batch_change: true")
+        before = replace(self.plan.layout, global_batch=old).steps()
+        epoch, done = divmod(start, before)
+        moved = epoch * self.steps_per_epoch + done * old // new
+        ckpt.position.assign(moved)
+        optimizer.iterations.assign(max(0, int(optimizer.iterations.numpy()) + moved - start))
+        factor = rates.learning_rate_state(optimizer)
+        factor.assign(factor * (new / old))
+        change = {"stage": stage.name, "from_global_batch": old, "to_global_batch": new,
+                  "epoch": epoch, "examples_into_epoch": done * old,
+                  "from_update": start, "to_update": moved,
+                  "examples_trained_again": done * old - (done * old // new) * new,
+                  "learning_rate_scale": new / old}
+        self.batch_changes.append(change)
+        if self.chief:
+            atomic_write(self.run.path / "batch_changes.json",
+                         json.dumps(self.batch_changes, indent=2) + "\n")
+        print(f"global batch {old} -> {new} (run.allow_batch_change): update {start} of "
+              f"{old} becomes update {moved} of {new}, at example {done * old} of epoch "
+              f"{epoch + 1} ({change['examples_trained_again']} trained again); learning rate "
+              f"x {new / old:g}; the result is not the uninterrupted run's", flush=True)
+        return moved
 
     def _compile_choice(self, stage, model, jit) -> None:
         """`train.jit_compile` for this stage: as decided before a restart, else decided

@@ -34,7 +34,8 @@ def random_generators(model) -> list:
 UNREADABLE = (tf.errors.OpError, ValueError, AssertionError, IndexError, OSError)
 
 
-def restore_latest(checkpoint: tf.train.Checkpoint, directory, loss_scale=None) -> str | None:
+def restore_latest(checkpoint: tf.train.Checkpoint, directory, loss_scale=None,
+                   optional=()) -> str | None:
     """Restore the newest readable, finite checkpoint in `directory`; returns its path or
     None.
 
@@ -47,13 +48,14 @@ def restore_latest(checkpoint: tf.train.Checkpoint, directory, loss_scale=None) 
     checkpoint written without loss scaling (a float16 all-reduce added on resume)
     restores everything else, and the scale starts from its initial value. (A
     LossScaleOptimizer checkpoints as its inner optimizer plus `loss_scale`, so the
-    reverse needs nothing: the scale is left unread.)
+    reverse needs nothing: the scale is left unread.) `optional`: objects a checkpoint
+    written by an earlier version may lack (they keep their initial values).
     """
     state = tf.train.get_checkpoint_state(str(directory))
     paths = list(state.all_model_checkpoint_paths) if state else []
     for path in reversed(paths):
         try:
-            return restore(checkpoint, path, loss_scale)
+            return restore(checkpoint, path, loss_scale, optional)
         except UNREADABLE as err:
             warnings.warn(f"checkpoint {path} is unreadable ({_reason(err)}); "
                           "trying the previous one", stacklevel=2)
@@ -63,13 +65,13 @@ def restore_latest(checkpoint: tf.train.Checkpoint, directory, loss_scale=None) 
     return None
 
 
-def restore(checkpoint: tf.train.Checkpoint, path: str, loss_scale=None) -> str:
+def restore(checkpoint: tf.train.Checkpoint, path: str, loss_scale=None, optional=()) -> str:
     """Restore the checkpoint at `path` (checked whole and finite first); returns `path`.
     Raises what `restore_latest` skips."""
     names = _read_every_tensor(path)      # sizes and checksums, before anything is set
     status = checkpoint.restore(path)
     unscaled = bool(loss_scale) and not any("loss_scale/" in n for n in names)
-    _all_matched_but(status, loss_scale if unscaled else ())
+    _all_matched_but(status, [*optional, *(loss_scale if unscaled else ())])
     if unscaled:
         print(f"checkpoint {path} was written without loss scaling: its optimizer state "
               "carries over, the loss scale starts from its initial value", flush=True)
@@ -77,7 +79,7 @@ def restore(checkpoint: tf.train.Checkpoint, path: str, loss_scale=None) -> str:
 
 
 def restore_chosen(checkpoint: tf.train.Checkpoint, directory, chosen: int, loss_scale=None,
-                   worker: int = 0) -> str | None:
+                   worker: int = 0, optional=()) -> str | None:
     """Restore checkpoint number `chosen` of `directory` (0: none, a fresh start): what a
     cluster's chief restored, which every other worker must load too (each reading its
     newest could leave workers on different weights). Unreadable here: a RuntimeError
@@ -86,7 +88,7 @@ def restore_chosen(checkpoint: tf.train.Checkpoint, directory, chosen: int, loss
         return None
     path = str(Path(directory) / f"ckpt-{chosen}")
     try:
-        return restore(checkpoint, path, loss_scale)
+        return restore(checkpoint, path, loss_scale, optional)
     except (tf.errors.OpError, ValueError, AssertionError, IndexError, OSError) as err:
         raise RuntimeError(f"worker {worker} cannot read {path}, the checkpoint the chief "
                            f"restored ({_reason(err)}); every worker must see the chief's "

@@ -37,7 +37,8 @@ def atomic_write(path: Path, text: str) -> None:
 # interrupted run resumes, as long as the global batch stays (checked on the topology)
 TOPOLOGY_KEYS = {"distribute": ("strategy", "devices", "virtual_cpus", "all_reduce_dtype"),
                  "data": ("per_replica_batch_size",),
-                 "train": ("accumulation_steps",)}
+                 "train": ("accumulation_steps",),
+                 "run": ("allow_batch_change",)}
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ def open_run_dir(cfg: Config, smoke: bool = False, write: bool = True,
                 f"run.name: {path} already holds a run with a different config "
                 f"({'; '.join(refused[:4])}); use another run.name or --run-dir, or delete {path}")
         if previous is not None and topology is not None:
-            _check_resumable(path, previous, topology)
+            _check_resumable(path, previous, topology, cfg.run.allow_batch_change)
         if write and changed:
             atomic_write(saved, text)        # the config the checkpoints are written under now
         if write and topology is not None and topology != previous:
@@ -124,16 +125,18 @@ def _free(config_text: str) -> str:
     return yaml.safe_dump(config, sort_keys=False)
 
 
-def _check_resumable(path: Path, previous: dict, topology: dict) -> None:
-    """A resume on another topology must keep the examples of every update."""
-    if previous.get("global_batch") != topology["global_batch"]:
+def _check_resumable(path: Path, previous: dict, topology: dict, allow_batch_change: bool) -> None:
+    """A resume on another topology must keep the examples of every update (or be
+    allowed to change them: `run.allow_batch_change`)."""
+    if previous.get("global_batch") != topology["global_batch"] and not allow_batch_change:
         raise ConfigError(
             f"resuming {path} would change the global batch from {previous['global_batch']} "
             f"to {topology['global_batch']} examples per update (its checkpoints count updates "
             f"of {previous['global_batch']}); keep it: set train.global_batch_size: "
             f"{previous['global_batch']} (the per-replica batch and accumulation steps are "
             "derived from it) or the old data.per_replica_batch_size and "
-            "train.accumulation_steps")
+            "train.accumulation_steps; or set run.allow_batch_change: true to continue with "
+            "the learning rate scaled to the new batch (not the same result)")
     if streams_of(previous) != topology["streams"]:
         raise ConfigError(
             f"resuming {path} would read its files as {topology['streams']} stream(s), not "
@@ -183,7 +186,12 @@ def report_table(summary: dict) -> str:
     """The report printed at the end of a run."""
     rows = [("status", summary["status"]), ("strategy", summary["strategy"]),
             ("replicas", summary["replicas"]), ("precision", summary["precision"]),
-            ("global batch", summary["global_batch_size"]), ("epochs", summary["epochs"]),
+            ("global batch", summary["global_batch_size"]),
+            *[("batch changed", f"{c['from_global_batch']} -> {c['to_global_batch']} at update "
+               f"{c['to_update']} of stage {c['stage']}, learning rate x "
+               f"{c['learning_rate_scale']:g} (run.allow_batch_change)")
+              for c in summary.get("batch_changes", [])],
+            ("epochs", summary["epochs"]),
             ("optimizer updates", summary["steps"]),
             ("examples/s", f"{summary['throughput']['examples_per_sec']:.1f}"),
             ("input wait", "not measured (run.deterministic)"
