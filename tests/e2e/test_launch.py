@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -31,11 +32,34 @@ def launch(run_dir, *sets, workers=2, data_workers=0):
                             start_new_session=True)
 
 
+def sigkill(proc):
+    """SIGKILL a launch: its workers (each in a session of its own), then the launcher.
+    Killing the launcher alone would have each worker sent SIGTERM (PR_SET_PDEATHSIG),
+    which it answers by saving a checkpoint and stopping: a clean stop, not a kill."""
+    def children(pid):
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and \
+                        int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                pass
+        return found
+    for pid in children(proc.pid):
+        for victim in (*children(pid), pid):
+            try:
+                os.kill(victim, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    os.killpg(proc.pid, signal.SIGKILL)
+
+
 def finish(proc, timeout=300):
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        sigkill(proc)
         raise AssertionError("workers did not finish in time (hang)")
     return proc.returncode, out
 
@@ -114,7 +138,7 @@ def test_two_workers_agree_and_equal_one_worker_with_two_replicas(two_workers, t
     assert summary["replicas"] == 2 and summary["steps"] == PLANNED
     found = digests(out)
     assert len(found) == 2 and len(set(found.values())) == 1      # identical final weights
-    mirrored = run(quick_config(tmp_path, *[s for s in SETS if "strategy" not in s],
+    mirrored = run(quick_config(tmp_path, *[s for s in SETS if not s.startswith("distribute.")],
                                 "distribute.strategy=mirrored"))
     assert abs(mirrored["metrics"]["val_accuracy"] - summary["metrics"]["val_accuracy"]) <= 0.01
     ours, reference = model_weights(path), model_weights(tmp_path / "quickstart")
@@ -229,7 +253,7 @@ TOPOLOGIES = {"2x1": (2, []),
 
 
 def kill_and_resume(run_dir, plan, *sets):
-    """Launch on each topology of `plan` but the last, SIGKILL it (launcher and workers)
+    """Launch on each topology of `plan` but the last, SIGKILL it (workers and launcher)
     mid-run; then finish on the last. Each resume starts from the chief's newest
     checkpoint and says which topology it leaves; the last launch's output."""
     checkpoints, last = run_dir / "quickstart" / "checkpoints", 0
@@ -241,7 +265,7 @@ def kill_and_resume(run_dir, plan, *sets):
             assert code == 0, out[-3000:]
         else:
             saved = wait_for_checkpoint(checkpoints, proc, at_least=20 + 30 * i)
-            os.killpg(proc.pid, signal.SIGKILL)
+            sigkill(proc)
             out = proc.communicate(timeout=60)[0]
         if i:
             before = TOPOLOGIES[plan[i - 1]][0]
@@ -348,6 +372,59 @@ def test_a_slurm_job_requeued_on_fewer_tasks_continues_with_no_config_change(two
     assert ours.keys() == reference.keys() and ours
     for name in ours:
         np.testing.assert_allclose(ours[name], reference[name], rtol=0, atol=1e-5)
+
+
+def worker(run_dir, index, ports, *sets):
+    """Worker `index` of a localhost cluster, started by hand with a run directory of its
+    own (as on machines that do not share one)."""
+    args = [sys.executable, "-m", "tftrain.run", str(QUICKSTART), "--run-dir", str(run_dir),
+            *[a for s in (*SETS, *sets) for a in ("--set", s)]]
+    return subprocess.Popen(args, cwd=ROOT, env={**worker_env(index, ports), "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+@pytest.mark.slow
+def test_workers_whose_checkpoints_differ_restore_the_chiefs_choice_or_stop(tmp_path):
+    """A 2-worker run SIGKILLed, resumed by workers that each see their own copy of the
+    run directory. Worker 1's copy does not list the newest checkpoint: it loads the one
+    the chief chose, and both end on the same weights. Worker 1's copy lacks it: worker 1
+    stops with exit 1 naming the path, before any update."""
+    import shutil
+    sets = ["train.epochs=2"]
+    proc = launch(tmp_path / "a", *sets)
+    import re
+    wait_for_checkpoint(tmp_path / "a" / "quickstart" / "checkpoints", proc, at_least=20)
+    sigkill(proc)
+    proc.communicate(timeout=60)
+    state = (tmp_path / "a" / "quickstart" / "checkpoints" / "checkpoint").read_text()
+    newest = max(int(n) for n in re.findall(r'all_model_checkpoint_paths: "ckpt-(\d+)"', state))
+    for copy in "bcd":
+        shutil.copytree(tmp_path / "a", tmp_path / copy)
+    lagging = tmp_path / "b" / "quickstart" / "checkpoints" / "checkpoint"      # the state file
+    kept = [n for n in re.findall(r'all_model_checkpoint_paths: "ckpt-(\d+)"', lagging.read_text())
+            if int(n) != newest]
+    lagging.write_text(f'model_checkpoint_path: "ckpt-{kept[-1]}"\n' + "".join(
+        f'all_model_checkpoint_paths: "ckpt-{n}"\n' for n in kept))
+    for f in (tmp_path / "d" / "quickstart" / "checkpoints").glob(f"ckpt-{newest}.*"):
+        f.unlink()
+
+    ports = free_ports(2)
+    procs = [worker(tmp_path / "a", 0, ports, *sets), worker(tmp_path / "b", 1, ports, *sets)]
+    runs = [finish(p) for p in procs]
+    assert [code for code, _ in runs] == [0, 0], runs[1][1][-3000:]
+    assert [resumed_at(out) for _, out in runs] == [newest, newest]
+    finals = [line for _, out in runs for line in out.splitlines() if "final weights sha256" in line]
+    assert len(finals) == 2 and finals[0] == finals[1]
+
+    ports = free_ports(2)
+    procs = [worker(tmp_path / "c", 0, ports, *sets), worker(tmp_path / "d", 1, ports, *sets)]
+    code, out = finish(procs[1])
+    os.killpg(procs[0].pid, signal.SIGKILL)          # (the chief waits for its peer)
+    procs[0].communicate(timeout=60)
+    assert code == 1, out[-3000:]
+    assert (f"worker 1 cannot read {tmp_path / 'd' / 'quickstart' / 'checkpoints'}/ckpt-{newest}, "
+            "the checkpoint the chief restored") in out
 
 
 @pytest.mark.slow

@@ -120,6 +120,7 @@ def test_a_resume_on_another_number_of_workers_is_allowed(tmp_path, streams):
     assert open_run_dir(_cfg(tmp_path), topology=one).previous == two
     assert read_topology(tmp_path / "a") == one
     assert recorded_streams(tmp_path / "a") == streams
+    assert describe_topology(one).endswith(", files read as 2 streams") == (streams == 2)
     old = {k: v for k, v in two.items() if k != "streams"}      # recorded before streams
     assert streams_of({**old, "shared_stream": streams == 1}) == streams
 
@@ -129,3 +130,14 @@ def test_a_run_without_a_recorded_topology_resumes_only_with_the_same_config(tmp
     assert read_topology(tmp_path / "a") is None
     with pytest.raises(ConfigError, match="different config"):
         open_run_dir(_cfg(tmp_path, "distribute.virtual_cpus=1"), topology=TOPOLOGY)
+
+
+def test_a_run_directory_moved_elsewhere_resumes_there(tmp_path):
+    """run.dir says where the run is, not what it computes: a run directory copied to
+    other storage resumes from its new place (and says so in its config)."""
+    import shutil
+    open_run_dir(_cfg(tmp_path / "old"), topology=TOPOLOGY)
+    shutil.copytree(tmp_path / "old", tmp_path / "new")
+    moved = open_run_dir(_cfg(tmp_path / "new"), topology=TOPOLOGY)
+    assert moved.resumed and moved.path == tmp_path / "new" / "a"
+    assert f"dir: {tmp_path / 'new'}" in (moved.path / "config.yaml").read_text()

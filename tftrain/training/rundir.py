@@ -38,7 +38,8 @@ def atomic_write(path: Path, text: str) -> None:
 TOPOLOGY_KEYS = {"distribute": ("strategy", "devices", "virtual_cpus", "all_reduce_dtype"),
                  "data": ("per_replica_batch_size",),
                  "train": ("accumulation_steps",),
-                 "run": ("allow_batch_change",)}
+                 # (a run directory moved or mounted elsewhere resumes where it is)
+                 "run": ("allow_batch_change", "dir")}
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,8 @@ def describe_topology(t: dict) -> str:
     return (f"{t['workers']} worker(s), {t['replicas']} replica(s) x {t['per_replica_batch']} "
             f"x {t['accumulation_steps']} accumulation = global batch {t['global_batch']}, "
             f"{t['precision']} with a {t['all_reduce']} all-reduce"
-            + (", loss scaled" if t.get("loss_scaled") else ""))
+            + (", loss scaled" if t.get("loss_scaled") else "")
+            + (f", files read as {streams_of(t)} streams" if streams_of(t) > 1 else ""))
 
 
 def write_summary(run: RunDir, summary: dict) -> None:
