@@ -188,10 +188,25 @@ class MlflowServer:
             assert self.proc.poll() is None, "the MLflow server did not start"
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return f"http://127.0.0.1:{self.port}"
             except OSError:
                 time.sleep(0.2)
+                continue
+            return self._ready(f"http://127.0.0.1:{self.port}")
         raise AssertionError("the MLflow server did not listen in time")
+
+    @staticmethod
+    def _ready(uri: str) -> str:
+        """The server creates its store (sqlite schema migrations, seconds on a loaded
+        machine) on the first request: made here with a long timeout, so the run's own
+        calls (10 s each) meet a ready server."""
+        import urllib.error
+        import urllib.request
+        try:
+            urllib.request.urlopen(f"{uri}/api/2.0/mlflow/experiments/get-by-name?"
+                                   "experiment_name=Default", timeout=180).close()
+        except urllib.error.HTTPError:
+            pass                         # an answer, even "not found": the store is up
+        return uri
 
     def __exit__(self, *exc):
         self.proc.terminate()

@@ -126,7 +126,8 @@ def test_trials_of_two_workers_run_through_the_launcher(tmp_path):
     space = write_space(tmp_path, "pruner: none\nparams:\n"
                                   "  train.optimizer.learning_rate: {low: 0.001, high: 0.01, log: true}\n")
     args = [QUICKSTART, "--space", str(space), "--trials", "1", "--workers", "2", "--dir", str(tmp_path),
-            *[a for s in [*TINY, "train.epochs=1", "distribute.strategy=auto"] for a in ("--set", s)]]
+            *[a for s in [*TINY, "train.epochs=1", "distribute.strategy=auto",
+                          "distribute.virtual_cpus=1"] for a in ("--set", s)]]     # 1 replica each
     assert sweep.main(args) == 0
     rows = _state(tmp_path / "space")
     assert [r["state"] for r in rows] == ["complete"] and float(rows[0]["val_accuracy"]) > 0.2
