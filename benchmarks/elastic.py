@@ -67,13 +67,6 @@ def until_checkpoint(run_dir: Path, topology: str, beyond: int, timeout: float =
         proc.wait()
 
 
-def cpu_features() -> str:
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    found = [f for f in ("avx512_bf16", "amx_bf16", "avx512_vnni", "avx_vnni")
-             if f" {f}" in flags]
-    return ", ".join(found) or "no AVX-512 BF16/VNNI"
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5)
@@ -98,7 +91,7 @@ def main() -> None:
     record.rows([(
         "elastic resume: time from start to the first update's checkpoint, quickstart resumed "
         "after update 10 on another topology (1 replica x 32 x 2 accumulation) / on its own "
-        f"(2 replicas x 32); CPU features: {cpu_features()}",
+        f"(2 replicas x 32); CPU features: {record.cpu_features()}",
         f"{statistics.median(ratios):.2f} (medians {statistics.median(times['changed']):.1f} s vs "
         f"{statistics.median(times['same']):.1f} s, {args.rounds} rounds)")])
 

@@ -4,6 +4,7 @@
 import json
 import os
 import sys
+from pathlib import Path
 
 ENV = "TFTRAIN_BENCHMARK_RESULTS"
 
@@ -21,3 +22,13 @@ def rows(figures: list[tuple[str, str]], command: str | None = None) -> None:
         with open(path, "a") as f:
             for figure, value in figures:
                 f.write(json.dumps({"figure": figure, "value": value, "command": command}) + "\n")
+
+
+def cpu_features() -> str:
+    """The CPU's bfloat16 and int8 instructions, to print beside a speed figure (they flip
+    which precision is fast)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    flags = cpuinfo.read_text() if cpuinfo.exists() else ""
+    found = [f for f in ("avx512_bf16", "amx_bf16", "avx512_vnni", "avx_vnni")
+             if f" {f}" in flags]
+    return ", ".join(found) or "no AVX-512 BF16/VNNI"

@@ -334,17 +334,23 @@ def test_a_killed_launch_on_uneven_file_shards_with_padding_and_augmentation_res
         np.testing.assert_allclose(ours[name], reference[name], rtol=0, atol=1e-5)
 
 
-def srun(run_dir, tasks, rank, port_base, *sets):
-    """Task `rank` of a SLURM job step of `tasks` tasks on this node, as srun starts it."""
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "TF_CONFIG"))},
-           "SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_NTASKS": str(tasks),
-           "SLURM_STEP_NUM_TASKS": str(tasks), "SLURM_PROCID": str(rank),
-           "SLURM_STEP_NODELIST": "localhost", "SLURM_STEP_TASKS_PER_NODE": str(tasks),
-           "TFTRAIN_PORT_BASE": str(port_base), "PYTHONPATH": str(ROOT)}
+def task(run_dir, env, *sets):
+    """One `tftrain.run` process of a cluster, started as a scheduler would with `env`."""
     args = [sys.executable, "-m", "tftrain.run", str(QUICKSTART), "--run-dir", str(run_dir),
             *[a for s in (*SETS, *sets) for a in ("--set", s)]]
-    return subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(args, cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def srun(run_dir, tasks, rank, port_base, *sets):
+    """Task `rank` of a SLURM job step of `tasks` tasks on this node, as srun starts it."""
+    return task(run_dir, {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "TF_CONFIG"))},
+        "SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_NTASKS": str(tasks),
+        "SLURM_STEP_NUM_TASKS": str(tasks), "SLURM_PROCID": str(rank),
+        "SLURM_STEP_NODELIST": "localhost", "SLURM_STEP_TASKS_PER_NODE": str(tasks),
+        "TFTRAIN_PORT_BASE": str(port_base)}, *sets)
 
 
 @pytest.mark.slow
@@ -377,11 +383,7 @@ def test_a_slurm_job_requeued_on_fewer_tasks_continues_with_no_config_change(two
 def worker(run_dir, index, ports, *sets):
     """Worker `index` of a localhost cluster, started by hand with a run directory of its
     own (as on machines that do not share one)."""
-    args = [sys.executable, "-m", "tftrain.run", str(QUICKSTART), "--run-dir", str(run_dir),
-            *[a for s in (*SETS, *sets) for a in ("--set", s)]]
-    return subprocess.Popen(args, cwd=ROOT, env={**worker_env(index, ports), "PYTHONPATH": str(ROOT)},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    return task(run_dir, worker_env(index, ports), *sets)
 
 
 @pytest.mark.slow

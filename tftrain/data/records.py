@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from tftrain.config import ConfigError
 from tftrain.data.batching import EpochLayout
-from tftrain.data.source import (DATASETS, InputSpec, Source, parsed, permutation, shard_updates,
+from tftrain.data.source import (DATASETS, InputSpec, Source, parsed, permutation,
                                  window_shuffle)
 
 CACHE = Path(os.environ.get("TFTRAIN_CACHE", Path.home() / ".cache" / "tftrain"))
@@ -192,22 +192,23 @@ class RecordSource(Source):
         return len(self.train_files) >= workers
 
     def epoch(self, seed, epoch, layout, worker, start_update, shuffle, batch):
-        if not layout.shared_stream:    # FILE: this worker's part of its streams' chunks
-            chunks = []
-            for s, first, size in layout.streams_of(worker):
-                files = self.train_files.take(slice(s, None, layout.streams))
-                files = Files(files.paths, files.skips, self.counts[s::layout.streams])
-                stream = self._stream(files, seed, epoch, start_update * layout.chunk, shuffle)
-                stream = self._padded(stream, (layout.steps() - start_update) * layout.chunk)
-                chunks.append(stream.batch(layout.chunk).map(lambda t, a=first, n=size: t[a:a + n]))
-            if len(chunks) == 1:
-                return chunks[0].unbatch().batch(batch)
-            return tf.data.Dataset.zip(tuple(chunks)).map(
-                lambda *parts: tf.concat(parts, 0)).unbatch().batch(batch)
-        files = Files(self.train_files.paths, self.train_files.skips, self.counts)
-        stream = self._stream(files, seed, epoch, start_update * layout.global_batch, shuffle)
-        stream = self._padded(stream, (layout.steps() - start_update) * layout.global_batch)
-        return shard_updates(stream, layout, worker, batch)
+        """Pipeline `worker`'s part of every update (`EpochLayout.streams_of`): its share
+        of the one stream, or (FILE sharding) whole streams of its own side by side, or
+        its part of one stream's chunk."""
+        chunk, steps = layout.chunk, layout.steps()
+        parts = []
+        for s, first, size in layout.streams_of(worker):
+            files = self.train_files.take(slice(s, None, layout.streams))
+            files = Files(files.paths, files.skips, self.counts[s::layout.streams])
+            stream = self._padded(self._stream(files, seed, epoch, start_update * chunk, shuffle),
+                                  (steps - start_update) * chunk)
+            if size < chunk:               # this pipeline's part of each update's chunk
+                stream = stream.batch(size).shard(chunk // size, first // size).unbatch()
+            parts.append(stream)
+        if len(parts) == 1:
+            return parts[0].batch(batch)
+        return tf.data.Dataset.zip(tuple(p.batch(chunk) for p in parts)).map(
+            lambda *chunks: tf.concat(chunks, 0)).unbatch().batch(batch)
 
     @staticmethod
     def _padded(stream, slots: int):

@@ -148,24 +148,24 @@ class StageRunner:
             raise ConfigError(f"the checkpoint of stage {stage.name} counts updates of {old} "
                               f"examples, this run's global batch is {new}; set "
                               f"train.global_batch_size: {old}, or run.allow_batch_change: true")
-        before = replace(self.plan.layout, global_batch=old).steps()
-        epoch, done = divmod(start, before)
-        moved = epoch * self.steps_per_epoch + done * old // new
+        epoch, done = divmod(start, replace(self.plan.layout, global_batch=old).steps())
+        examples = done * old                    # into the epoch, all trained on
+        moved = epoch * self.steps_per_epoch + examples // new
         ckpt.position.assign(moved)
         optimizer.iterations.assign(max(0, int(optimizer.iterations.numpy()) + moved - start))
         factor = rates.learning_rate_state(optimizer)
         factor.assign(factor * (new / old))
         change = {"stage": stage.name, "from_global_batch": old, "to_global_batch": new,
-                  "epoch": epoch, "examples_into_epoch": done * old,
+                  "epoch": epoch, "examples_into_epoch": examples,
                   "from_update": start, "to_update": moved,
-                  "examples_trained_again": done * old - (done * old // new) * new,
+                  "examples_trained_again": examples % new,
                   "learning_rate_scale": new / old}
         self.batch_changes.append(change)
         if self.chief:
             atomic_write(self.run.path / "batch_changes.json",
                          json.dumps(self.batch_changes, indent=2) + "\n")
         print(f"global batch {old} -> {new} (run.allow_batch_change): update {start} of "
-              f"{old} becomes update {moved} of {new}, at example {done * old} of epoch "
+              f"{old} becomes update {moved} of {new}, at example {examples} of epoch "
               f"{epoch + 1} ({change['examples_trained_again']} trained again); learning rate "
               f"x {new / old:g}; the result is not the uninterrupted run's", flush=True)
         return moved

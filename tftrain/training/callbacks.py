@@ -89,7 +89,7 @@ def restore_chosen(checkpoint: tf.train.Checkpoint, directory, chosen: int, loss
     path = str(Path(directory) / f"ckpt-{chosen}")
     try:
         return restore(checkpoint, path, loss_scale, optional)
-    except (tf.errors.OpError, ValueError, AssertionError, IndexError, OSError) as err:
+    except UNREADABLE as err:
         raise RuntimeError(f"worker {worker} cannot read {path}, the checkpoint the chief "
                            f"restored ({_reason(err)}); every worker must see the chief's "
                            "checkpoints (a shared run directory)") from None
