@@ -248,9 +248,10 @@ def placed_step(devices: int, policy: str = "float32", accumulation: int = 2) ->
     variables = model.trainable_variables
     sums = {n.name: (_device(n.device), _device(variables[int(m.group(1))].device))
             for n in nodes for m in [re.search(r"gradient_sum_(\d+)$", n.name)] if m}
-    # the optimizer's update of a weight ends in AssignSubVariableOp (w -= step) on it
-    updates = {n.name: _device(n.device) for n in nodes if n.op == "AssignSubVariableOp"
-               and "iterations" not in n.name}
+    # the optimizer's update of a weight: one fused ResourceApplyAdam on it
+    # (`tftrain.optim.fused`), or a plain op path's AssignSubVariableOp (w -= step)
+    updates = {n.name: _device(n.device) for n in nodes
+               if n.op in ("ResourceApplyAdam", "AssignSubVariableOp") and "iterations" not in n.name}
     precision.apply_policy("float32")
     return {"unplaced": unplaced, "sums": sums, "stages": len(set(layout.stage)),
             "update_devices": sorted(set(updates.values())),
