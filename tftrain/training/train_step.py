@@ -15,6 +15,11 @@ and after `apply_gradients`, in cross-replica context through one `merge_call` e
 they see optimizer updates rather than forward passes. Models whose forward pass itself
 synchronises replicas (QAT's moving-average ranges) cannot run inside the while loop
 (`merge_call` is not allowed in control flow): `unroll=True` loops in Python instead.
+
+The step's own code holds no Python control flow on tensors (its loops are
+`tf.while_loop`s), so its functions are traced without autograph: autograph rewrote the
+step's Python source on every process's first trace (2-3 s of each run's start). Layers,
+losses and metrics keep autograph (Keras converts their `call` itself).
 """
 from __future__ import annotations
 
@@ -166,7 +171,7 @@ class TrainModel(keras.Model):
         compiled = self.__dict__.setdefault("_xla_gradients", {})
         if key not in compiled:
             compiled[key] = tf.function(self._replica_gradients, jit_compile=True,
-                                        reduce_retracing=True)
+                                        reduce_retracing=True, autograph=False)
         return compiled[key](x, y, sample_weight)
 
     # `train.steps_per_execution: auto` changes the steps per call during training
@@ -184,8 +189,8 @@ class TrainModel(keras.Model):
 
         def train_function(iterator):   # code of its own: TensorFlow counts traces by code
             return calls(iterator)
-        self.train_function = self.train_tf_function = tf.function(train_function,
-                                                                   reduce_retracing=True)
+        self.train_function = self.train_tf_function = tf.function(
+            train_function, reduce_retracing=True, autograph=False)
         return self.train_function
 
     def make_test_function(self, force=False):
@@ -197,8 +202,8 @@ class TrainModel(keras.Model):
 
         def test_function(iterator):
             return calls(iterator)
-        self.test_function = self.test_tf_function = tf.function(test_function,
-                                                                 reduce_retracing=True)
+        self.test_function = self.test_tf_function = tf.function(
+            test_function, reduce_retracing=True, autograph=False)
         return self.test_function
 
     def _traced_once(self, resizable: bool) -> bool:
@@ -223,8 +228,11 @@ class TrainModel(keras.Model):
                 counter.assign_add(1)
 
         def function(iterator):
-            for _ in tf.range(self._steps_per_execution):
+            def body(i):
                 strategy.run(run_step, args=(next(iterator),))
+                return i + 1
+            steps = self._steps_per_execution
+            tf.while_loop(lambda i: i < steps, body, [tf.constant(0, steps.dtype)])
             return reduce_per_replica(strategy.run(results), strategy,
                                       reduction=self.distribute_reduction_method)
         return function

@@ -126,7 +126,7 @@ def _on_replicas(strategy, value):
 
 
 def _probe(strategy, gradients):
-    @tf.function
+    @tf.function(autograph=False)            # as the train function (train_step.py)
     def probe(x, y, weight):
         return strategy.run(gradients, args=(x, y, weight))
     return probe
