@@ -37,7 +37,7 @@ def quickstart_run(tmp_path_factory):
     """`python -m tftrain.run configs/quickstart.yaml` as README runs it: (run path, what
     it printed as {"stdout", "stderr"})."""
     def build(out):
-        proc = cli(QUICKSTART, "--run-dir", out)
+        proc = cli(QUICKSTART, "--run-dir", out, fresh=True)     # README's command, as typed
         assert proc.returncode == 0, proc.stderr[-3000:]
         return {"stdout": proc.stdout, "stderr": proc.stderr}
     out, printed = shared_run(tmp_path_factory, "quickstart", build)

@@ -22,6 +22,9 @@ CONFIGS = ROOT / "configs"
 QUICKSTART = CONFIGS / "quickstart.yaml"
 COMPRESS = CONFIGS / "compress.yaml"
 VIRTUAL_CPUS = 2
+# TFTRAIN_TEST_FRESH=1: every run a new interpreter, no fork server (to compare, or to
+# rule the fork server out)
+FRESH = os.environ.get("TFTRAIN_TEST_FRESH") == "1"
 
 
 def sets(*overrides) -> list[str]:
@@ -29,11 +32,34 @@ def sets(*overrides) -> list[str]:
     return [a for s in overrides for a in ("--set", str(s))]
 
 
-def cli(*args, cwd=None, timeout=600, env=None):
-    """Run `python -m tftrain.run ...` in a fresh process."""
+def cli(*args, cwd=None, timeout=600, env=None, fresh=False):
+    """Run `python -m tftrain.run ...` in a process of its own and wait for it: forked from
+    a process that has imported TensorFlow already (`forkserver.py`), or with
+    `fresh=True` a new interpreter (for what happens before TensorFlow is imported)."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "tftrain.run", *map(str, args)], cwd=cwd,
-                          env=full_env, capture_output=True, text=True, timeout=timeout)
+    if fresh or FRESH:
+        return subprocess.run([sys.executable, "-m", "tftrain.run", *map(str, args)], cwd=cwd,
+                              env=full_env, capture_output=True, text=True, timeout=timeout)
+    proc = start_run(*args, cwd=cwd, env=full_env)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate(timeout=60)
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def start_run(*args, cwd=ROOT, env=None, stdout=subprocess.PIPE, stderr=subprocess.PIPE):
+    """Start `python -m tftrain.run ...` (forked from a process that has imported
+    TensorFlow, `forkserver.py`) and return its `Popen`-like handle: for tests that signal
+    or kill a run while it trains."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)} if env is None else env
+    if FRESH:
+        return subprocess.Popen([sys.executable, "-m", "tftrain.run", *map(str, args)], cwd=cwd,
+                                env=env, stdout=stdout, stderr=stderr, text=True)
+    from forkserver import ForkedRun
+    return ForkedRun([str(a) for a in args], cwd=cwd, env=env, stdout=stdout, stderr=stderr)
 
 
 def saved_model_cli(*args, timeout=300):

@@ -12,7 +12,8 @@ import pytest
 import tensorflow as tf
 
 from helpers import (COMPRESS, QUICKSTART, ROOT, cli, model_weights, quick_config, resumed_at,
-                     saved_model_cli_show_and_run, shared_run, wait_for_checkpoint)
+                     saved_model_cli_show_and_run, shared_run, start_run,
+                     wait_for_checkpoint)
 from tftrain.run import main, run
 
 
@@ -148,7 +149,10 @@ def test_missing_config_file_exits_2(tmp_path, capsys):
 
 
 def test_real_cli_config_error_has_no_traceback(tmp_path):
-    proc = cli(QUICKSTART, "--run-dir", tmp_path, "--set", "train.acumulation_steps=2")
+    """A new interpreter, as a user starts it (a config error exits before TensorFlow is
+    imported, so it costs under a second)."""
+    proc = cli(QUICKSTART, "--run-dir", tmp_path, "--set", "train.acumulation_steps=2",
+               fresh=True)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (
         f"tftrain: config error: {QUICKSTART}: train.acumulation_steps: unknown key; "
@@ -267,7 +271,7 @@ def test_dry_run_shows_the_compression_stages(tmp_path, capsys):
 
 
 def test_schema_flag_prints_json_schema():
-    proc = cli("--schema")
+    proc = cli("--schema", fresh=True)          # a new interpreter: no TensorFlow imported
     assert proc.returncode == 0
     assert set(json.loads(proc.stdout)["properties"]) >= {"run", "distribute", "train"}
 
@@ -283,9 +287,8 @@ RESUME_SETS = [f"train.epochs={RESUME_EPOCHS}", "train.checkpoint.every=10", "ex
 
 
 def _start(tmp_path, *sets):
-    args = [sys.executable, "-m", "tftrain.run", str(QUICKSTART), "--run-dir", str(tmp_path),
-            *[a for s in (*RESUME_SETS, *sets) for a in ("--set", s)]]
-    return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return start_run(QUICKSTART, "--run-dir", tmp_path,
+                     *[a for s in (*RESUME_SETS, *sets) for a in ("--set", s)])
 
 
 @pytest.mark.slow
@@ -313,7 +316,10 @@ def test_killed_augmented_run_resumes_exactly(tmp_path, uninterrupted):
     assert last <= resumed < planned
     summary = json.loads((tmp_path / "quickstart" / "summary.json").read_text())
     assert summary["steps"] == planned
-    assert summary["metrics"]["val_accuracy"] >= 0.95 and "val_accuracy" in summary["raw_metrics"]
+    # it trained (chance is 0.1): 8 epochs of crops, affine draws and dropout got 257 or more
+    # of the 270 examples right with tf_keras' update ops, 256 with the fused ones (one
+    # example, rounding); whether it resumed exactly is the weights' check below
+    assert summary["metrics"]["val_accuracy"] >= 0.94 and "val_accuracy" in summary["raw_metrics"]
     # Weights, weight averages, optimizer, schedule, data position, augmentation and
     # dropout RNG all resumed exactly.
     ours, reference = model_weights(tmp_path / "quickstart"), model_weights(uninterrupted)
@@ -344,10 +350,8 @@ def test_a_killed_run_resumes_on_another_number_of_replicas_to_the_same_weights(
     assert reference.returncode == 0, reference.stderr[-3000:]
     checkpoints, last = tmp_path / "quickstart" / "checkpoints", 0
     for replicas, at_least in ((2, 20), (1, 50)):
-        args = [sys.executable, "-m", "tftrain.run", str(QUICKSTART), "--run-dir", str(tmp_path),
-                *[a for s in ELASTIC_SETS + ON[replicas] for a in ("--set", s)]]
-        proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
+        proc = start_run(QUICKSTART, "--run-dir", tmp_path,
+                         *[a for s in ELASTIC_SETS + ON[replicas] for a in ("--set", s)])
         last = wait_for_checkpoint(checkpoints, proc, at_least=at_least)
         proc.send_signal(signal.SIGKILL)
         out, err = proc.communicate(timeout=120)
@@ -378,10 +382,8 @@ def test_a_resume_that_adds_or_removes_loss_scaling_restores_and_trains_on(tmp_p
     sets = [*ELASTIC_SETS, "train.epochs=3", "train.checkpoint.every=5"]
     checkpoints, last = tmp_path / "quickstart" / "checkpoints", 0
     for wire, at_least in (("float32", 10), ("float16", 35)):
-        args = [sys.executable, "-m", "tftrain.run", str(QUICKSTART), "--run-dir", str(tmp_path),
-                *[a for s in sets + [f"distribute.all_reduce_dtype={wire}"] for a in ("--set", s)]]
-        proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
+        proc = start_run(QUICKSTART, "--run-dir", tmp_path, *[
+            a for s in sets + [f"distribute.all_reduce_dtype={wire}"] for a in ("--set", s)])
         saved = wait_for_checkpoint(checkpoints, proc, at_least=at_least)
         proc.send_signal(signal.SIGKILL)
         out, err = proc.communicate(timeout=120)
@@ -413,9 +415,7 @@ def test_a_resume_that_would_change_the_global_batch_exits_2_or_trains_on_when_a
     run.allow_batch_change it resumes at the same example of the epoch (update s of 64 is
     update 2s of 32), the learning rate halved, and summary.json records the change."""
     sets = [a for s in ELASTIC_SETS + ["train.epochs=2"] for a in ("--set", s)]
-    proc = subprocess.Popen([sys.executable, "-m", "tftrain.run", str(QUICKSTART), "--run-dir",
-                             str(tmp_path), *sets], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = start_run(QUICKSTART, "--run-dir", tmp_path, *sets)
     wait_for_checkpoint(tmp_path / "quickstart" / "checkpoints", proc, at_least=30)
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=120)
@@ -769,9 +769,7 @@ def test_user_dataset_trains_and_resumes_after_sigkill(tmp_path, capsys):
     args = lambda out: [str(QUICKSTART), "--run-dir", str(out), *[a for s in USER_SETS for a in ("--set", s)]]  # noqa: E731
     assert main(args(tmp_path / "whole")) == 0
     assert "(your tf.data pipeline)" in capsys.readouterr().out
-    proc = subprocess.Popen([sys.executable, "-m", "tftrain.run", *map(str, args(tmp_path / "cut"))],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    proc = start_run(*args(tmp_path / "cut"))
     wait_for_checkpoint(tmp_path / "cut" / "quickstart" / "checkpoints", proc, at_least=30)
     proc.kill()
     proc.communicate(timeout=60)

@@ -2,12 +2,10 @@
 restart, params, summary and artifacts; read back with MlflowClient from a local store."""
 
 import json
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
-from helpers import ROOT, cli, wait_for_checkpoint
+from helpers import ROOT, cli, start_run, wait_for_checkpoint
 from mlflow.tracking import MlflowClient
 
 from tftrain.training.tracking import EpochMetrics, flat_params
@@ -141,8 +139,7 @@ def test_a_killed_and_resumed_run_is_one_mlflow_run_with_each_epoch_once(tmp_pat
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     sets = [*SETS, f"tracking.mlflow={{uri: '{uri}', experiment: resumed}}"]
     args = [str(QUICKSTART), "--run-dir", str(tmp_path), *[a for s in sets for a in ("--set", s)]]
-    proc = subprocess.Popen([sys.executable, "-m", "tftrain.run", *args], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_run(*args)
     saved = wait_for_checkpoint(tmp_path / "quickstart" / "checkpoints", proc, at_least=60)
     proc.kill()
     proc.communicate(timeout=60)

@@ -16,10 +16,8 @@ they see optimizer updates rather than forward passes. Models whose forward pass
 synchronises replicas (QAT's moving-average ranges) cannot run inside the while loop
 (`merge_call` is not allowed in control flow): `unroll=True` loops in Python instead.
 
-The step's own code holds no Python control flow on tensors (its loops are
-`tf.while_loop`s), so its functions are traced without autograph: autograph rewrote the
-step's Python source on every process's first trace (2-3 s of each run's start). Layers,
-losses and metrics keep autograph (Keras converts their `call` itself).
+The step has no Python control flow on tensors: it is traced without autograph (2-3 s less
+per process), while Keras still converts layers' `call`.
 """
 from __future__ import annotations
 
@@ -216,9 +214,8 @@ class TrainModel(keras.Model):
     def _calls(self, step, counter, results):
         """Keras' multi-step function (`steps_per_execution` steps per call) with the
         step traced once. Keras' own loop carries the step's outputs, undefined before
-        its first iteration, so autograph traces the step a second time to learn their
-        structure: every stage paid its step's tracing twice. The step's outputs are
-        metric results, read from the metric variables: here they are read once, after
+        its first iteration, so autograph traces the step twice to learn their structure.
+        The outputs are metric results, read from the metric variables: here once, after
         the loop (`results`, in replica context)."""
         strategy = self.distribute_strategy
 
