@@ -41,6 +41,7 @@ SCRIPTS = {
     "applications": [],
     "sweep": ["--trials", "8", "--seeds", "3"],
     "elastic": ["--rounds", "5"],
+    "first_step": ["--rounds", "3"],
 }
 
 
