@@ -33,14 +33,9 @@ def sets(*overrides) -> list[str]:
 
 
 def cli(*args, cwd=None, timeout=600, env=None, fresh=False):
-    """Run `python -m tftrain.run ...` in a process of its own and wait for it: forked from
-    a process that has imported TensorFlow already (`forkserver.py`), or with
-    `fresh=True` a new interpreter (for what happens before TensorFlow is imported)."""
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    if fresh or FRESH:
-        return subprocess.run([sys.executable, "-m", "tftrain.run", *map(str, args)], cwd=cwd,
-                              env=full_env, capture_output=True, text=True, timeout=timeout)
-    proc = start_run(*args, cwd=cwd, env=full_env)
+    """Run `python -m tftrain.run ...` in a process of its own (`start_run`) and wait for it."""
+    proc = start_run(*args, cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+                     fresh=fresh)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -50,12 +45,14 @@ def cli(*args, cwd=None, timeout=600, env=None, fresh=False):
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def start_run(*args, cwd=ROOT, env=None, stdout=subprocess.PIPE, stderr=subprocess.PIPE):
-    """Start `python -m tftrain.run ...` (forked from a process that has imported
-    TensorFlow, `forkserver.py`) and return its `Popen`-like handle: for tests that signal
-    or kill a run while it trains."""
+def start_run(*args, cwd=ROOT, env=None, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+              fresh=False):
+    """Start `python -m tftrain.run ...` and return its `Popen`-like handle: forked from a
+    process that has imported TensorFlow already (`forkserver.py`), or with `fresh=True`
+    (or TFTRAIN_TEST_FRESH=1) a new interpreter, for what happens before TensorFlow is
+    imported."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)} if env is None else env
-    if FRESH:
+    if fresh or FRESH:
         return subprocess.Popen([sys.executable, "-m", "tftrain.run", *map(str, args)], cwd=cwd,
                                 env=env, stdout=stdout, stderr=stderr, text=True)
     from forkserver import ForkedRun

@@ -150,14 +150,6 @@ def _sizes(blob: bytes) -> dict:
     return {"size_bytes": len(blob), "gzip_bytes": len(gzip.compress(blob, 9))}
 
 
-def _eager_logits(model, x, batch: int = 256) -> np.ndarray:
-    """`model`'s logits on `x`, called eagerly a batch at a time: the reference every
-    artifact is compared with, without tracing a predict function for it (as long as the
-    SavedModel's own trace for a MobileNetV2, 2-3 s)."""
-    return np.concatenate([np.asarray(model(x[i:i + batch], training=False), np.float32)
-                           for i in range(0, len(x), batch)])
-
-
 def _dir_bytes(path: Path) -> bytes:
     return b"".join(p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file())
 
@@ -180,7 +172,10 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None) 
     x_val, y_val = (np.concatenate(parts) for parts in zip(
         *val_dataset(source, BatchPlan(1024, 1, 1), data_cfg).as_numpy_iterator()))
     plain = inference_model(model)
-    reference = _eager_logits(plain, x_val)
+    # the model called eagerly, batch by batch: no predict function traced for the
+    # reference (as long as the SavedModel's own trace: 2-3 s for a MobileNetV2)
+    reference = signature_logits(
+        lambda inputs: {"logits": tf.cast(plain(inputs, training=False), tf.float32)}, x_val)
     serving = source.spec.serving
     saved = _write_saved_model(plain, out / "saved_model", serving)
     loaded = tf.saved_model.load(str(saved)).signatures["serving_default"]
