@@ -77,9 +77,12 @@ def fortunes(tmp_path_factory):
 
 
 def pytest_xdist_auto_num_workers(config):
-    """`-n auto`: a worker per CPU this process may use, at most 4 (each holds a TensorFlow
-    runtime and starts training processes of its own)."""
-    return max(1, min(len(os.sched_getaffinity(0)), 4))
+    """`-n auto`: a worker per CPU this process may use and one more, at most 4 (each
+    holds a TensorFlow runtime and starts training processes of its own). Two workers on
+    2 cores kept the CPUs 76% busy (2,035 CPU-s in 1,341 s): a worker is often waiting,
+    on a process it started, a retry's back-off, a port or a poll; a third kept them 93%
+    busy and the whole suite took 1,061 s instead (same tree, same machine)."""
+    return max(1, min(len(os.sched_getaffinity(0)) + 1, 4))
 
 
 # seconds each test took when last run here (setup, call and teardown), kept in pytest's
@@ -104,12 +107,11 @@ def estimate(item, known: dict) -> float:
 def pytest_collection_modifyitems(config, items):
     """Slow tests first, longest first; then the rest in file order (their module
     fixtures built once per worker). With `--dist worksteal` (pyproject's addopts) the
-    first worker starts on the slow tests, longest first, while the other runs short
-    in-process ones (two workers both starting training processes slow each other down
-    more than twice: handing tests out one by one, longest first, took 2,447 s against
-    2,401 s), and a worker that runs out takes from the tail of another's queue: the run
-    ends on short tests that even out the workers, not on one long run while the others
-    idle."""
+    first worker starts on the slow tests, longest first, while the others run short
+    in-process ones (handing tests out one by one, longest first, took 2,447 s against
+    2,401 s with two workers), and a worker that runs out takes from the tail of
+    another's queue: the run ends on short tests that even out the workers, not on one
+    long run while the others idle."""
     cache = getattr(config, "cache", None)          # (None under -p no:cacheprovider)
     known = cache.get(DURATIONS, {}) if cache is not None else {}
     slow = sorted((item for item in items if item.get_closest_marker("slow")),
