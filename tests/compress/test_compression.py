@@ -245,3 +245,57 @@ def test_prune_preserving_qat_keeps_the_zeros_of_depthwise_kernels(tmp_path, bat
     depthwise, = [w for name, w in artifacts.tflite_weights(blob).items()
                   if "depthwise" in name and w.ndim == 4 and w.dtype == np.int8]
     assert float(np.mean(depthwise == 0)) == 0.5
+
+
+def test_calibrated_ranges_are_the_min_and_max_each_quantizer_sees():
+    """Before the first QAT update every activation range (the input's, each layer's
+    output) is the min and max, 0 included, of what the float model computes there on the
+    calibration batches: not tfmot's [-6, 6], which would clip inputs scaled by 20.
+    Calibration runs with float kernels, as post-training calibration does."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8, 8, 1))
+    h = keras.layers.Conv2D(4, 3, activation="relu", name="conv")(inputs)
+    h = keras.layers.Flatten(name="flat")(h)
+    net = keras.Model(inputs, keras.layers.Dense(10, name="logits")(h))
+    cfg = load_config(None, ["compression.quantization.enabled=true"]).compression.quantization
+    q = quantization.quantize_model(net, cfg, preserve_sparsity=False)
+    x = data(96)[0] * 20.0
+    assert quantization.calibrate_ranges(q, [x[i:i + 32] for i in range(0, 96, 32)]) == 3
+    conv, logits = keras.Model(net.inputs, [net.get_layer("conv").output,
+                                            net.get_layer("logits").output]).predict(x, verbose=0)
+    expected = [(min(x.min(), 0), max(x.max(), 0)),          # the input (tfmot's QuantizeLayer)
+                (0.0, conv.max()), (min(logits.min(), 0), logits.max())]
+    ranges = quantization.range_variables(q)
+    assert len(ranges) == 2 * len(expected)
+    for layer, (low, high) in zip([q.layers[1], q.get_layer("quant_conv"),
+                                   q.get_layer("quant_logits")], expected):
+        found = [float(v.numpy()) for v in ranges if any(v is w for w in layer.weights)]
+        np.testing.assert_allclose(found, [low, high], rtol=1e-5, atol=1e-6, err_msg=layer.name)
+
+
+def test_a_training_mode_pass_with_ranges_held_moves_batch_norm_statistics_and_no_range():
+    """Batch-norm re-estimation at the end of QAT, under MirroredStrategy: the statistics
+    are those of the QAT model's own batch-norm inputs (fake-quantized as in inference)
+    and every other variable, each range among them, stays as trained."""
+    from tftrain.optim.averaging import recalibrate_batch_norm
+    keras.utils.set_random_seed(0)
+    with mirrored().scope():
+        inputs = keras.Input((8, 8, 1))
+        h = keras.layers.Conv2D(4, 3, name="conv")(inputs)
+        h = keras.layers.BatchNormalization(name="bn")(h)
+        h = keras.layers.ReLU(name="relu")(keras.layers.Flatten(name="flat")(h))
+        net = keras.Model(inputs, keras.layers.Dense(10, name="logits")(h))
+        cfg = load_config(None, ["compression.quantization.enabled=true"]).compression.quantization
+        q = quantization.quantize_model(net, cfg, preserve_sparsity=False)
+    x = data(64)[0] * 3.0 + 1.0
+    quantization.calibrate_ranges(q, [x])
+    before = {v.name: v.numpy() for v in q.weights if "moving" not in v.name}
+    with quantization.ranges_held():
+        assert recalibrate_batch_norm(q, [x[:32], x[32:]]) == 2
+    bn = [layer for layer in q._flatten_layers() if isinstance(layer, keras.layers.BatchNormalization)]
+    seen = keras.Model(q.inputs, q.get_layer("quant_conv").output).predict(x, verbose=0)
+    np.testing.assert_allclose(bn[0].moving_mean.numpy(), seen.mean(axis=(0, 1, 2)), rtol=0, atol=1e-5)
+    assert len(before) > 10
+    for name, value in before.items():
+        np.testing.assert_array_equal([v for v in q.weights if v.name == name][0].numpy(), value,
+                                      err_msg=name)

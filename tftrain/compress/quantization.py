@@ -7,6 +7,8 @@ models' own layers) are `qat_configs.py`.
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import tensorflow_model_optimization as tfmot
 
@@ -177,6 +179,95 @@ def _keep_zeros(quantized, pruned) -> None:
                                     initializer=keras.initializers.Ones(), dtype=weight.dtype)
             mask.assign(zeros.astype(weight.dtype.as_numpy_dtype))
             variables["sparsity_mask"] = mask
+
+
+def calibrate_ranges(model, batches) -> int:
+    """Set every activation range of a QAT model (tfmot's moving-average and all-values
+    quantizers: layer outputs and the model's input) to the min and max of the values it
+    sees on `batches` (with 0 inside, as TFLite needs), as post-training calibration
+    would: the model runs in inference mode with nothing quantized (float kernels, float
+    activations), so batch-norm statistics stay. Returns the batches used.
+
+    tfmot starts every range at [-6, 6] and moves it by an EMA of decay 0.999 per update:
+    after a QAT stage of a few dozen updates the ranges are still about [-6, 6], which
+    clips MFCCs of -200..40 to 8 bits of [-6, 6] and spends most of the levels of a [0, 1]
+    input or a ReLU output of [0, 2] on values that never occur (an input's range only
+    ever widens). Call before the first QAT update; a resumed stage restores its ranges
+    from the checkpoint."""
+    import tensorflow as tf
+    from tensorflow_model_optimization.python.core.quantization.keras import quantizers
+
+    seen: dict[int, list] = {}           # id(min variable) -> [min_var, max_var, low, high]
+
+    def record(self, inputs, training, weights, **kwargs):
+        low_var, high_var = weights["min_var"], weights["max_var"]
+        axes = None if low_var.shape.rank == 0 else list(range(inputs.shape.rank - 1))
+        low = tf.reduce_min(inputs, axis=axes).numpy()
+        high = tf.reduce_max(inputs, axis=axes).numpy()
+        entry = seen.setdefault(id(low_var), [low_var, high_var, low, high])
+        entry[2], entry[3] = np.minimum(entry[2], low), np.maximum(entry[3], high)
+        return inputs
+
+    def float_through(self, inputs, training, weights, **kwargs):
+        return inputs
+
+    activations = (quantizers.MovingAverageQuantizer, quantizers.AllValuesQuantizer)
+    used = 0
+    with _quantizers_replaced(lambda cls, call: record if issubclass(cls, activations)
+                              else float_through):
+        for used, batch in enumerate(batches, start=1):
+            model(batch[0] if isinstance(batch, tuple) else batch, training=False)
+    for low_var, high_var, low, high in seen.values():
+        low_var.assign(np.minimum(low, 0.0).astype(np.float32).reshape(low_var.shape))
+        high_var.assign(np.maximum(high, 0.0).astype(np.float32).reshape(high_var.shape))
+    return used
+
+
+def ranges_held():
+    """A context inside which every tfmot quantizer computes as in inference
+    (fake-quantized with its stored range, pruned zeros masked) whatever the `training`
+    flag, so a training-mode pass (batch-norm re-estimation) moves no range;
+    training-mode quantizers would also update their ranges from a cross-replica
+    context, which MirroredStrategy refuses."""
+    def held(cls, call):
+        return lambda self, inputs, training, weights, **kwargs: call(self, inputs, False,
+                                                                      weights, **kwargs)
+    return _quantizers_replaced(held)
+
+
+@contextlib.contextmanager
+def _quantizers_replaced(replacement):
+    """Inside: each tfmot quantizer class's `__call__` is `replacement(cls, its own)`."""
+    from tensorflow_model_optimization.python.core.quantization.keras import quantizers
+
+    classes, pending = [], [quantizers.Quantizer]
+    while pending:
+        cls = pending.pop()
+        pending += cls.__subclasses__()
+        if "__call__" in cls.__dict__:
+            classes.append((cls, cls.__dict__["__call__"]))
+    try:
+        for cls, call in classes:
+            cls.__call__ = replacement(cls, call)
+        yield
+    finally:
+        for cls, call in classes:
+            cls.__call__ = call
+
+
+def range_variables(model) -> list:
+    """The activation range variables of a QAT model (what `calibrate_ranges` sets and a
+    training-mode pass moves): its input quantizer's, and each wrapper's around its
+    activation and its outputs."""
+    found = []
+    for layer in model.layers:
+        groups = [getattr(layer, "quantizer_vars", None),        # tfmot's QuantizeLayer
+                  getattr(layer, "_output_quantizer_vars", None)]
+        for activation in getattr(layer, "_quantize_activations", []):
+            groups += [getattr(activation, "_pre_activation_vars", None),
+                       getattr(activation, "_post_activation_vars", None)]
+        found += [v for group in groups if group for v in group.values()]
+    return found
 
 
 def quantized_kernels(model) -> dict[str, np.ndarray]:

@@ -291,6 +291,9 @@ class QuantizationConfig(Strict):
     epochs: int = Field(2, ge=1)
     learning_rate: Optional[float] = Field(None, gt=0)   # default: train's / 10
     skip_unsupported: bool = False     # leave layers tfmot cannot quantize in float
+    # activation ranges set from this many training batches before the first QAT update
+    # (auto: about 2,000 examples; 0: tfmot's [-6, 6] start, moved by an EMA of 0.999)
+    calibration_batches: Union[Literal["auto"], Annotated[int, Field(ge=0)]] = "auto"
 
 
 class StudentConfig(Strict):

@@ -7,6 +7,7 @@ A stage's life, in the order `run.py` drives it:
    and return the model the next stage will get (training builds it here).
 2. `build(net, ctx)`: inside the strategy scope, under the stage's own `precision`: the
    network it trains, its update hooks and callbacks (a `Built`).
+   `begin(built, batches)`: once, before its first update (QAT calibrates its ranges).
 3. the shared runner fits it (`StageRunner`: checkpoints, resume, preemption,
    non-finite losses, logs) and evaluates it.
 4. `finalize(built, result, ctx)`: strip, swap in averages, measure; returns the model
@@ -18,6 +19,7 @@ Adding a stage: a module with a `Stage` subclass and one line in `stages/__init_
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -95,9 +97,19 @@ class Stage:
     def build(self, net, ctx) -> Built:
         raise NotImplementedError
 
+    def begin(self, built: Built, batches) -> str:
+        """Before the stage's first update (not on a resume: its checkpoint holds what
+        this sets up). `batches(n)`: n training batches, the same on every worker and
+        rerun (`n=None`: about 2,000 examples). Returns a line to print ("": none)."""
+        return ""
+
     def finalize(self, built: Built, result: dict, ctx):
         """The model the next stage or the export gets."""
         return built.net
+
+    def recalibrating(self):
+        """The context batch-norm statistics are re-estimated in, at the stage's end."""
+        return contextlib.nullcontext()
 
     def describe(self, ctx) -> str:
         return (f"stage {self.name}: {self.epochs} epochs = {self.updates} updates at "

@@ -12,10 +12,6 @@ class QAT(Stage):
     section = "compression.quantization"
     quantization_aware = True
     unroll = True      # the fake-quant ranges synchronise replicas in the forward pass
-    # no re-estimation: a training-mode pass would also move the quantization ranges (and
-    # needs the replicas' merge_call); QAT starts from the previous stage's re-estimated
-    # statistics and its few updates barely move them
-    recalibrates = False
 
     def precision(self, ctx):
         return ctx.precision.with_policy("float32", distribute=self.cfg.distribute,
@@ -34,6 +30,23 @@ class QAT(Stage):
         with self.precision(ctx).scope():
             quantized = quantization.quantize_configured(artifacts.inference_model(net), self.cfg)
         return Built(quantized)
+
+    def begin(self, built: Built, batches) -> str:
+        """Activation ranges from calibration batches (`quantization.calibrate_ranges`),
+        not tfmot's [-6, 6]: what a short QAT stage would otherwise train and export."""
+        from tftrain.compress import quantization
+
+        n = self.cfg.compression.quantization.calibration_batches
+        if n == 0:
+            return "activation ranges start at tfmot's [-6, 6] (calibration_batches: 0)"
+        used = quantization.calibrate_ranges(built.net, batches(None if n == "auto" else n))
+        return f"activation ranges calibrated on {used} training batches"
+
+    def recalibrating(self):
+        """Batch norm re-estimated with every quantizer held at its range: the statistics
+        follow the QAT weights, the ranges stay as trained."""
+        from tftrain.compress import quantization
+        return quantization.ranges_held()
 
     def finalize(self, built: Built, result: dict, ctx):
         from tftrain.compress import quantization

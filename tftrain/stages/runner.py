@@ -102,8 +102,13 @@ class StageRunner:
         self._compile_choice(stage, model, jit)
         if restored:
             print(f"resuming from {restored} at update {start}/{stage.updates} of stage {stage.name}")
-        elif stage.name != "train":
-            print(f"{stage.describe(self.plan)}", flush=True)
+        else:
+            if stage.name != "train":
+                print(f"{stage.describe(self.plan)}", flush=True)
+            begun = stage.begin(built, lambda n=None: self._batches(
+                self.auto_batches() if n is None else n))
+            if begun:
+                print(f"stage {stage.name}: {begun}", flush=True)
         result = self._fit(stage, built, model, optimizer, ckpt, manager, directory, start)
         net = stage.finalize(built, result, self.plan)
         self._record(stage, result)
@@ -284,7 +289,8 @@ class StageRunner:
             return "averaged"
         n = self.recalibration_batches()
         if stage.recalibrates and n and has_batch_norm(built.net):
-            recalibrate_batch_norm(built.net, self._batches(n))
+            with stage.recalibrating():
+                recalibrate_batch_norm(built.net, self._batches(n))
             return "recalibrated"
         return ""
 
@@ -295,9 +301,14 @@ class StageRunner:
         if setting in ("off", False):
             return 0
         if setting in ("auto", True):
-            per_epoch = self.steps_per_epoch * self.plan.batches.global_batch // self.plan.batches.replica_batch
-            return max(1, min(-(-2048 // self.plan.batches.replica_batch), per_epoch))
+            return self.auto_batches()
         return int(setting)
+
+    def auto_batches(self) -> int:
+        """Batches of about 2,000 examples in all, at most an epoch's (re-estimation and
+        calibration read them on every replica alike)."""
+        per_epoch = self.steps_per_epoch * self.plan.batches.global_batch // self.plan.batches.replica_batch
+        return max(1, min(-(-2048 // self.plan.batches.replica_batch), per_epoch))
 
     def _batches(self, n: int):
         """n training batches to re-estimate batch-norm statistics with: in order, through
