@@ -100,6 +100,7 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
     from tftrain import plan as planning
     from tftrain.core import extras
     from tftrain.export import artifacts as exporting
+    from tftrain.export import fidelity
     from tftrain.training import rundir, tracking
     from tftrain.stages import StageRunner
 
@@ -138,6 +139,8 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
         artifacts = exporting.export_all(
             net, cfg.export, run.export, plan.source, data_cfg=cfg.data,
             qat=plan.stages[-1].quantization_aware) if plan.chief else {}
+        if plan.chief:              # each int8 artifact's layers, as curves and a table
+            fidelity.write_tensorboard(run.path / "tensorboard" / "export", artifacts)
         stop.check("after the export (the rerun exports again and reports)", runner.agree)
     except BaseException:
         tracker.fail()     # (never raises) a restart sets the same tracked run running

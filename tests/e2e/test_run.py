@@ -617,6 +617,34 @@ def test_compress_config_loses_under_a_point_and_is_10x_smaller(compress_run):
 
 
 @pytest.mark.slow
+def test_every_int8_artifact_reports_each_layer_and_says_what_it_is(compress_run):
+    """The compress run's int8 TFLite file, int8 SavedModel and int8 ONNX model each list
+    every quantized layer with its SQNR against the QAT model (in summary.json, the
+    printed report's five layers adding the most noise, and TensorBoard); each says
+    whether all its compute is int8."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tftrain.training.rundir import report_table
+    path, summary = compress_run
+    arts = summary["artifacts"]
+    wrapped = {f"quant_{name}" for name in summary["sparsity"]}     # conv_0 ... logits
+    for name in ("tflite_int8", "saved_model_int8", "onnx_int8"):
+        rows = {r["layer"]: r for r in arts[name]["layers"]}
+        assert wrapped - {"quant_conv_0", "quant_conv_1"} <= set(rows), (name, sorted(rows))
+        assert len(arts[name]["worst_layers"]) == 5
+        # int8 rounding of what QAT simulated: each layer adds little
+        assert min(r["local_sqnr_db"] for r in rows.values()) > 35, name
+        assert min(r["sqnr_db"] for r in rows.values()) > 25, name
+    assert arts["tflite_int8"]["label"] == arts["onnx_int8"]["label"] == "int8"
+    assert arts["tflite_int8"]["float_ops"] == arts["onnx_int8"]["float_ops"] == []
+    assert arts["saved_model_int8"]["label"] == "int8 kernels, float32 compute"
+    table = report_table(summary)
+    assert "tflite_int8 layers" in table and arts["tflite_int8"]["worst_layers"][0] in table
+    events = EventAccumulator(str(path / "tensorboard" / "export"),
+                              size_guidance={"tensors": 0}).Reload()
+    assert len(events.Tensors("tflite_int8/sqnr_db")) == len(arts["tflite_int8"]["layers"])
+
+
+@pytest.mark.slow
 def test_compressed_tflite_keeps_the_pruned_zeros(compress_run):
     from tftrain.export.artifacts import tflite_weights
     path, summary = compress_run

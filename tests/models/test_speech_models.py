@@ -50,6 +50,11 @@ def test_conv1d_model_goes_through_pqat_with_sparsity_in_the_int8_file(tmp_path,
         "compression.quantization={enabled: true, epochs: 1}", "export.tflite=int8"))
     art = summary["artifacts"]["tflite_int8"]
     assert art["verified"] and art["input"] == "float32 [16000]"
+    # the features compute in float (the waveform's DFT, power, mel and log): said so
+    assert art["label"] == f"int8 with {len(art['float_ops'])} float ops"
+    assert any(op.startswith("LOG ") for op in art["float_ops"])
+    assert not [op for op in art["float_ops"] if op.startswith(("CONV_2D", "FULLY_CONNECTED"))
+                and "features" not in op]
     blob = (tmp_path / "kws" / "export" / "model.tflite").read_bytes()
     from ai_edge_litert.interpreter import Interpreter
     interp = Interpreter(model_content=blob)

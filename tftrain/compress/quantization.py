@@ -256,11 +256,11 @@ def _quantizers_replaced(replacement):
 
 
 def range_variables(model) -> list:
-    """The activation range variables of a QAT model (what `calibrate_ranges` sets and a
-    training-mode pass moves): its input quantizer's, and each wrapper's around its
-    activation and its outputs."""
+    """The activation range variables of a QAT model, or of one of its layers (what
+    `calibrate_ranges` sets and a training-mode pass moves): its input quantizer's, and
+    each wrapper's around its activation and its outputs."""
     found = []
-    for layer in model.layers:
+    for layer in getattr(model, "layers", [model]):
         groups = [getattr(layer, "quantizer_vars", None),        # tfmot's QuantizeLayer
                   getattr(layer, "_output_quantizer_vars", None)]
         for activation in getattr(layer, "_quantize_activations", []):
@@ -268,6 +268,32 @@ def range_variables(model) -> list:
                        getattr(activation, "_post_activation_vars", None)]
         found += [v for group in groups if group for v in group.values()]
     return found
+
+
+def fit_empty_channels(model) -> int:
+    """Give every kernel channel that pruning emptied (all its weights zero, so QAT's
+    per-channel range is [0, 0]) the median range of its layer's other channels; returns
+    how many. Its codes stay zero and the QAT model computes the same, but the int8
+    TFLite file no longer gives the channel a weight scale of about 4e-9, at which its
+    bias (quantized at input scale x weight scale) overflows int32 and the channel puts out
+    a wrong constant: on a digits CNN pruned to 80%, 7 of the 32 first-layer channels were
+    empty and that layer's int8 output was 21.8 dB from the QAT model's, 65 dB after."""
+    fitted = 0
+    for layer in model.layers:
+        for _, _, variables in getattr(layer, "_weight_vars", []):
+            low, high = variables.get("min_var"), variables.get("max_var")
+            if low is None or low.shape.rank != 1:      # per-tensor ranges: not per channel
+                continue
+            lows, highs = low.numpy(), high.numpy()
+            empty = (lows == 0) & (highs == 0)
+            if not empty.any() or empty.all():
+                continue
+            size = float(np.median(np.maximum(-lows[~empty], highs[~empty])))
+            lows[empty], highs[empty] = -size, size
+            low.assign(lows)
+            high.assign(highs)
+            fitted += int(empty.sum())
+    return fitted
 
 
 def quantized_kernels(model) -> dict[str, np.ndarray]:

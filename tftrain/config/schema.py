@@ -338,6 +338,8 @@ class ExportConfig(Strict):
     onnx: bool = False
     tflite: Literal["none", "float", "dynamic", "float16", "int8"] = "float"
     calibration_examples: int = Field(200, ge=1)
+    # an int8 artifact's layer adding noise below this SQNR (dB) is named in a warning
+    min_layer_sqnr: float = 20.0
     max_logit_diff: float = Field(1e-3, gt=0)     # float artifacts vs the in-memory model
     max_accuracy_drop: float = Field(0.01, ge=0, le=1)   # reduced-precision artifacts
 

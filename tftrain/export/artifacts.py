@@ -158,9 +158,12 @@ def _accuracy(logits, y) -> float:
     return float(np.mean(np.argmax(logits, axis=-1) == y))
 
 
-def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None) -> dict:
+def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
+               layers: bool = True) -> dict:
     """Write and verify every configured artifact; returns their report entries.
     `qat`: the model was quantization-aware trained (int8 uses its learned ranges).
+    `layers`: compare each int8 artifact with the model layer by layer
+    (`tftrain.export.fidelity`; not for the export preflight's untrained model).
     Artifacts take validation's input (decoded, resized and the deterministic steps of
     `data.augment`, e.g. normalize), checked on the validation set."""
     from tftrain.data import BatchPlan, preprocess, val_dataset
@@ -186,9 +189,14 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None) 
                              "max_abs_logit_diff": float(np.max(np.abs(logits - reference))),
                              "latency_ms": _signature_latency(loaded, raw) * 1e3,
                              "input": _input_kind(plain, serving)}
+    calibration = None
+    if cfg.saved_model_int8 or cfg.tflite != "none" or (cfg.onnx and qat):
+        examples = preprocess(source.calibration(cfg.calibration_examples), data_cfg)
+        calibration = np.concatenate([x for x, _ in examples.batch(256).as_numpy_iterator()])
     if cfg.saved_model_int8:
         report["saved_model_int8"] = {**_int8_saved_model(plain, out / "saved_model_int8", serving,
-                                                          raw, y_val, reference, qat),
+                                                          raw, y_val, reference, qat,
+                                                          calibration, cfg, layers),
                                       "input": _input_kind(plain, serving)}
     if serving is not None and hasattr(serving.layer, "get_vocabulary"):
         (out / "vocabulary.txt").write_text(
@@ -196,8 +204,6 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None) 
     int8 = None            # the int8 TFLite flatbuffer, also the source of the int8 ONNX
     if cfg.tflite != "none" or (cfg.onnx and qat):
         mode = "int8" if qat else cfg.tflite
-        examples = preprocess(source.calibration(cfg.calibration_examples), data_cfg)
-        calibration = np.concatenate([x for x, _ in examples.batch(256).as_numpy_iterator()])
         # TFLite takes the model's own input (token ids for text): convert a plain copy
         source_dir = saved if serving is None else _write_saved_model(plain, out / "tflite_source")
         blob = convert_tflite(source_dir, mode, calibration, qat=qat)
@@ -213,21 +219,25 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None) 
             **_sizes(blob), "accuracy": _accuracy(logits, y_val),
             "max_abs_logit_diff": float(np.max(np.abs(logits - reference))),
             "latency_ms": latency * 1e3, "input": _input_kind(plain, None)}
+        if int8 is not None and layers:
+            from tftrain.export import fidelity
+            report["tflite_int8"].update(fidelity.tflite_entry(int8, plain, calibration, cfg))
     if cfg.onnx:
         if int8 is not None and int8_logits is None:   # a QAT model without a TFLite file
             int8_logits = tflite_logits(int8, x_val)[0]
         report.update(_onnx(plain, out, x_val, y_val, reference, int8, int8_logits, qat,
-                            saved_logits))
+                            saved_logits, calibration, cfg, layers))
     if not cfg.saved_model:   # it was only the conversion's source
         shutil.rmtree(saved)
         del report["saved_model"]
     return verify(report, cfg, _accuracy(reference, y_val))
 
 
-def _int8_saved_model(model, path: Path, serving, raw, y_val, reference, qat: bool) -> dict:
+def _int8_saved_model(model, path: Path, serving, raw, y_val, reference, qat: bool,
+                      calibration: np.ndarray, cfg, layers_too: bool) -> dict:
     """Write the int8-kernel SavedModel (`tftrain.export.int8_saved_model`), load it back and
-    evaluate it like the other artifacts."""
-    from tftrain.export import int8_saved_model
+    evaluate it like the other artifacts, and compare it with `model` layer by layer."""
+    from tftrain.export import fidelity, int8_saved_model
 
     quantized, layers = int8_saved_model.quantized_model(model, qat)
     _write_saved_model(quantized, path, serving)
@@ -243,11 +253,13 @@ def _int8_saved_model(model, path: Path, serving, raw, y_val, reference, qat: bo
                 "the QAT ranges" if qat else "post-training weight-only quantization"),
             "int8_layers": len(layers),
             "folded_batch_norms": sum("folded" in e for e in layers.values()),
-            "int8_zero_fraction": float(np.mean(zeros)) if zeros else 0.0}
+            "int8_zero_fraction": float(np.mean(zeros)) if zeros else 0.0,
+            **(fidelity.saved_model_int8_entry(model, quantized, layers, calibration, cfg)
+               if layers_too else {})}
 
 
 def _onnx(plain, out: Path, x_val, y_val, reference, int8: bytes | None, int8_logits,
-          qat: bool, saved_model_logits) -> dict:
+          qat: bool, saved_model_logits, calibration, cfg, layers: bool) -> dict:
     """`model.onnx` (float32; not for a QAT model, whose float graph holds fake-quant
     ops) and, where there is an int8 TFLite model, `model_int8.onnx` (QDQ); each run with
     ONNX Runtime on the validation set."""
@@ -270,8 +282,13 @@ def _onnx(plain, out: Path, x_val, y_val, reference, int8: bytes | None, int8_lo
         if quantized:
             entries[name]["max_abs_diff_vs_tflite_int8"] = float(np.max(np.abs(
                 logits - int8_logits)))
-            entries[name]["int8_kernels"] = onnx_export.int8_kernels(blob)
+            graph = onnx_export.optimized_graph(blob)
+            entries[name]["int8_kernels"] = onnx_export.int8_kernels(graph)
             entries[name]["session_config"] = dict(onnx_export.INT8_SESSION_CONFIG)
+            if layers:
+                from tftrain.export import fidelity
+                entries[name].update(fidelity.onnx_entry(blob, onnx_export.float_ops(graph),
+                                                         plain, calibration, cfg))
     return entries
 
 

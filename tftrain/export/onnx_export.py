@@ -180,17 +180,46 @@ def latency(sess, x: np.ndarray, examples: int = 100) -> float:
     return (time.perf_counter() - start) / max(len(rows), 1)
 
 
-def int8_kernels(blob: bytes) -> dict[str, int]:
-    """The int8 kernels ONNX Runtime runs for `blob` (op type -> count), read from the
-    graph it optimized."""
+def optimized_graph(blob: bytes):
+    """The graph ONNX Runtime runs for `blob` with its int8 kernels allowed (after its
+    QDQ fusions)."""
     import onnx
 
     with tempfile.TemporaryDirectory(prefix="tftrain-onnx-") as tmp:
         path = Path(tmp) / "optimized.onnx"
         session(blob, int8=True, optimized=path)
-        graph = onnx.load(str(path)).graph
+        return onnx.load(str(path)).graph
+
+
+def int8_kernels(graph) -> dict[str, int]:
+    """The int8 kernels in an optimized `graph` (op type -> count)."""
     counts: dict[str, int] = {}
     for node in graph.node:
         if node.op_type.startswith(_INT8_KERNELS):
             counts[node.op_type] = counts.get(node.op_type, 0) + 1
     return counts
+
+
+# ops that move values and compute nothing
+_LAYOUT = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Concat", "Shape",
+           "Slice", "Split", "Identity", "Cast", "Expand", "Pad"}
+
+
+def float_ops(graph) -> list[str]:
+    """The nodes of an optimized `graph` that compute on float values (`Op (output)`):
+    what ONNX Runtime did not fuse into an int8 kernel (float islands), quantize and
+    dequantize nodes and layout ops aside. Types follow the graph: a DequantizeLinear or
+    a float input gives float, QuantizeLinear and the int8 kernels give integers."""
+    from onnx import TensorProto
+
+    floating = {i.name for i in graph.input if i.type.tensor_type.elem_type == TensorProto.FLOAT}
+    found = []
+    for node in graph.node:
+        if node.op_type == "DequantizeLinear":
+            floating.update(node.output)
+        elif node.op_type != "QuantizeLinear" and not node.op_type.startswith(_INT8_KERNELS) \
+                and any(name in floating for name in node.input):
+            floating.update(node.output)
+            if node.op_type not in _LAYOUT:
+                found.append(f"{node.op_type} ({node.output[0]})")
+    return found

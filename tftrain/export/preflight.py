@@ -51,7 +51,7 @@ def run(cfg, net, source, qat: bool) -> Preflight | None:
     with tempfile.TemporaryDirectory(prefix="tftrain-preflight-") as tmp:
         try:
             report = artifacts.export_all(model, cfg.export, Path(tmp), _Sample(source), qat=qat,
-                                       data_cfg=cfg.data)
+                                          data_cfg=cfg.data, layers=False)
         except ConfigError:
             raise
         except Exception as err:      # a converter or runtime refusing the model

@@ -51,6 +51,7 @@ class QAT(Stage):
     def finalize(self, built: Built, result: dict, ctx):
         from tftrain.compress import quantization
 
+        quantization.fit_empty_channels(built.net)     # exact, and the int8 file's biases fit
         # the zeros the quantized kernels hold after QAT (what the int8 artifacts get)
         result["sparsity"] = {name: float((kernel == 0).mean()) for name, kernel in
                               quantization.quantized_kernels(built.net).items()}

@@ -243,7 +243,13 @@ def report_table(summary: dict) -> str:
                      + (f", {art['latency_ms']:.3f} ms/example" if "latency_ms" in art else "")
                      + (f", variables gzip {art['variables_gzip_bytes']} B, int8 kernels "
                         f"{art['int8_zero_fraction']:.3f} zeros" if "int8_layers" in art else "")
+                     + (f", {art['label']}" if "label" in art else "")
                      + ("" if art.get("verified", True) else f"  FAILED: {art['check']}")))
+        if art.get("layers"):
+            by_name = {row["layer"]: row for row in art["layers"]}
+            rows.append((f"  {name} layers", "most noise added (added / accumulated SQNR): "
+                         + ", ".join(f"{n} {by_name[n]['local_sqnr_db']:.1f}/"
+                                     f"{by_name[n]['sqnr_db']:.1f} dB" for n in art["worst_layers"])))
     width = max(len(k) for k, _ in rows)
     line = "-" * (width + 40)
     return "\n".join([line] + [f"{k:<{width}}  {v}" for k, v in rows] + [line])

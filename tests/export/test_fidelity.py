@@ -1,0 +1,144 @@
+"""Per-layer fidelity of int8 artifacts: SQNR, the layer a bad range is in, honest labels."""
+import numpy as np
+import pytest
+import tensorflow_model_optimization as tfmot
+
+from tftrain.compress import quantization
+from tftrain.config import load_config
+from tftrain.core.keras import keras
+from tftrain.data import load_source
+from tftrain.export import artifacts, fidelity
+from tftrain.models import MODELS
+
+LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def test_sqnr_is_signal_over_noise_power_in_db():
+    reference = np.array([3.0, -4.0])                         # power 25
+    assert fidelity.sqnr_db(reference, reference + [0.5, 0.0]) == pytest.approx(20.0)  # 0.25
+    assert fidelity.sqnr_db(reference, reference) == fidelity.CAP_DB
+    assert fidelity.sqnr_db(np.zeros(2), np.ones(2)) == -fidelity.CAP_DB
+
+
+def test_a_fused_tensor_belongs_to_the_last_layer_its_name_mentions():
+    order = {"inputs": 0, "quant_conv_0": 1, "quant_relu_0": 2, "quant_logits": 3}
+    name = "cnn/quant_relu_0/Relu;cnn/quant_conv_0/BiasAdd;cnn/quant_conv_0/Conv2D"
+    assert fidelity.layer_of_tensor(name, order) == "quant_relu_0"
+    assert fidelity.layer_of_tensor("StatefulPartitionedCall:0", order) is None
+
+
+@pytest.fixture(scope="module")
+def qat_cnn():
+    """A digits CNN trained briefly, then QAT (ranges calibrated, one epoch): (model,
+    validation inputs, labels)."""
+    source = load_source(load_config().data, 0)
+    x, y = (np.concatenate(p) for p in zip(*source.val.batch(512).as_numpy_iterator()))
+    keras.utils.set_random_seed(0)
+    net = MODELS.get("cnn")(source.spec, filters=[8, 16], dense=[32])
+    net.compile(keras.optimizers.Adam(0.003), LOSS)
+    net.fit(source.calibration(source.num_train).batch(64), epochs=2, verbose=0)
+    cfg = load_config(None, ["compression.quantization.enabled=true"]).compression.quantization
+    q = quantization.quantize_model(artifacts.inference_model(net), cfg, False)
+    quantization.calibrate_ranges(q, [x[:128]])
+    q.compile(keras.optimizers.Adam(0.0003), LOSS)
+    q.fit(source.calibration(source.num_train).batch(64), epochs=1, verbose=0)
+    return q, x, y
+
+
+def converted(model, path, widened: str | None = None) -> bytes:
+    """The int8 TFLite file of a QAT `model`; with `widened`, of a copy whose range at the
+    output of that layer is 8x wider (a converter that got one range wrong)."""
+    if widened is not None:
+        with tfmot.quantization.keras.quantize_scope():
+            copy = keras.models.clone_model(model)
+        copy.set_weights(model.get_weights())
+        for variable in quantization.range_variables(copy.get_layer(widened)):
+            variable.assign(variable * 8)
+        model = copy
+    return artifacts.convert_tflite(artifacts.save_saved_model(model, path), "int8",
+                                    np.zeros((0,)), qat=True)
+
+
+def test_every_layer_of_the_int8_file_is_compared_and_a_widened_range_is_named_worst(
+        qat_cnn, tmp_path):
+    q, x, _ = qat_cnn
+    clean = fidelity.tflite_report(converted(q, tmp_path / "clean"), q, x[:64])
+    assert [r["layer"] for r in clean] == ["quantize_layer", "quant_relu_0", "quant_pool_0",
+                                           "quant_relu_1", "quant_pool_1", "quant_flatten",
+                                           "quant_dense_0", "quant_logits"]
+    assert all(r["dtype"] == "int8" for r in clean)
+    # the int8 file computes what QAT simulated: 8-bit rounding only, well above 30 dB
+    assert min(r["sqnr_db"] for r in clean) > 30 and min(r["local_sqnr_db"] for r in clean) > 40
+    bad = fidelity.tflite_report(converted(q, tmp_path / "bad", widened="quant_dense_0"), q,
+                                 x[:64])
+    by_layer = {r["layer"]: r for r in bad}
+    assert fidelity.worst(bad)[0]["layer"] == "quant_dense_0"
+    # 8x the step: about 18 dB more noise where the range is, and carried downstream
+    clean_dense = next(r for r in clean if r["layer"] == "quant_dense_0")
+    assert clean_dense["local_sqnr_db"] - by_layer["quant_dense_0"]["local_sqnr_db"] > 12
+    assert by_layer["quant_logits"]["sqnr_db"] < by_layer["quant_dense_0"]["sqnr_db"] + 3
+    assert by_layer["quant_logits"]["local_sqnr_db"] > 40          # the next layer adds little
+
+
+def test_an_int8_file_with_float_compute_says_so(qat_cnn, tmp_path):
+    q, x, _ = qat_cnn
+    assert fidelity.float_ops(converted(q, tmp_path / "int8")) == []
+    assert fidelity.label([]) == "int8"
+    # a layer left out of QAT (skip_unsupported's way) stays float in the file
+    inputs = keras.Input((8, 8, 1))
+    h = keras.layers.Conv2D(4, 3, activation="relu", name="conv")(inputs)
+    h = keras.layers.LayerNormalization(name="norm")(h)        # tfmot has no config for it
+    net = keras.Model(inputs, keras.layers.Dense(10, name="logits")(keras.layers.Flatten()(h)))
+    cfg = load_config(None, ["compression.quantization={enabled: true, skip_unsupported: true}"])
+    mixed = quantization.quantize_model(net, cfg.compression.quantization, False)
+    quantization.calibrate_ranges(mixed, [x[:32]])
+    ops = fidelity.float_ops(converted(mixed, tmp_path / "mixed"))
+    assert ops and any("norm" in op for op in ops), ops
+    assert fidelity.label(ops) == f"int8 with {len(ops)} float op{'s' if len(ops) > 1 else ''}"
+
+
+def test_tensorboard_holds_each_int8_artifact_s_layers(tmp_path):
+    rows = [{"layer": "a", "op": "CONV_2D", "sqnr_db": 40.0, "local_sqnr_db": 45.0,
+             "max_abs_diff": 0.1},
+            {"layer": "b", "op": "FULLY_CONNECTED", "sqnr_db": 30.0, "local_sqnr_db": 35.0,
+             "max_abs_diff": 0.2}]
+    fidelity.write_tensorboard(tmp_path, {"tflite_int8": {"layers": rows}, "saved_model": {}})
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(tmp_path), size_guidance={"tensors": 0}).Reload()
+    import tensorflow as tf
+    curve = [(e.step, float(tf.make_ndarray(e.tensor_proto)))
+             for e in events.Tensors("tflite_int8/sqnr_db")]
+    assert curve == [(0, 40.0), (1, 30.0)]
+    assert "tflite_int8/layers" in events.Tags()["tensors"]
+
+
+def test_a_channel_pruning_emptied_keeps_its_bias_in_the_int8_file(tmp_path):
+    """A convolution channel whose every weight was pruned computes relu(bias). QAT gives
+    it the range [0, 0]; TFLite then quantizes its bias at a scale of about 1e-11 and the
+    int32 overflows: a wrong constant. `fit_empty_channels` gives it an ordinary range:
+    the QAT model computes exactly the same and the int8 file matches it again."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8, 8, 1))
+    h = keras.layers.Conv2D(8, 3, name="conv")(inputs)
+    h = keras.layers.ReLU(name="relu")(h)
+    net = keras.Model(inputs, keras.layers.Dense(10, name="logits")(keras.layers.Flatten()(h)))
+    conv = net.get_layer("conv")
+    kernel = conv.kernel.numpy()
+    kernel[..., [2, 5]] = 0                                     # two channels pruned away
+    conv.kernel.assign(kernel)
+    conv.bias.assign(np.linspace(0.1, 0.5, 8).astype(np.float32))
+    cfg = load_config(None, ["compression.quantization.enabled=true"]).compression.quantization
+    q = quantization.quantize_model(net, cfg, preserve_sparsity=True)
+    x = np.random.default_rng(0).uniform(0, 1, (64, 8, 8, 1)).astype(np.float32)
+    quantization.calibrate_ranges(q, [x])
+    q.compile(keras.optimizers.SGD(0.0), LOSS)         # one update sets the kernels' ranges
+    q.fit(x, np.zeros(64), batch_size=64, epochs=1, verbose=0)
+    local = {r["layer"]: r["local_sqnr_db"]
+             for r in fidelity.tflite_report(converted(q, tmp_path / "before"), q, x)}
+    assert local["quant_relu"] < 30                            # the empty channels' constant
+    before = q.predict(x, verbose=0)
+    assert quantization.fit_empty_channels(q) == 2
+    np.testing.assert_array_equal(q.predict(x, verbose=0), before)
+    local = {r["layer"]: r["local_sqnr_db"]
+             for r in fidelity.tflite_report(converted(q, tmp_path / "after"), q, x)}
+    assert local["quant_relu"] > 40

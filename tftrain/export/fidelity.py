@@ -1,0 +1,313 @@
+"""Where an int8 artifact departs from the model it was made from, layer by layer.
+
+For every Keras layer whose output the artifact holds as a tensor, the SQNR (signal to
+quantization-noise ratio, dB) and the largest absolute difference between the in-memory
+model's output of that layer (a QAT model's fake-quantized values, or a float model's)
+and the artifact's tensor, dequantized, on calibration examples. The errors accumulate
+through the network, as they do when it runs (`sqnr_db`); `local_sqnr_db` is the error
+a layer adds to what the artifact fed it, which names the layer that introduced an error
+rather than the ones downstream that carry it.
+
+TFLite tensors are read with every intermediate tensor preserved (LiteRT's built-in
+kernels, no delegate); a tensor is the output of the last layer, in the Keras model's
+order, that its name mentions (a fused op's output names every op fused into it, e.g.
+`model/quant_relu_0/Relu;model/quant_conv_0/BiasAdd`).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+CAP_DB = 99.0        # an exact tensor (no noise) is reported at this SQNR
+
+
+def sqnr_db(reference: np.ndarray, value: np.ndarray) -> float:
+    """10 log10(signal power / noise power), capped at `CAP_DB` (exact, or no signal)."""
+    signal = float(np.sum(np.square(reference, dtype=np.float64)))
+    noise = float(np.sum(np.square(value.astype(np.float64) - reference)))
+    if noise <= signal * 10 ** (-CAP_DB / 10):
+        return CAP_DB
+    return max(-CAP_DB, 10 * math.log10(signal / noise)) if signal > 0 else -CAP_DB
+
+
+def layer_of_tensor(name: str, order: dict[str, int]) -> str | None:
+    """The Keras layer a TFLite tensor is the output of: of the layers its name mentions
+    (each `;`-separated op name is a `/`-separated path), the last in model order."""
+    found = {part for op in name.split(";") for part in op.split("/") if part in order}
+    return max(found, key=order.get) if found else None
+
+
+def tflite_tensors(blob: bytes, layer_names: list[str], x: np.ndarray) -> dict[str, dict]:
+    """By Keras layer: the dequantized value of the last tensor the TFLite model computes
+    for it on each example of `x` (stacked), its dtype and the op that wrote it."""
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+    interp = Interpreter(model_content=blob, experimental_preserve_all_tensors=True,
+                         experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+    inp = interp.get_input_details()[0]
+    interp.resize_tensor_input(inp["index"], [1, *x.shape[1:]])
+    interp.allocate_tensors()
+    order = {name: i for i, name in enumerate(layer_names)}
+    chosen: dict[str, tuple[int, str]] = {}        # layer -> (tensor index, op name)
+    for op in interp._get_ops_details():          # in execution order: the last one wins
+        for index in op["outputs"]:
+            layer = layer_of_tensor(interp._get_tensor_details(index, 0)["name"], order)
+            if layer is not None:
+                chosen[layer] = (index, op["op_name"])
+    scale, zero = inp["quantization"]
+    values: dict[str, list] = {layer: [] for layer in chosen}
+    for row in x:
+        value = row[None]
+        if scale:
+            value = np.round(value / scale + zero)
+        interp.set_tensor(inp["index"], value.astype(inp["dtype"]))
+        interp.invoke()
+        for layer, (index, _) in chosen.items():
+            values[layer].append(_dequantized(interp, index))
+    out = {}
+    for layer, (index, op) in chosen.items():
+        dtype = interp._get_tensor_details(index, 0)["dtype"]
+        out[layer] = {"value": np.concatenate(values[layer]), "dtype": np.dtype(dtype).name,
+                      "op": op}
+    return out
+
+
+def onnx_tensors(blob: bytes, layer_names: list[str], x: np.ndarray, batch: int = 64) -> dict:
+    """By Keras layer: the dequantized value of the last QuantizeLinear output an int8
+    ONNX model (converted from the TFLite file, tensor names kept) computes for it, run by
+    ONNX Runtime with its int8 kernels on `x` (convolutions' maps in ONNX's NCHW)."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from tftrain.export import onnx_export
+
+    model = onnx.load_from_string(blob)
+    constants = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            constants[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    order = {name: i for i, name in enumerate(layer_names)}
+    chosen = {}                       # layer -> (tensor, scale, zero point)
+    for node in model.graph.node:
+        layer = layer_of_tensor(node.output[0], order) if node.op_type == "QuantizeLinear" else None
+        if layer is not None and node.input[1] in constants and node.input[2] in constants:
+            chosen[layer] = (node.output[0], constants[node.input[1]], constants[node.input[2]])
+    present = {o.name for o in model.graph.output}
+    for tensor, _, zero in chosen.values():
+        if tensor not in present:
+            model.graph.output.append(helper.make_tensor_value_info(
+                tensor, helper.np_dtype_to_tensor_dtype(zero.dtype), None))
+    sess = onnx_export.session(model.SerializeToString(), int8=True)
+    names = [tensor for tensor, _, _ in chosen.values()]
+    runs = [sess.run(names, {"inputs": x[i:i + batch]}) for i in range(0, len(x), batch)]
+    out = {}
+    for k, (layer, (tensor, scale, zero)) in enumerate(chosen.items()):
+        value = (np.concatenate([r[k] for r in runs]).astype(np.float32) - zero) * scale
+        out[layer] = {"value": value, "dtype": np.dtype(zero.dtype).name, "op": "QuantizeLinear"}
+    return out
+
+
+def _dequantized(interp, index: int) -> np.ndarray:
+    detail = interp._get_tensor_details(index, 0)
+    value = interp.get_tensor(index).astype(np.float32)
+    params = detail["quantization_parameters"]
+    if detail["dtype"] in (np.int8, np.uint8, np.int16) and len(params["scales"]):
+        value = (value - params["zero_points"][0]) * params["scales"][0]
+    return value
+
+
+def keras_outputs(model, names: list[str], x: np.ndarray, batch: int = 64) -> dict:
+    """Each named layer's output of `model` on `x`, in inference mode."""
+    from tftrain.core.keras import keras
+
+    probe = keras.Model(model.inputs, [output(model, model.get_layer(n)) for n in names])
+    found = [probe(x[i:i + batch], training=False) for i in range(0, len(x), batch)]
+    found = [found_batch if isinstance(found_batch, (list, tuple)) else [found_batch]
+             for found_batch in found]
+    return {n: np.concatenate([np.asarray(b[i]) for b in found]) for i, n in enumerate(names)}
+
+
+def compare(model, artifact: dict[str, dict], x: np.ndarray) -> list[dict]:
+    """Per layer the artifact holds a tensor of (in model order): `sqnr_db` and
+    `max_abs_diff` of that tensor against `model`'s output of the layer, the error as it
+    has accumulated from the input; and `local_sqnr_db`, against what `model`'s layer
+    computes from the artifact's own values of its inputs (where the artifact has no
+    tensor of an input, e.g. a convolution fused into its ReLU, from what `model`
+    computes of it from the artifact's values before it): the error this layer adds,
+    which names the layer that went wrong rather than the ones downstream that carry it.
+
+    The model's graph is replayed node by node as Keras runs a functional model (each
+    layer called with its own arguments), an artifact's value standing in for a layer's
+    output wherever the artifact has one."""
+    from tensorflow import nest
+
+    names = [layer.name for layer in model.layers if layer.name in artifact]
+    reference = keras_outputs(model, names, x)
+    usage = model._tensor_usage_count
+    tensors = {str(id(t)): [x] * usage[str(id(t))] for t in model.inputs}
+    found_rows = {}
+    for depth in sorted(model._nodes_by_depth, reverse=True):
+        for node in model._nodes_by_depth[depth]:
+            if node.is_input:
+                continue
+            args, kwargs = node.map_arguments(tensors)
+            if node.layer._expects_training_arg:
+                kwargs = {**kwargs, "training": False}
+            outputs = [np.asarray(o) for o in nest.flatten(node.layer(*args, **kwargs))]
+            if len(outputs) == 1:
+                outputs[0], row = _substituted(node.layer.name, outputs[0], artifact, reference)
+                if row is not None:
+                    found_rows[node.layer.name] = row
+            for tensor_id, value in zip(node.flat_output_ids, outputs):
+                tensors[tensor_id] = [value] * usage[tensor_id]
+    return [found_rows[layer.name] for layer in model.layers if layer.name in found_rows]
+
+
+def _substituted(name: str, local: np.ndarray, artifact: dict, reference: dict):
+    """(the value downstream layers get: the artifact's where it has one, else `local`;
+    the layer's row, or None)."""
+    found = artifact.get(name)
+    if found is None or found["value"].size != local.size:
+        return local, None
+    got = found["value"]
+    if got.shape != local.shape and got.ndim == 4 and \
+            got.transpose(0, 2, 3, 1).shape == local.shape:          # ONNX's NCHW maps
+        got = got.transpose(0, 2, 3, 1)
+    got = got.reshape(local.shape)
+    return got, {"layer": name, "sqnr_db": round(sqnr_db(reference[name], got), 2),
+                 "local_sqnr_db": round(sqnr_db(local, got), 2),
+                 "max_abs_diff": float(np.max(np.abs(got - reference[name]))),
+                 "dtype": found["dtype"], "op": found["op"]}
+
+
+def _node(model, layer) -> int:
+    """The index of `layer`'s node in `model`'s graph (a layer shared with another model,
+    e.g. the one a plain copy was made from, has nodes of that model's too)."""
+    for index in range(len(layer.inbound_nodes)):
+        if f"{layer.name}_ib-{index}" in model._network_nodes:
+            return index
+    raise ValueError(f"layer {layer.name} is not called in model {model.name}")
+
+
+def output(model, layer):
+    """`layer`'s output tensor in `model`'s graph."""
+    return layer.get_output_at(_node(model, layer))
+
+
+def worst(rows: list[dict], n: int = 5) -> list[dict]:
+    """The `n` layers that add the most error (lowest `local_sqnr_db`)."""
+    return sorted(rows, key=lambda r: r["local_sqnr_db"])[:n]
+
+
+def tflite_report(blob: bytes, model, x: np.ndarray) -> list[dict]:
+    """`compare` for an int8 TFLite flatbuffer converted from `model`."""
+    names = [layer.name for layer in model.layers]
+    return compare(model, tflite_tensors(blob, names, x), x)
+
+
+def onnx_report(blob: bytes, model, x: np.ndarray) -> list[dict]:
+    """`compare` for an int8 ONNX model converted from `model`'s int8 TFLite file."""
+    names = [layer.name for layer in model.layers]
+    return compare(model, onnx_tensors(blob, names, x), x)
+
+
+EXAMPLES = 128      # calibration examples the per-layer comparison runs on
+
+
+def tflite_entry(blob: bytes, plain, calibration: np.ndarray, cfg) -> dict:
+    """What the int8 TFLite file is (`label`, its float ops) and, layer by layer, how far
+    it is from the model it was converted from."""
+    ops = float_ops(blob)
+    rows = tflite_report(blob, plain, calibration[:EXAMPLES])
+    return {"label": label(ops), "float_ops": ops,
+            **entries("tflite_int8", rows, cfg)}
+
+
+def onnx_entry(blob: bytes, floating: list[str], plain, calibration: np.ndarray, cfg) -> dict:
+    """The int8 ONNX model's `label` (its float ops as ONNX Runtime runs it) and layers."""
+    rows = onnx_report(blob, plain, calibration[:EXAMPLES])
+    return {"label": label(floating), "float_ops": floating,
+            **entries("onnx_int8", rows, cfg)}
+
+
+def saved_model_int8_entry(plain, quantized, layers: dict, calibration: np.ndarray,
+                           cfg) -> dict:
+    """The int8 SavedModel's layers against the model's: it computes in float32 from int8
+    kernels (a folded convolution's output holds its batch norm too: compared at the
+    batch norm's place)."""
+    pairs = [(source.name, target.name) for source, target in     # clone_model keeps order
+             zip(plain.layers[1:], quantized.layers[1:])
+             if "folded" not in layers.get(target.name, {})]
+    x = calibration[:EXAMPLES]
+    values = keras_outputs(quantized, [t for _, t in pairs], x)
+    artifact = {s: {"value": values[t], "dtype": "float32",
+                    "op": type(quantized.get_layer(t)).__name__} for s, t in pairs}
+    return {"label": "int8 kernels, float32 compute",
+            **entries("saved_model_int8", compare(plain, artifact, x), cfg)}
+
+
+def entries(name: str, rows: list[dict], cfg) -> dict:
+    """`layers` (every compared layer), `worst_layers` (the five adding the most error),
+    and a warning line for each layer adding more noise than `export.min_layer_sqnr`."""
+    for row in rows:
+        if row["local_sqnr_db"] < cfg.min_layer_sqnr:
+            print(f"tftrain: warning: {name}: layer {row['layer']} ({row['op']}) adds noise "
+                  f"at {row['local_sqnr_db']:.1f} dB SQNR, below export.min_layer_sqnr "
+                  f"{cfg.min_layer_sqnr:g} (its values are {row['sqnr_db']:.1f} dB from the "
+                  "model's): its 8-bit range or kernel does not fit its values", flush=True)
+    return {"layers": rows, "worst_layers": [r["layer"] for r in worst(rows)]}
+
+
+# ops that only convert between float and int8 at the model's edges
+_CONVERSIONS = {"QUANTIZE", "DEQUANTIZE"}
+# ops that move or reshape values and compute nothing (an embedding's GATHER computes)
+_LAYOUT = {"RESHAPE", "SQUEEZE", "EXPAND_DIMS", "TRANSPOSE", "CONCATENATION", "PACK",
+           "UNPACK", "SLICE", "STRIDED_SLICE", "SHAPE", "PAD", "SPLIT"}
+
+
+def float_ops(blob: bytes) -> list[str]:
+    """The compute ops of a TFLite model that take or give float values (each as
+    `OP (layer)`), quantize/dequantize at the edges and constant folding aside: what is
+    not int8 in an "int8" file."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    interp = Interpreter(model_content=blob)
+    found = []
+    for op in interp._get_ops_details():
+        if op["op_name"] in _CONVERSIONS | _LAYOUT or op["op_name"] == "DELEGATE":
+            continue
+        tensors = [interp._get_tensor_details(i, 0) for i in (*op["inputs"], *op["outputs"])
+                   if i >= 0]
+        if any(t["dtype"] in (np.float32, np.float16) for t in tensors):
+            out = interp._get_tensor_details(op["outputs"][0], 0)["name"].split(";")[0]
+            found.append(f"{op['op_name']} ({out})")
+    return found
+
+
+def label(float_ops_found: list[str]) -> str:
+    """What an int8 artifact is: `int8` only when every compute op is."""
+    n = len(float_ops_found)
+    return "int8" if not n else f"int8 with {n} float op{'s' if n > 1 else ''}"
+
+
+def write_tensorboard(directory, artifacts: dict) -> None:
+    """Each int8 artifact's layers as two curves over their depth (accumulated and added
+    SQNR, dB) and a table, under `directory` (the run's `tensorboard/export`)."""
+    import tensorflow as tf
+
+    entries = {name: a for name, a in artifacts.items() if a.get("layers")}
+    if not entries:
+        return
+    writer = tf.summary.create_file_writer(str(directory))
+    with writer.as_default():
+        for name, entry in entries.items():
+            rows = entry["layers"]
+            for depth, row in enumerate(rows):
+                tf.summary.scalar(f"{name}/sqnr_db", row["sqnr_db"], step=depth)
+                tf.summary.scalar(f"{name}/local_sqnr_db", row["local_sqnr_db"], step=depth)
+            table = "| layer | op | SQNR (dB) | added (dB) | max abs diff |\n|---|---|---|---|---|\n" + \
+                "\n".join(f"| {r['layer']} | {r['op']} | {r['sqnr_db']} | {r['local_sqnr_db']} | "
+                          f"{r['max_abs_diff']:.3g} |" for r in rows)
+            tf.summary.text(f"{name}/layers", table, step=0)
+    writer.close()
