@@ -32,12 +32,43 @@ def summary(plan, results: dict, artifacts: dict, net) -> dict:
         "stages": results, "sparsity": _sparsity(results),
         "artifacts": artifacts, "smoke": plan.smoke,
     }
+    headline = deployed_accuracy(out["metrics"], plan.stages[-1].name, artifacts)
+    if headline is not None:
+        out["accuracy"] = headline
     if plan.preflight is not None:
         out["preflight"] = {"seconds": plan.preflight.seconds,
                             "artifacts": list(plan.preflight.artifacts)}
     last = results[plan.stages[-1].name]
     if "raw_metrics" in last:
         out["raw_metrics"] = last["raw_metrics"]      # the weights before averaging
+    return out
+
+
+# the artifact a run's headline accuracy is taken from: what it was compressed for first
+DEPLOYED = ("tflite_int8", "tflite_float16", "tflite_dynamic", "tflite_float", "onnx_int8",
+            "saved_model_int8", "onnx", "saved_model")
+GAP_PT = 0.2         # a stage/artifact accuracy gap (points) the report explains
+
+
+def deployed_accuracy(metrics: dict, stage: str, artifacts: dict) -> dict | None:
+    """The run's headline accuracy: the deployed artifact's (`DEPLOYED` order), beside the
+    last stage's evaluation of the same model; a gap above `GAP_PT` points comes with
+    what differs (an int8 artifact's noisiest layers, or a float one's logits)."""
+    name = next((n for n in DEPLOYED if "accuracy" in artifacts.get(n, {})), None)
+    if name is None or "val_accuracy" not in metrics:
+        return None
+    art, evaluated = artifacts[name], metrics["val_accuracy"]
+    out = {"value": art["accuracy"], "artifact": name, "stage": stage,
+           "stage_value": evaluated, "gap_pt": round((evaluated - art["accuracy"]) * 100, 2)}
+    if abs(out["gap_pt"]) > GAP_PT:
+        if art.get("layers"):
+            rows = {r["layer"]: r for r in art["layers"]}
+            out["explanation"] = "noise added most at " + ", ".join(
+                f"{n} ({rows[n]['local_sqnr_db']:.1f} dB, {rows[n]['op']})"
+                for n in art["worst_layers"][:3]) + f"; {art.get('label', name)}"
+        else:
+            out["explanation"] = (f"its logits are up to {art.get('max_abs_logit_diff', 0):.3g} "
+                                  "from the in-memory model's")
     return out
 
 

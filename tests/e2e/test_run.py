@@ -607,6 +607,10 @@ def test_compress_config_loses_under_a_point_and_is_10x_smaller(compress_run):
     float32 = stages["train"]["metrics"]["val_accuracy"]
     int8 = summary["artifacts"]["tflite_int8"]
     assert float32 >= 0.97 and int8["accuracy"] >= float32 - 0.01
+    # the headline is the deployed file's accuracy, beside the QAT stage's evaluation
+    assert summary["accuracy"]["artifact"] == "tflite_int8"
+    assert summary["accuracy"]["value"] == int8["accuracy"]
+    assert summary["accuracy"]["stage_value"] == stages["qat"]["metrics"]["val_accuracy"]
     assert int8["gzip_bytes"] * 10 <= stages["train"]["float32_variables_gzip_bytes"]
     assert set(summary["sparsity"]) == {"conv_0", "conv_1", "dense_0", "logits"}
     for layer, value in summary["sparsity"].items():

@@ -112,19 +112,24 @@ def tflite_logits(flatbuffer: bytes, x: np.ndarray, threads: int = 1) -> tuple[n
     inp, out = interp.get_input_details()[0], interp.get_output_details()[0]
     interp.resize_tensor_input(inp["index"], [1, *x.shape[1:]])
     interp.allocate_tensors()
-    scale, zero = inp["quantization"]
     oscale, ozero = out["quantization"]
     results, start = [], time.perf_counter()
     for row in x:
-        value = row[None]
-        if scale:
-            value = np.round(value / scale + zero)
-        interp.set_tensor(inp["index"], value.astype(inp["dtype"]))
+        set_example(interp, inp, row)
         interp.invoke()
         y = interp.get_tensor(out["index"]).astype(np.float32)
         results.append((y - ozero) * oscale if oscale else y)
     seconds = (time.perf_counter() - start) / max(len(x), 1)
     return np.concatenate(results), seconds
+
+
+def set_example(interp, inp: dict, row: np.ndarray) -> None:
+    """Give a LiteRT interpreter's input `inp` one example, quantized if it is int8."""
+    scale, zero = inp["quantization"]
+    value = row[None]
+    if scale:
+        value = np.round(value / scale + zero)
+    interp.set_tensor(inp["index"], value.astype(inp["dtype"]))
 
 
 def tflite_weights(flatbuffer: bytes, min_size: int = 64) -> dict[str, np.ndarray]:

@@ -43,6 +43,8 @@ def tflite_tensors(blob: bytes, layer_names: list[str], x: np.ndarray) -> dict[s
     for it on each example of `x` (stacked), its dtype and the op that wrote it."""
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
+    from tftrain.export.artifacts import set_example
+
     interp = Interpreter(model_content=blob, experimental_preserve_all_tensors=True,
                          experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
     inp = interp.get_input_details()[0]
@@ -55,13 +57,9 @@ def tflite_tensors(blob: bytes, layer_names: list[str], x: np.ndarray) -> dict[s
             layer = layer_of_tensor(interp._get_tensor_details(index, 0)["name"], order)
             if layer is not None:
                 chosen[layer] = (index, op["op_name"])
-    scale, zero = inp["quantization"]
     values: dict[str, list] = {layer: [] for layer in chosen}
     for row in x:
-        value = row[None]
-        if scale:
-            value = np.round(value / scale + zero)
-        interp.set_tensor(inp["index"], value.astype(inp["dtype"]))
+        set_example(interp, inp, row)
         interp.invoke()
         for layer, (index, _) in chosen.items():
             values[layer].append(_dequantized(interp, index))

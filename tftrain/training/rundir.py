@@ -219,6 +219,13 @@ def report_table(summary: dict) -> str:
                                   + f", bubble (K-1)/(M+K-1) {placed['bubble_formula']:.2f}"
                                   + (f", measured {placed['bubble_measured']:.2f}"
                                      if "bubble_measured" in placed else "")))
+    headline = summary.get("accuracy")
+    if headline:
+        rows.append(("accuracy (as deployed)",
+                     f"{headline['value']:.4f} ({headline['artifact']}; stage "
+                     f"{headline['stage']} evaluated {headline['stage_value']:.4f}"
+                     + (f", {headline['gap_pt']:+.2f} pt: {headline['explanation']}"
+                        if "explanation" in headline else "") + ")"))
     rows += [(k, f"{v:.4f}") for k, v in summary["metrics"].items()]
     rows += [(f"{k} (as trained)", f"{v:.4f}")   # before averaging / batch-norm re-estimation
              for k, v in (summary.get("raw_metrics") or {}).items()]
