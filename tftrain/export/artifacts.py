@@ -108,6 +108,8 @@ def tflite_logits(flatbuffer: bytes, x: np.ndarray, threads: int = 1) -> tuple[n
     """Run a TFLite model with LiteRT on each example; (logits, seconds per example)."""
     from ai_edge_litert.interpreter import Interpreter
 
+    from tftrain.export.fidelity import set_example
+
     interp = Interpreter(model_content=flatbuffer, num_threads=threads)
     inp, out = interp.get_input_details()[0], interp.get_output_details()[0]
     interp.resize_tensor_input(inp["index"], [1, *x.shape[1:]])
@@ -121,15 +123,6 @@ def tflite_logits(flatbuffer: bytes, x: np.ndarray, threads: int = 1) -> tuple[n
         results.append((y - ozero) * oscale if oscale else y)
     seconds = (time.perf_counter() - start) / max(len(x), 1)
     return np.concatenate(results), seconds
-
-
-def set_example(interp, inp: dict, row: np.ndarray) -> None:
-    """Give a LiteRT interpreter's input `inp` one example, quantized if it is int8."""
-    scale, zero = inp["quantization"]
-    value = row[None]
-    if scale:
-        value = np.round(value / scale + zero)
-    interp.set_tensor(inp["index"], value.astype(inp["dtype"]))
 
 
 def tflite_weights(flatbuffer: bytes, min_size: int = 64) -> dict[str, np.ndarray]:

@@ -43,8 +43,6 @@ def tflite_tensors(blob: bytes, layer_names: list[str], x: np.ndarray) -> dict[s
     for it on each example of `x` (stacked), its dtype and the op that wrote it."""
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
-    from tftrain.export.artifacts import set_example
-
     interp = Interpreter(model_content=blob, experimental_preserve_all_tensors=True,
                          experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
     inp = interp.get_input_details()[0]
@@ -104,6 +102,15 @@ def onnx_tensors(blob: bytes, layer_names: list[str], x: np.ndarray, batch: int 
         value = (np.concatenate([r[k] for r in runs]).astype(np.float32) - zero) * scale
         out[layer] = {"value": value, "dtype": np.dtype(zero.dtype).name, "op": "QuantizeLinear"}
     return out
+
+
+def set_example(interp, inp: dict, row: np.ndarray) -> None:
+    """Give a LiteRT interpreter's input `inp` one example, quantized if it is int8."""
+    scale, zero = inp["quantization"]
+    value = row[None]
+    if scale:
+        value = np.round(value / scale + zero)
+    interp.set_tensor(inp["index"], value.astype(inp["dtype"]))
 
 
 def _dequantized(interp, index: int) -> np.ndarray:
