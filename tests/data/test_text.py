@@ -10,6 +10,7 @@ import tensorflow as tf
 from tftrain.config import load_config
 from tftrain.data import load_source
 from tftrain.data.text import split
+from tftrain.export.artifacts import tflite_weights
 from tftrain.run import main
 
 from helpers import QUICKSTART, quick_config, saved_model_cli
@@ -85,16 +86,37 @@ def test_bad_text_exits_2_naming_the_file_or_key(tmp_path, capsys, case, pattern
 
 @pytest.mark.slow
 def test_text_run_exports_a_saved_model_that_answers_raw_strings(tmp_path, fortunes):
+    """... and an int8 embedding table in each int8 artifact (QAT quantizes the table):
+    the TFLite file, the int8 SavedModel and the int8 ONNX model hold its int8 codes."""
     from tftrain.run import run
     summary = run(quick_config(tmp_path, "data.name=text", f"data.params={{path: {fortunes}}}",
                                "model={name: embedding_bag, params: {embed_dim: 16}}",
                                "train.epochs=4", "run.name=text", "export.tflite=int8",
+                               "export.saved_model_int8=true", "export.onnx=true",
                                "compression.quantization={enabled: true, epochs: 1, skip_unsupported: true}"))
     art = summary["artifacts"]
+    export = tmp_path / "text" / "export"
+    vocabulary = len((export / "vocabulary.txt").read_text().splitlines())
+    table = (vocabulary, 16)
+    # TFLite: the table int8, and nearly every weight byte with it
+    weights = tflite_weights((export / "model.tflite").read_bytes(), min_size=1)
+    assert [w.dtype for w in weights.values() if w.shape == table] == [np.int8]
+    assert sum(w.nbytes for w in weights.values() if w.dtype == np.int8) >= \
+        0.95 * sum(w.nbytes for w in weights.values())
+    # the int8 SavedModel: the table as int8 codes and a scale, no float table
+    reader = tf.train.load_checkpoint(str(export / "saved_model_int8" / "variables" / "variables"))
+    shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
+    assert [dtypes[k] for k in shapes if tuple(shapes[k]) == table] == [tf.int8]
+    # the int8 ONNX model: the table an int8 initializer
+    import onnx
+    from onnx import numpy_helper
+    graph = onnx.load(str(export / "model_int8.onnx")).graph
+    assert [numpy_helper.to_array(i).dtype for i in graph.initializer
+            if tuple(i.dims) == table] == [np.int8]
+    assert art["tflite_int8"]["accuracy"] >= summary["stages"]["train"]["metrics"]["val_accuracy"] - 0.01
     assert summary["metrics"]["val_accuracy"] > 0.75               # 2 classes, 1,255 fortunes
     assert art["saved_model"]["input"] == "raw strings" and art["saved_model"]["verified"]
     assert art["tflite_int8"]["input"].startswith("int32 [") and art["tflite_int8"]["verified"]
-    export = tmp_path / "text" / "export"
     assert (export / "vocabulary.txt").read_text().splitlines()[:2] == ["", "[UNK]"]
     texts = ["Lawyers and judges argue a case in court.", "The compiler crashed the kernel again."]
     out = saved_model_cli("run", "--dir", export / "saved_model", "--tag_set", "serve",

@@ -44,6 +44,7 @@ def pqat_cnn(digits):
     """A CNN with half of every kernel zeroed (smallest magnitudes), then prune-preserving
     QAT: (float model, QAT model)."""
     source = digits[0]
+    keras.utils.set_random_seed(0)     # weights not decided by the tests run before it
     net = trained(MODELS.get("cnn")(source.spec, filters=[16, 32], dense=[64]), source, 6)
     for layer in net.layers:
         if hasattr(layer, "kernel"):
@@ -111,8 +112,11 @@ def test_codes_and_scales_are_the_int8_tflite_files(pqat_cnn, tmp_path):
         same = [scales for values, scales in lite if values.shape == codes.shape
                 and np.array_equal(values, codes)]
         assert len(same) == 1, name
-        np.testing.assert_allclose(np.broadcast_to(same[0], layer.kernel_scale.shape),
-                                   layer.kernel_scale.numpy(), rtol=1e-6)
+        # a channel whose every code is 0 has no scale to agree on (TFLite gives it ~4e-9)
+        used = np.any(codes.reshape(codes.shape[0], -1) != 0, axis=1) if codes.ndim == 4 \
+            else np.any(codes != 0, axis=1)
+        np.testing.assert_allclose(np.broadcast_to(same[0], layer.kernel_scale.shape)[used],
+                                   layer.kernel_scale.numpy()[used], rtol=1e-6)
 
 
 def test_the_int8_model_computes_what_the_qat_model_does(pqat_cnn, digits):
@@ -223,7 +227,8 @@ def test_weight_only_int8_of_a_float_model(pqat_cnn, digits, tmp_path):
         layer = model.get_layer(name)
         codes = getattr(layer, "layer", layer).kernel_int8.numpy()
         per_channel = np.max(np.abs(codes.reshape(-1, codes.shape[-1])), axis=0)
-        assert np.all(per_channel == 127), name        # symmetric, one scale per channel
+        # symmetric, one scale per channel (a channel of zeros stays zeros)
+        assert np.all((per_channel == 127) | (per_channel == 0)) and np.any(per_channel), name
     cfg = load_config(None, ["export.saved_model_int8=true", "export.tflite=none"]).export
     report = artifacts.export_all(float_net, cfg, tmp_path, source)["saved_model_int8"]
     assert "post-training weight-only" in report["kernels"]

@@ -108,6 +108,24 @@ class DepthwisePrunePreserveConfig(registry.Default8BitConvQuantizeConfig):
         return {"activation": self.activation}
 
 
+@keras.utils.register_keras_serializable("tftrain")
+class EmbeddingQuantizeConfig(registry.Default8BitQuantizeConfig):
+    """An 8-bit embedding table: one symmetric range for the whole table (TFLite's int8
+    GATHER keeps its table's scale on the rows it gathers, so the rows come out int8 at
+    that scale), prune-preserving if asked; no activation of its own to quantize. tfmot
+    has no config for `Embedding`, so a text model's table stayed float (a 1.45 MB
+    "int8" file that was mostly a float32 table)."""
+
+    def __init__(self, preserve_sparsity: bool = False):
+        super().__init__(["embeddings"], [], False)
+        self.preserve_sparsity = preserve_sparsity
+        if preserve_sparsity:
+            self.weight_quantizer = pqat_registry.PrunePreserveDefault8BitWeightsQuantizer()
+
+    def get_config(self):
+        return {"preserve_sparsity": self.preserve_sparsity}
+
+
 def configs_for(model, preserve_sparsity: bool) -> dict:
     """The QuantizeConfig tftrain gives each layer of `model` that needs one, by name.
 
@@ -156,6 +174,8 @@ def config_for(layer, preserve_sparsity: bool) -> Optional[object]:
 
     if type(layer) in (keras.layers.Conv1D, Conv1DAsConv2D):
         return Conv1DQuantizeConfig(preserve_sparsity)
+    if isinstance(layer, keras.layers.Embedding):
+        return EmbeddingQuantizeConfig(preserve_sparsity)
     if preserve_sparsity and isinstance(layer, keras.layers.DepthwiseConv2D):
         return DepthwisePrunePreserveConfig()
     if isinstance(layer, (keras.layers.MaxPooling1D, keras.layers.GlobalMaxPooling1D)):

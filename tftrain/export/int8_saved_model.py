@@ -20,9 +20,10 @@ import tensorflow as tf
 
 from tftrain.core.keras import keras
 
-# layer class name -> the attribute holding the kernel it quantizes
+# layer class name -> the attribute holding the kernel it quantizes (an embedding's
+# table: its rows are gathered from the int8 codes)
 KERNELS = {"Dense": "kernel", "Conv1D": "kernel", "Conv2D": "kernel",
-           "DepthwiseConv2D": "depthwise_kernel"}
+           "DepthwiseConv2D": "depthwise_kernel", "Embedding": "embeddings"}
 
 
 @dataclass
@@ -294,7 +295,8 @@ def _int8_layer(plans: dict[str, _Layer]):
                     config = {k: config[k] for k in (
                         "name", "filters", "kernel_size", "strides", "padding",
                         "dilation_rate", "activation", "use_bias", "dtype")}
-                config["use_bias"] = plan.bias is not None
+                if "use_bias" in config:               # (an embedding has none)
+                    config["use_bias"] = plan.bias is not None
                 cls = int8_class(cls)
             base = cls.from_config(config)
         if not ranges:

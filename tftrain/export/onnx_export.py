@@ -208,11 +208,13 @@ _LAYOUT = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Concat", 
 def float_ops(graph) -> list[str]:
     """The nodes of an optimized `graph` that compute on float values (`Op (output)`):
     what ONNX Runtime did not fuse into an int8 kernel (float islands), quantize and
-    dequantize nodes and layout ops aside. Types follow the graph: a DequantizeLinear or
-    a float input gives float, QuantizeLinear and the int8 kernels give integers."""
+    dequantize nodes and layout ops aside. Types follow the graph: a DequantizeLinear, a
+    float input or a float initializer (a float embedding table) gives float,
+    QuantizeLinear and the int8 kernels give integers."""
     from onnx import TensorProto
 
     floating = {i.name for i in graph.input if i.type.tensor_type.elem_type == TensorProto.FLOAT}
+    floating |= {i.name for i in graph.initializer if i.data_type == TensorProto.FLOAT}
     found = []
     for node in graph.node:
         if node.op_type == "DequantizeLinear":
