@@ -203,16 +203,16 @@ def test_prune_preserving_qat_keeps_every_zero(preserve):
 def test_quantization_lists_unsupported_layers_or_skips_them():
     inputs = keras.Input((8, 16))
     h = keras.layers.Dense(16, name="proj")(inputs)
-    h = keras.layers.LayerNormalization(name="norm")(h)
+    h = keras.layers.UnitNormalization(name="norm")(h)
     outputs = keras.layers.Dense(4, name="head")(keras.layers.Flatten(name="flat")(h))
     net = keras.Model(inputs, outputs)
     cfg = load_config(None, []).compression.quantization
     with pytest.raises(ConfigError, match=r"compression\.quantization: tfmot cannot quantize "
-                                          r"norm \(LayerNormalization\); set .*skip_unsupported"):
+                                          r"norm \(UnitNormalization\); set .*skip_unsupported"):
         quantization.quantize_model(net, cfg, preserve_sparsity=False)
     cfg = load_config(None, ["compression.quantization.skip_unsupported=true"]).compression.quantization
     q = quantization.quantize_model(net, cfg, preserve_sparsity=False)
-    assert type(q.get_layer("norm")).__name__ == "LayerNormalization"
+    assert type(q.get_layer("norm")).__name__ == "UnitNormalization"
     assert set(quantization.quantized_kernels(q)) == {"proj", "head"}
 
 

@@ -56,6 +56,13 @@ def test_verification_has_teeth():
     assert failures(report) == [f"{n}: {report[n]['check']}" for n in ("saved_model", "tflite_int8")]
     within = verify({"tflite_int8": {"max_abs_logit_diff": 0.4, "accuracy": 0.94}}, cfg, 0.95)
     assert within["tflite_int8"]["verified"]                      # exactly one point: allowed
+    # a QAT model's SavedModel holds fake-quant ops: one 8-bit step apart is no failure,
+    # an accuracy drop is
+    qat = verify({"saved_model": {"max_abs_logit_diff": 0.044, "accuracy": 0.95}}, cfg, 0.95,
+                 qat=True)
+    assert qat["saved_model"]["verified"] and qat["saved_model"]["check"].startswith("accuracy")
+    assert not verify({"saved_model": {"max_abs_logit_diff": 0.044, "accuracy": 0.93}}, cfg,
+                      0.95, qat=True)["saved_model"]["verified"]
 
 
 @pytest.mark.slow

@@ -263,6 +263,32 @@ def test_a_conv1d_through_qat_becomes_a_keras_conv1d(tmp_path):
     np.testing.assert_allclose(model.predict(x, verbose=0), q.predict(x, verbose=0), atol=1e-5)
 
 
+def test_a_qat_transformer_becomes_int8_attention_and_computes_the_qat_model():
+    """Attention's four projections, the sequence Dense layers, the token and position
+    tables are int8 codes in the int8 SavedModel; attention's inner ranges and biases
+    come along, so it computes what the QAT model computes."""
+    from tftrain.data import InputSpec
+    keras.utils.set_random_seed(3)
+    net = MODELS.get("transformer")(InputSpec((8,), "int32", 4, 50), embed_dim=16, num_heads=2,
+                                    num_layers=1, mlp_dim=32)
+    for weight in net.weights:                        # trained-looking biases, not zeros
+        if "bias" in weight.name:
+            weight.assign(np.random.default_rng(0).normal(0, 0.2, weight.shape))
+    cfg = load_config(None, ["compression.quantization.enabled=true"]).compression.quantization
+    q = quantization.quantize_model(net, cfg, preserve_sparsity=False)
+    x = np.random.default_rng(1).integers(0, 50, (128, 8)).astype(np.int32)
+    quantization.calibrate_ranges(q, [x])
+    model, layers = quantized_model(q, qat=True)
+    assert set(layers) == {"tokens", "positions", "b0_attn", "b0_mlp1", "b0_mlp2", "logits"}
+    attention = model.get_layer("b0_attn")
+    attention = getattr(attention, "layer", attention)
+    for name in ("query", "key", "value", "output"):
+        assert getattr(attention, f"{name}_kernel_int8").dtype == tf.int8
+        assert float(np.max(np.abs(getattr(attention, f"{name}_bias").numpy()))) > 0
+    assert not [w.name for w in model.weights if w.dtype == tf.float32 and "kernel:" in w.name]
+    np.testing.assert_allclose(model.predict(x, verbose=0), q.predict(x, verbose=0), atol=1e-5)
+
+
 def test_weight_only_int8_of_a_mixed_precision_model_computes_in_float32(digits):
     from tftrain.runtime import precision
     precision.apply_policy("mixed_bfloat16")

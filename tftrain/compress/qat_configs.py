@@ -126,6 +126,22 @@ class EmbeddingQuantizeConfig(registry.Default8BitQuantizeConfig):
         return {"preserve_sparsity": self.preserve_sparsity}
 
 
+@keras.utils.register_keras_serializable("tftrain")
+class PositionEmbeddingQuantizeConfig(registry.Default8BitQuantizeConfig):
+    """A transformer's learned position table as 8-bit (one symmetric range) and its
+    output's range: TFLite adds the gathered int8 token rows and the int8 position rows
+    in one int8 ADD."""
+
+    def __init__(self, preserve_sparsity: bool = False):
+        super().__init__(["positions"], [], True)
+        self.preserve_sparsity = preserve_sparsity
+        if preserve_sparsity:
+            self.weight_quantizer = pqat_registry.PrunePreserveDefault8BitWeightsQuantizer()
+
+    def get_config(self):
+        return {"preserve_sparsity": self.preserve_sparsity}
+
+
 def configs_for(model, preserve_sparsity: bool) -> dict:
     """The QuantizeConfig tftrain gives each layer of `model` that needs one, by name.
 
@@ -170,8 +186,16 @@ def config_for(layer, preserve_sparsity: bool) -> Optional[object]:
     )
     from tftrain.models.applications import Preprocess
     from tftrain.models.audio import AudioFeatures
+    from tftrain.compress import qat_transformer as qt
     from tftrain.models.text import TokenMean
+    from tftrain.models.transformer import PositionEmbedding
 
+    if isinstance(layer, (keras.layers.MultiHeadAttention, qt.QuantizableAttention)):
+        return qt.AttentionQuantizeConfig(preserve_sparsity)
+    if qt.on_sequence(layer) or isinstance(layer, qt.SequenceDense):
+        return qt.DenseQuantizeConfig(preserve_sparsity)
+    if isinstance(layer, PositionEmbedding):
+        return PositionEmbeddingQuantizeConfig(preserve_sparsity)
     if type(layer) in (keras.layers.Conv1D, Conv1DAsConv2D):
         return Conv1DQuantizeConfig(preserve_sparsity)
     if isinstance(layer, keras.layers.Embedding):
@@ -180,15 +204,28 @@ def config_for(layer, preserve_sparsity: bool) -> Optional[object]:
         return DepthwisePrunePreserveConfig()
     if isinstance(layer, (keras.layers.MaxPooling1D, keras.layers.GlobalMaxPooling1D)):
         return configs.NoOpQuantizeConfig()
-    if isinstance(layer, (AudioFeatures, Preprocess, TokenMean)):
+    # layer normalization computes in float (TFLite has no int8 kernel for it): its output
+    # is quantized, so the int8 ops around it read int8
+    if isinstance(layer, (AudioFeatures, Preprocess, TokenMean,
+                          keras.layers.LayerNormalization)):
         return configs.Default8BitOutputQuantizeConfig()
     return None
 
 
 def quantizable_form(layer):
-    """A fresh copy of `layer` in the form QAT quantizes (a Conv1D as `Conv1DAsConv2D`)."""
+    """A fresh copy of `layer` in the form QAT quantizes (a Conv1D as `Conv1DAsConv2D`;
+    multi-head attention, a Dense on a sequence and layer normalization as
+    `qat_transformer`'s forms)."""
+    from tftrain.compress import qat_transformer as qt
+
     if type(layer) is keras.layers.Conv1D:
         return Conv1DAsConv2D.of(layer)
+    if type(layer) is keras.layers.MultiHeadAttention:
+        return qt.QuantizableAttention.of(layer)
+    if qt.on_sequence(layer):
+        return qt.SequenceDense.from_config(layer.get_config())
+    if qt.last_axis_norm(layer):
+        return qt.PlainLayerNorm.from_config(layer.get_config())
     return layer.__class__.from_config(layer.get_config())
 
 

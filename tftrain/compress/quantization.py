@@ -66,7 +66,15 @@ def quantize_model(model, cfg: QuantizationConfig, preserve_sparsity: bool):
                                          configs.get(layer.name))
 
     annotated = keras.models.clone_model(model, clone_function=annotate)
-    annotated.set_weights([w.reshape(v.shape) for w, v in zip(model.get_weights(), annotated.weights)])
+    # layer by layer (a clone keeps their order): a quantizable form keeps the original's
+    # weights in order, reshaped, then ranges of its own (`QuantizableAttention`)
+    for layer, target in zip(model.layers, annotated.layers):
+        values = [w.numpy() for w in layer.weights]
+        if hasattr(getattr(target, "layer", None), "adopt"):
+            target.layer.adopt(values)
+        else:
+            for value, weight in zip(values, target.weights):
+                weight.assign(value.reshape(weight.shape))
     with q.quantize_scope():
         quantized = q.quantize_apply(annotated, _scheme(preserve_sparsity,
                                                         qat_configs.quantize_input(model)))
@@ -174,7 +182,10 @@ def _keep_zeros(quantized, pruned) -> None:
                 continue
             source = pruned.get_layer(layer.layer.name)
             name = weight.name.split("/")[-1].split(":")[0]
-            zeros = (getattr(source, name).numpy() != 0).reshape(weight.shape)
+            # a quantizable form names the original's weight it holds (reshaped)
+            original = layer.layer.source_weight(source, name) \
+                if hasattr(layer.layer, "source_weight") else getattr(source, name)
+            zeros = (original.numpy() != 0).reshape(weight.shape)
             mask = layer.add_weight(f"pruning_mask_{name}", shape=weight.shape, trainable=False,
                                     initializer=keras.initializers.Ones(), dtype=weight.dtype)
             mask.assign(zeros.astype(weight.dtype.as_numpy_dtype))
@@ -208,19 +219,26 @@ def calibrate_ranges(model, batches) -> int:
         entry[2], entry[3] = np.minimum(entry[2], low), np.maximum(entry[3], high)
         return inputs
 
-    def float_through(self, inputs, training, weights, **kwargs):
-        return inputs
-
     activations = (quantizers.MovingAverageQuantizer, quantizers.AllValuesQuantizer)
     used = 0
     with _quantizers_replaced(lambda cls, call: record if issubclass(cls, activations)
-                              else float_through):
+                              else _float_through):
         for used, batch in enumerate(batches, start=1):
             model(batch[0] if isinstance(batch, tuple) else batch, training=False)
     for low_var, high_var, low, high in seen.values():
         low_var.assign(np.minimum(low, 0.0).astype(np.float32).reshape(low_var.shape))
         high_var.assign(np.maximum(high, 0.0).astype(np.float32).reshape(high_var.shape))
     return used
+
+
+def quantizers_bypassed():
+    """A context inside which every tfmot quantizer passes its input through: a QAT
+    model computes its float model's function (what its quantizable forms must keep)."""
+    return _quantizers_replaced(lambda cls, call: _float_through)
+
+
+def _float_through(self, inputs, training, weights, **kwargs):
+    return inputs
 
 
 def ranges_held():
@@ -263,6 +281,9 @@ def range_variables(model) -> list:
     for layer in getattr(model, "layers", [model]):
         groups = [getattr(layer, "quantizer_vars", None),        # tfmot's QuantizeLayer
                   getattr(layer, "_output_quantizer_vars", None)]
+        inner = getattr(layer, "layer", None)
+        if hasattr(inner, "range_variables"):                   # ranges inside a layer
+            groups.append(dict(enumerate(inner.range_variables())))
         for activation in getattr(layer, "_quantize_activations", []):
             groups += [getattr(activation, "_pre_activation_vars", None),
                        getattr(activation, "_post_activation_vars", None)]

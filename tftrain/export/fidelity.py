@@ -179,7 +179,7 @@ def _substituted(name: str, local: np.ndarray, artifact: dict, reference: dict):
     if got.shape != local.shape and got.ndim == 4 and \
             got.transpose(0, 2, 3, 1).shape == local.shape:          # ONNX's NCHW maps
         got = got.transpose(0, 2, 3, 1)
-    got = got.reshape(local.shape)
+    got = got.reshape(local.shape).astype(local.dtype)
     return got, {"layer": name, "sqnr_db": round(sqnr_db(reference[name], got), 2),
                  "local_sqnr_db": round(sqnr_db(local, got), 2),
                  "max_abs_diff": float(np.max(np.abs(got - reference[name]))),

@@ -20,10 +20,14 @@ import tensorflow as tf
 
 from tftrain.core.keras import keras
 
-# layer class name -> the attribute holding the kernel it quantizes (an embedding's
-# table: its rows are gathered from the int8 codes)
-KERNELS = {"Dense": "kernel", "Conv1D": "kernel", "Conv2D": "kernel",
-           "DepthwiseConv2D": "depthwise_kernel", "Embedding": "embeddings"}
+# layer class name -> the attributes holding the kernels it quantizes (an embedding's
+# table: its rows are gathered from the int8 codes; QAT's attention: its four
+# projections)
+KERNELS = {"Dense": ("kernel",), "SequenceDense": ("kernel",), "Conv1D": ("kernel",),
+           "Conv2D": ("kernel",), "DepthwiseConv2D": ("depthwise_kernel",),
+           "Embedding": ("embeddings",), "PositionEmbedding": ("positions",),
+           "QuantizableAttention": ("query_kernel", "key_kernel", "value_kernel",
+                                    "output_kernel")}
 
 
 @dataclass
@@ -94,37 +98,39 @@ def fold_batch_norm(codes: Codes, bias, bn) -> tuple[Codes, np.ndarray]:
 
 
 class _Int8Kernel:
-    """Mixin: the layer's kernel attribute is `int8 codes * scale`, computed at call time;
-    no float kernel variable exists."""
-    _kernel_attr = "kernel"
+    """Mixin: each kernel attribute (`kernel`, or several) is `int8 codes * scale`,
+    computed at call time, from the variables `<attr>_int8` and `<attr>_scale`; no float
+    kernel variable exists."""
+    _kernel_attrs = ("kernel",)
     _channel_axes = 1
 
     def add_weight(self, name=None, shape=None, *args, **kwargs):
-        if name != self._kernel_attr:
+        if name not in self._kernel_attrs:
             return super().add_weight(name, shape, *args, **kwargs)
         channels = self._channel_axes
-        self.kernel_int8 = super().add_weight(name=f"{name}_int8", shape=shape, dtype=tf.int8,
-                                              initializer="zeros", trainable=False)
-        self.kernel_scale = super().add_weight(name=f"{name}_scale",
-                                               shape=tuple(shape)[len(shape) - channels:],
-                                               dtype=tf.float32, initializer="ones",
-                                               trainable=False)
+        setattr(self, f"{name}_int8", super().add_weight(
+            name=f"{name}_int8", shape=shape, dtype=tf.int8, initializer="zeros",
+            trainable=False))
+        setattr(self, f"{name}_scale", super().add_weight(
+            name=f"{name}_scale", shape=tuple(shape)[len(shape) - channels:],
+            dtype=tf.float32, initializer="ones", trainable=False))
         return None
 
-    def _dequantized(self):
-        return tf.cast(self.kernel_int8, tf.float32) * self.kernel_scale
+    def _dequantized(self, attr: str):
+        return tf.cast(getattr(self, f"{attr}_int8"), tf.float32) * getattr(self, f"{attr}_scale")
 
 
 _CLASSES: dict[type, type] = {}
 
 
 def int8_class(cls: type) -> type:
-    """`cls` (a Keras Dense/Conv/DepthwiseConv layer class) with an int8 kernel."""
+    """`cls` (a layer class of `KERNELS`) with int8 kernels."""
     if cls not in _CLASSES:
-        attr = KERNELS[cls.__name__]
+        attrs = KERNELS[cls.__name__]
         _CLASSES[cls] = type(f"Int8{cls.__name__}", (_Int8Kernel, cls), {
-            "_kernel_attr": attr, "_channel_axes": _output_axes(cls.__name__),
-            attr: property(_Int8Kernel._dequantized, lambda self, value: None)})
+            "_kernel_attrs": attrs, "_channel_axes": _output_axes(cls.__name__),
+            **{attr: property(lambda self, attr=attr: self._dequantized(attr),
+                              lambda self, value: None) for attr in attrs}})
     return _CLASSES[cls]
 
 
@@ -158,8 +164,8 @@ class ActivationRanges(keras.layers.Wrapper):
         return tf.quantization.fake_quant_with_min_max_vars(x, low, high, num_bits=bits,
                                                             narrow_range=narrow)
 
-    def call(self, inputs):
-        y = self._fake_quant(self.layer(inputs), "pre")
+    def call(self, inputs, **kwargs):
+        y = self._fake_quant(self.layer(inputs, **kwargs), "pre")
         return self._fake_quant(self._fake_quant(self.activation(y), "post"), "output")
 
     def compute_output_shape(self, input_shape):
@@ -197,10 +203,11 @@ def _ranges(layer) -> dict:
 @dataclass
 class _Layer:
     """How one layer of the int8 model is made: the float layer it stands for (None: an
-    identity, e.g. tfmot's input quantizer), for a quantized layer its codes and bias,
-    the batch norm folded into it, and the activation ranges QAT learned around it."""
+    identity, e.g. tfmot's input quantizer), for a quantized layer its codes by kernel
+    attribute and its bias, the batch norm folded into it, and the activation ranges QAT
+    learned around it."""
     layer: object
-    codes: Codes = None
+    codes: dict = None
     bias: np.ndarray = None
     folded: str = None           # name of the batch norm folded into this layer
     ranges: dict = None
@@ -234,15 +241,20 @@ def _plan(model, qat: bool) -> dict[str, _Layer]:
         if inner is None:
             continue
         kind = "Conv1D" if type(inner).__name__ == "Conv1DAsConv2D" else type(inner).__name__
+        attrs = KERNELS.get(kind, ())
         if qat:
-            found = [qat_codes(w, q, v, kind) for w, q, v in getattr(layer, "_weight_vars", [])
-                     if w.name.split("/")[-1].split(":")[0] == KERNELS.get(kind)]
-            plan.codes = found[0] if found else None
-        elif kind in KERNELS:
-            plan.codes = weight_only_codes(getattr(inner, KERNELS[kind]).numpy(), kind)
-        if plan.codes is not None and kind == "Conv1D" and plan.codes.values.ndim == 4:
-            plan.codes = Codes(plan.codes.values[0], plan.codes.scale)   # [1, k, in, out]
-        if plan.codes is not None and getattr(inner, "use_bias", False):
+            plan.codes = {name: qat_codes(w, q, v, kind)
+                          for w, q, v in getattr(layer, "_weight_vars", [])
+                          for name in [w.name.split("/")[-1].split(":")[0]] if name in attrs}
+        elif kind in KERNELS and kind != "QuantizableAttention":
+            plan.codes = {name: weight_only_codes(getattr(inner, name).numpy(), kind)
+                          for name in attrs}
+        plan.codes = plan.codes or None
+        if plan.codes is not None and kind == "Conv1D" and plan.codes["kernel"].values.ndim == 4:
+            codes = plan.codes["kernel"]                          # [1, k, in, out]
+            plan.codes = {"kernel": Codes(codes.values[0], codes.scale)}
+        if plan.codes is not None and getattr(inner, "use_bias", False) \
+                and isinstance(getattr(inner, "bias", None), tf.Variable):
             plan.bias = inner.bias.numpy()
     _fold(model, plans)
     return plans
@@ -266,11 +278,13 @@ def _fold(model, plans: dict[str, _Layer]) -> None:
         if not isinstance(bn, keras.layers.BatchNormalization) or len(producers.get(name, [])) != 1:
             continue
         parent = plans[producers[name][0]]
-        if (parent.codes is None or _activation(parent.layer) != "linear"
+        if (parent.codes is None or len(parent.codes) != 1 or _activation(parent.layer) != "linear"
                 or consumers[producers[name][0]] != [name] or "post" in parent.ranges
                 or "output" in parent.ranges or bn.axis not in ([-1], [len(bn.input_shape) - 1])):
             continue
-        parent.codes, parent.bias = fold_batch_norm(parent.codes, parent.bias, bn)
+        (attr, codes), = parent.codes.items()
+        folded, parent.bias = fold_batch_norm(codes, parent.bias, bn)
+        parent.codes = {attr: folded}
         parent.folded, plan.layer, plan.name = bn.name, None, bn.name
 
 
@@ -295,7 +309,7 @@ def _int8_layer(plans: dict[str, _Layer]):
                     config = {k: config[k] for k in (
                         "name", "filters", "kernel_size", "strides", "padding",
                         "dilation_rate", "activation", "use_bias", "dtype")}
-                if "use_bias" in config:               # (an embedding has none)
+                if "use_bias" in config and hasattr(inner, "bias"):   # (one bias, folded)
                     config["use_bias"] = plan.bias is not None
                 cls = int8_class(cls)
             base = cls.from_config(config)
@@ -304,6 +318,19 @@ def _int8_layer(plans: dict[str, _Layer]):
         return ActivationRanges(base, activation, **{k: v[:2] for k, v in ranges.items()},
                                 name=name)
     return clone
+
+
+def _copy_others(source, target) -> None:
+    """Every weight of `target` besides its int8 kernels from `source`'s weight of the same
+    name (biases, the ranges inside a `QuantizableAttention`)."""
+    sources = {w.name.split("/")[-1]: w for w in source.weights}
+    for weight in target.weights:
+        name = weight.name.split("/")[-1]
+        base = name.split(":")[0]
+        if base.endswith(("_int8", "_scale")) and base.rsplit("_", 1)[0] in target._kernel_attrs:
+            continue
+        if name in sources:
+            weight.assign(sources[name])
 
 
 def quantized_model(model, qat: bool):
@@ -328,10 +355,13 @@ def quantized_model(model, qat: bool):
         if plan.codes is None:
             target.set_weights(plan.layer.get_weights())
             continue
-        target.kernel_int8.assign(plan.codes.values)
-        target.kernel_scale.assign(plan.codes.scale)
+        for attr, codes in plan.codes.items():
+            getattr(target, f"{attr}_int8").assign(codes.values)
+            getattr(target, f"{attr}_scale").assign(codes.scale)
+        _copy_others(plan.layer, target)
         if plan.bias is not None:
             target.bias.assign(plan.bias)
-        described[target.name] = {"zero_fraction": float(np.mean(plan.codes.values == 0)),
+        values = np.concatenate([c.values.ravel() for c in plan.codes.values()])
+        described[target.name] = {"zero_fraction": float(np.mean(values == 0)),
                                   **({"folded": plan.folded} if plan.folded else {})}
     return clone, described

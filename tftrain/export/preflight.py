@@ -105,8 +105,10 @@ def refusal(cfg, err: Exception) -> str:
         found = f"op {op}" + (f" (layer {layer.group(1)})" if layer else "") + \
             f" has no {target} form"
     else:
-        found = next((line.strip() for line in text.splitlines() if line.strip()),
-                     type(err).__name__)[:300]
+        # the first line that says something (TensorFlow's own start "in user code:")
+        lines = [line.strip() for line in text.splitlines()
+                 if line.strip() and line.strip() != "in user code:"]
+        found = (lines[0] if lines else type(err).__name__)[:300]
     return (f"{what}: the untrained model does not convert: {found}; {fix}, or set "
             "export.preflight: false to find out after training")
 
