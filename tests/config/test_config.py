@@ -32,6 +32,12 @@ def test_overrides_parse_yaml_values():
     assert cfg.run.deterministic is True
 
 
+def test_int8_fallback_reads_yaml_off_and_needs_qat():
+    assert load_config(None, ["export.int8_fallback=off"]).export.int8_fallback == "off"
+    cfg = load_config(None, ["compression.quantization.enabled=true", "export.int8_fallback=auto"])
+    assert cfg.export.int8_fallback == "auto" and cfg.export.tflite == "int8"
+
+
 def test_config_is_frozen():
     cfg = load_config()
     with pytest.raises(Exception, match="frozen"):
@@ -88,6 +94,9 @@ def test_sizes_parse():
     ("compression.pruning={structure: '2:4', block: [1, 4]}", r"compression\.pruning\.block: M:N structure and block"),
     ("compression.pruning.final_sparsity=1.0", r"compression\.pruning\.final_sparsity: .*less than 1"),
     ("compression.quantization.skip_unsuported=true", r"did you mean skip_unsupported\?"),
+    ("export.int8_fallback=auto", r"export\.int8_fallback: auto falls back layers of a "
+                                  r"quantization-aware trained model"),
+    ("export.int8_fallback=sometimes", r"export\.int8_fallback: .*'off' or 'auto'"),
 ])
 def test_errors_name_the_key(override, pattern):
     with pytest.raises(ConfigError, match=pattern):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 
 import numpy as np
+import tensorflow as tf
 import tensorflow_model_optimization as tfmot
 
 from tftrain.compress import qat_configs
@@ -205,7 +206,6 @@ def calibrate_ranges(model, batches) -> int:
     input or a ReLU output of [0, 2] on values that never occur (an input's range only
     ever widens). Call before the first QAT update; a resumed stage restores its ranges
     from the checkpoint."""
-    import tensorflow as tf
     from tensorflow_model_optimization.python.core.quantization.keras import quantizers
 
     seen: dict[int, list] = {}           # id(min variable) -> [min_var, max_var, low, high]
@@ -239,6 +239,23 @@ def quantizers_bypassed():
 
 def _float_through(self, inputs, training, weights, **kwargs):
     return inputs
+
+
+def kernels_unquantized(layers):
+    """A context inside which the kernels of `layers` (QAT wrappers) are not
+    fake-quantized (pruned zeros still masked): a SavedModel traced inside converts with
+    those layers' kernels float, the ranges around them kept."""
+    chosen = {id(v) for layer in layers for _, _, variables in layer._weight_vars
+              for v in variables.values()}
+
+    def replaced(cls, call):
+        def maybe(self, inputs, training, weights, **kwargs):
+            if not any(id(v) in chosen for v in weights.values()):
+                return call(self, inputs, training, weights, **kwargs)
+            mask = weights.get("sparsity_mask")
+            return inputs if mask is None else inputs * tf.cast(mask, inputs.dtype)
+        return maybe
+    return _quantizers_replaced(replaced)
 
 
 def ranges_held():

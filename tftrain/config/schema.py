@@ -342,6 +342,17 @@ class ExportConfig(Strict):
     min_layer_sqnr: float = 20.0
     max_logit_diff: float = Field(1e-3, gt=0)     # float artifacts vs the in-memory model
     max_accuracy_drop: float = Field(0.01, ge=0, le=1)   # reduced-precision artifacts
+    # auto: an int8 TFLite file of a QAT model further than max_accuracy_drop from it
+    # keeps its noisiest layers' kernels float, one at a time, until within (or
+    # int8_fallback_layers tried); off: report and verify only
+    int8_fallback: Literal["off", "auto"] = "off"
+    int8_fallback_layers: int = Field(4, ge=1)
+
+    @field_validator("int8_fallback", mode="before")
+    @classmethod
+    def _yaml_off(cls, value):
+        # YAML reads a bare `off` as false (and `on` as true)
+        return {False: "off", True: "auto"}.get(value, value) if isinstance(value, bool) else value
 
 
 class MlflowConfig(Strict):
@@ -387,6 +398,12 @@ class Config(Strict):
             raise ValueError(f"export.tflite: a quantization-aware trained model exports as "
                              f"int8, not {self.export.tflite}; set export.tflite: int8 (or "
                              "disable compression.quantization)")
+        if self.export.int8_fallback == "auto" and not (
+                self.compression.quantization.enabled and self.export.tflite == "int8"):
+            raise ValueError("export.int8_fallback: auto falls back layers of a "
+                             "quantization-aware trained model's int8 TFLite file; enable "
+                             "compression.quantization with export.tflite: int8, or set "
+                             "export.int8_fallback: off")
         if placement is not None and self.distribute.strategy not in ("auto", "default"):
             raise ValueError(f"distribute.strategy: model.placement places one model copy over "
                              f"its devices and cannot be combined with "

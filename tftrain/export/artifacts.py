@@ -85,12 +85,16 @@ def saved_model_variables_gzip(model) -> int:
 
 
 def convert_tflite(saved_model: Path, mode: str, calibration: np.ndarray,
-                   qat: bool = False) -> bytes:
+                   qat: bool = False, strict: bool = False) -> bytes:
     """TFLite flatbuffer from a SavedModel in the given mode. A quantization-aware
-    trained model (`qat`) converts to int8 with the ranges it learned: no calibration."""
+    trained model (`qat`) converts to int8 with the ranges it learned: no calibration.
+    `strict` (QAT): an op whose kernel has no fake-quant stays float (else the converter
+    quantizes that kernel itself)."""
     converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model))
     if mode in ("dynamic", "float16", "int8"):
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    if strict:
+        converter._experimental_strict_qdq = True
     if mode == "float16":
         converter.target_spec.supported_types = [tf.float16]
     if mode == "int8" and not qat:     # full integer: activations calibrated, int8 kernels
@@ -210,16 +214,17 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
         int8 = blob if mode == "int8" else None
     int8_logits = None
     if cfg.tflite != "none":
+        entry = _tflite_entry(blob, plain, x_val, y_val, reference, int8 is not None and layers,
+                              calibration, cfg)
+        if qat and cfg.int8_fallback == "auto" and layers and \
+                _accuracy(reference, y_val) - entry["accuracy"] > cfg.max_accuracy_drop + 1e-9:
+            blob, entry = _with_fallback(plain, out, blob, entry, x_val, y_val, reference,
+                                         calibration, cfg)
+            int8 = blob
         (out / "model.tflite").write_bytes(blob)
-        logits, latency = tflite_logits(blob, x_val)
-        int8_logits = logits if int8 is not None else None
-        report[f"tflite_{cfg.tflite}"] = {
-            **_sizes(blob), "accuracy": _accuracy(logits, y_val),
-            "max_abs_logit_diff": float(np.max(np.abs(logits - reference))),
-            "latency_ms": latency * 1e3, "input": _input_kind(plain, None)}
-        if int8 is not None and layers:
-            from tftrain.export import fidelity
-            report["tflite_int8"].update(fidelity.tflite_entry(int8, plain, calibration, cfg))
+        int8_logits = entry.pop("logits") if int8 is not None else None
+        entry.pop("logits", None)
+        report[f"tflite_{cfg.tflite}"] = entry
     if cfg.onnx:
         if int8 is not None and int8_logits is None:   # a QAT model without a TFLite file
             int8_logits = tflite_logits(int8, x_val)[0]
@@ -229,6 +234,56 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
         shutil.rmtree(saved)
         del report["saved_model"]
     return verify(report, cfg, _accuracy(reference, y_val), qat)
+
+
+def _tflite_entry(blob: bytes, plain, x_val, y_val, reference, layers: bool, calibration,
+                  cfg) -> dict:
+    """A TFLite file's report entry (its `logits` too, for the caller to take); an int8
+    file's layer by layer."""
+    logits, latency = tflite_logits(blob, x_val)
+    entry = {**_sizes(blob), "accuracy": _accuracy(logits, y_val),
+             "max_abs_logit_diff": float(np.max(np.abs(logits - reference))),
+             "latency_ms": latency * 1e3, "input": _input_kind(plain, None), "logits": logits}
+    if layers:
+        from tftrain.export import fidelity
+        entry.update(fidelity.tflite_entry(blob, plain, calibration, cfg))
+    return entry
+
+
+def _with_fallback(plain, out: Path, int8: bytes, entry: dict, x_val, y_val, reference,
+                   calibration, cfg) -> tuple[bytes, dict]:
+    """`export.int8_fallback: auto` (`tftrain.export.fallback`): the int8 file with its
+    noisiest layers' kernels float until within `export.max_accuracy_drop`; the entry
+    records the layers and what they cost against the all-int8 file."""
+    from tftrain.compress import quantization
+    from tftrain.export import fallback
+
+    def convert(wrappers) -> bytes:
+        with quantization.kernels_unquantized(wrappers):
+            source = _write_saved_model(plain, out / "tflite_fallback")
+        try:
+            floats = convert_tflite(source, "int8", calibration, qat=True, strict=True)
+        finally:
+            shutil.rmtree(source)
+        return fallback.spliced(int8, floats)[0]
+
+    found, record = fallback.fall_back(
+        plain, entry["layers"], lambda b: _accuracy(tflite_logits(b, x_val)[0], y_val),
+        convert, _accuracy(reference, y_val), cfg.max_accuracy_drop, cfg.int8_fallback_layers)
+    if found is None or max(t["accuracy"] for t in record["tried"]) <= entry["accuracy"]:
+        print("tftrain: warning: tflite_int8: no fallback of "
+              f"{len(record['tried'])} layer(s) brought it closer to the model; kept all-int8",
+              flush=True)
+        return int8, {**entry, "fallback": {**record, "layers": [], "kept": "int8"}}
+    new = _tflite_entry(found, plain, x_val, y_val, reference, True, calibration, cfg)
+    new["fallback"] = {**record, "accuracy_before": entry["accuracy"],
+                       "size_bytes_before": entry["size_bytes"],
+                       "latency_ms_before": entry["latency_ms"]}
+    print(f"tftrain: tflite_int8 fell back {len(record['layers'])} layer(s) to float kernels "
+          f"({', '.join(record['layers'])}): accuracy {entry['accuracy']:.4f} -> "
+          f"{new['accuracy']:.4f}, {entry['size_bytes']} -> {new['size_bytes']} B, "
+          f"{entry['latency_ms']:.3f} -> {new['latency_ms']:.3f} ms/example", flush=True)
+    return found, new
 
 
 def _int8_saved_model(model, path: Path, serving, raw, y_val, reference, qat: bool,

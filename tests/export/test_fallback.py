@@ -1,0 +1,70 @@
+"""Int8 fallback: a layer the converter got wrong is named, then falls back alone."""
+import numpy as np
+import pytest
+
+from tftrain.config import load_config
+from tftrain.export import artifacts, fallback
+
+
+def corrupting(layer: str, factor: float = 8.0):
+    """A `convert_tflite` whose int8 file has the kernel scales of `layer` times `factor`
+    (a converter that quantized that layer's kernel unlike QAT); a file in which that
+    layer's kernel is float is left as it is."""
+    import flatbuffers
+    from tensorflow.lite.python import schema_py_generated as fb
+
+    convert = artifacts.convert_tflite
+
+    def converted(*args, **kwargs):
+        model = fb.ModelT.InitFromObj(fb.Model.GetRootAsModel(convert(*args, **kwargs), 0))
+        graph = model.subgraphs[0]
+        for tensor in graph.tensors:
+            data = model.buffers[tensor.buffer].data
+            if (layer in tensor.name.decode() and tensor.type == fb.TensorType.INT8
+                    and data is not None and len(data) and tensor.quantization is not None):
+                tensor.quantization.scale = [s * factor for s in tensor.quantization.scale]
+        builder = flatbuffers.Builder(1024)
+        builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
+        return bytes(builder.Output())
+    return converted
+
+
+def export(q, source, out, fallback_setting):
+    cfg = load_config(None, ["compression.quantization.enabled=true", "export.saved_model=false",
+                             f"export.int8_fallback={fallback_setting}"])
+    return artifacts.export_all(q, cfg.export, out, source, qat=True, data_cfg=cfg.data)
+
+
+def test_a_layer_the_converter_got_wrong_is_named_worst_and_falls_back_alone(
+        qat_cnn, tmp_path, monkeypatch):
+    """quant_dense_0's kernel scales x8 in the int8 file: off, the file fails its check
+    with that layer named as the worst; auto, that layer alone falls back to a float
+    kernel, the file is within export.max_accuracy_drop, and the report says what it
+    cost."""
+    q, x, y, source = qat_cnn
+    reference = float(np.mean(np.argmax(q.predict(x, verbose=0), -1) == y))
+    monkeypatch.setattr(artifacts, "convert_tflite", corrupting("quant_dense_0"))
+    off = export(q, source, tmp_path / "off", "off")["tflite_int8"]
+    assert off["worst_layers"][0] == "quant_dense_0"
+    assert reference - off["accuracy"] > 0.01 and not off["verified"]
+    assert "fallback" not in off
+    auto = export(q, source, tmp_path / "auto", "auto")["tflite_int8"]
+    record = auto["fallback"]
+    assert record["layers"] == ["quant_dense_0"] and record["within_budget"]
+    assert record["tried"][0]["named_as"] == "quant_dense_0"
+    assert record["accuracy_before"] == pytest.approx(off["accuracy"])
+    assert auto["verified"] and reference - auto["accuracy"] <= 0.01
+    assert auto["label"].startswith("int8 with") and all("dense_0" in op
+                                                          for op in auto["float_ops"])
+    assert auto["size_bytes"] > record["size_bytes_before"]        # a float kernel is larger
+    assert (tmp_path / "auto" / "model.tflite").read_bytes() != \
+        (tmp_path / "off" / "model.tflite").read_bytes()
+
+
+def test_a_relu_reported_layer_falls_back_through_its_convolution(qat_cnn):
+    """TFLite fuses a convolution into the ReLU after it, so the report names the ReLU;
+    the kernel to fall back is the convolution's."""
+    q = qat_cnn[0]
+    assert fallback.weighted_layer(q, "quant_relu_0").name == "quant_conv_0"
+    assert fallback.weighted_layer(q, "quant_dense_0").name == "quant_dense_0"
+    assert fallback.weighted_layer(q, q.layers[1].name) is None     # the input quantizer

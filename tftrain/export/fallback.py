@@ -1,0 +1,164 @@
+"""Int8 fallback within a budget: float kernels for the layers an int8 file gets wrong.
+
+When the int8 TFLite file of a quantization-aware trained model is further than
+`export.max_accuracy_drop` from the model (a converter that quantized one layer unlike
+QAT, tfmot #368), `export.int8_fallback: auto` converts it again with the kernels of its
+noisiest layer float (the layer the fidelity report names by the noise it adds, not the
+ones downstream that carry it), then the next, until the file is within budget or
+`export.int8_fallback_layers` layers were tried. A fallen-back layer runs in float
+between a dequantize and the quantize of its output range, which QAT learned, so the
+layers around it stay int8. The converter cannot write that file itself: a kernel
+without fake-quant it quantizes on its own (post-training) when the tensors around it
+are quantized, and in strict QDQ mode, which keeps such an op float, it writes uint8
+per-channel kernels everywhere else, which no runtime runs. So the layer's float op (its
+float kernel, batch norm folded as the converter folds it) is taken from a strict-QDQ
+conversion with that kernel's fake-quant left out, and spliced into the int8 file in
+place of its int8 op (`spliced`). TFLite's int16x8 mode is a
+whole-model mode in the converter (no per-layer choice for a QAT model), so the fallback
+is float. The report lists the layers, and what the fallback cost in size and latency.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import tensorflow as tf
+
+
+def weighted_layer(model, name: str):
+    """The QAT wrapper holding the kernel behind the layer `name` reports: that layer,
+    or for a layer without a kernel (a ReLU or batch norm TFLite fused into the
+    convolution before it), the nearest single producer that has one; None if none."""
+    layer = model.get_layer(name)
+    for _ in range(3):
+        if getattr(layer, "_weight_vars", None):
+            return layer
+        # distinct producers (a layer shared with another model has a node there too)
+        parents = {id(p): p for node in layer.inbound_nodes
+                   for p in tf.nest.flatten(node.inbound_layers)}
+        if len(parents) != 1:
+            return None
+        layer, = parents.values()
+    return None
+
+
+def fall_back(model, rows: list[dict], accuracy_of: Callable[[bytes], float],
+              convert: Callable[[list], bytes], reference: float, budget: float,
+              most: int) -> tuple[bytes | None, dict]:
+    """Fall back layers named in `rows` (the fidelity report, worst first) one at a
+    time: `convert(wrappers)` makes an int8 file with those wrappers' kernels float,
+    `accuracy_of(blob)` evaluates it. Returns (the first file within `budget` of
+    `reference`, or the best tried; its record)."""
+    from tftrain.export.fidelity import worst
+
+    chosen, tried, best = [], [], (None, -1.0)
+    for row in worst(rows, len(rows)):
+        if len(tried) >= most:
+            break
+        wrapper = weighted_layer(model, row["layer"])
+        if wrapper is None or wrapper in chosen:
+            continue
+        chosen.append(wrapper)
+        blob = convert(list(chosen))
+        accuracy = accuracy_of(blob)
+        tried.append({"layer": wrapper.name, "named_as": row["layer"],
+                      "local_sqnr_db": row["local_sqnr_db"], "accuracy": accuracy})
+        if accuracy > best[1]:
+            best = (blob, accuracy)
+        if reference - accuracy <= budget + 1e-9:
+            return blob, {"layers": [w.name for w in chosen], "tried": tried,
+                          "within_budget": True}
+    layers = [t["layer"] for t in tried[:[t["accuracy"] for t in tried].index(best[1]) + 1]] \
+        if tried else []
+    return best[0], {"layers": layers, "tried": tried, "within_budget": False}
+
+
+# kernel ops a fallback puts back in float
+_KERNEL_OPS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "BATCH_MATMUL")
+
+
+def spliced(int8_blob: bytes, float_blob: bytes) -> tuple[bytes, list[str]]:
+    """`int8_blob` with each of its kernel ops that `float_blob` computes in float (the
+    same output tensor name) replaced by DEQUANTIZE -> that float op (its float kernel
+    and bias, batch norm folded as the converter folded it) -> QUANTIZE to the int8 op's
+    output, so the ops around it are unchanged; returns it and the replaced tensors'
+    names. `float_blob` is a strict-QDQ conversion with those layers' kernels float: the
+    converter writes it with uint8 per-channel kernels elsewhere, which no runtime runs,
+    so only its float ops are taken."""
+    import flatbuffers
+    from tensorflow.lite.python import schema_py_generated as fb
+
+    def model_of(blob):
+        return fb.ModelT.InitFromObj(fb.Model.GetRootAsModel(blob, 0))
+
+    def op_name(model, op):
+        code = model.operatorCodes[op.opcodeIndex]
+        builtin = max(code.builtinCode, code.deprecatedBuiltinCode)
+        return next(k for k, v in vars(fb.BuiltinOperator).items() if v == builtin)
+
+    target, source = model_of(int8_blob), model_of(float_blob)
+    graph, other = target.subgraphs[0], source.subgraphs[0]
+    by_output = {graph.tensors[op.outputs[0]].name: i for i, op in enumerate(graph.operators)}
+
+    def code_index(builtin: int, version: int = 1) -> int:
+        for i, code in enumerate(target.operatorCodes):
+            if max(code.builtinCode, code.deprecatedBuiltinCode) == builtin and \
+                    code.version == version:
+                return i
+        code = fb.OperatorCodeT()
+        code.builtinCode, code.deprecatedBuiltinCode = builtin, min(builtin, 127)
+        code.version = version
+        target.operatorCodes.append(code)
+        return len(target.operatorCodes) - 1
+
+    def tensor(like, dtype, data=None, name_suffix="_float") -> int:
+        new = fb.TensorT()
+        new.shape, new.shapeSignature = like.shape, like.shapeSignature
+        new.type, new.name = dtype, (like.name or b"") + name_suffix.encode()
+        buffer = fb.BufferT()
+        buffer.data = data
+        target.buffers.append(buffer)
+        new.buffer = len(target.buffers) - 1
+        graph.tensors.append(new)
+        return len(graph.tensors) - 1
+
+    replaced, operators = [], list(graph.operators)
+    for op in other.operators:
+        out = other.tensors[op.outputs[0]]
+        if op_name(source, op) not in _KERNEL_OPS or out.type != fb.TensorType.FLOAT32 \
+                or out.name not in by_output:
+            continue
+        old = graph.operators[by_output[out.name]]
+        if graph.tensors[old.outputs[0]].type == fb.TensorType.FLOAT32:
+            continue                                       # already float here
+        x_int8, y_int8 = old.inputs[0], old.outputs[0]
+        x_float = tensor(graph.tensors[x_int8], fb.TensorType.FLOAT32)
+        y_float = tensor(graph.tensors[y_int8], fb.TensorType.FLOAT32)
+        inputs = [x_float]
+        for index in op.inputs[1:]:                        # kernel, bias: float constants
+            if index < 0:
+                inputs.append(index)
+                continue
+            constant = other.tensors[index]
+            inputs.append(tensor(constant, constant.type, source.buffers[constant.buffer].data,
+                                 ""))
+        for index in old.inputs[1:]:                       # the int8 kernel is not used
+            if index >= 0 and target.buffers[graph.tensors[index].buffer].data is not None:
+                target.buffers[graph.tensors[index].buffer].data = None
+        dequantize, compute, quantize = fb.OperatorT(), fb.OperatorT(), fb.OperatorT()
+        dequantize.opcodeIndex = code_index(fb.BuiltinOperator.DEQUANTIZE)
+        dequantize.inputs, dequantize.outputs = [x_int8], [x_float]
+        code = source.operatorCodes[op.opcodeIndex]
+        compute.opcodeIndex = code_index(max(code.builtinCode, code.deprecatedBuiltinCode),
+                                         code.version)
+        compute.builtinOptionsType, compute.builtinOptions = op.builtinOptionsType, \
+            op.builtinOptions
+        compute.inputs, compute.outputs = inputs, [y_float]
+        quantize.opcodeIndex = code_index(fb.BuiltinOperator.QUANTIZE)
+        quantize.inputs, quantize.outputs = [y_float], [y_int8]
+        at = operators.index(old)
+        operators[at:at + 1] = [dequantize, compute, quantize]
+        replaced.append(out.name.decode())
+    graph.operators = operators
+    builder = flatbuffers.Builder(len(int8_blob))
+    builder.Finish(target.Pack(builder), file_identifier=b"TFL3")
+    return bytes(builder.Output()), replaced
