@@ -20,6 +20,7 @@ from tensorflow_model_optimization.python.core.quantization.keras.default_8bit i
     default_8bit_quantize_registry as registry,
 )
 
+from tftrain.compress.qat_base import PrunePreservingConfig
 from tftrain.core.keras import keras
 
 
@@ -109,37 +110,21 @@ class DepthwisePrunePreserveConfig(registry.Default8BitConvQuantizeConfig):
 
 
 @keras.utils.register_keras_serializable("tftrain")
-class EmbeddingQuantizeConfig(registry.Default8BitQuantizeConfig):
+class EmbeddingQuantizeConfig(PrunePreservingConfig):
     """An 8-bit embedding table: one symmetric range for the whole table (TFLite's int8
     GATHER keeps its table's scale on the rows it gathers, so the rows come out int8 at
     that scale), prune-preserving if asked; no activation of its own to quantize. tfmot
     has no config for `Embedding`, so a text model's table stayed float (a 1.45 MB
     "int8" file that was mostly a float32 table)."""
-
-    def __init__(self, preserve_sparsity: bool = False):
-        super().__init__(["embeddings"], [], False)
-        self.preserve_sparsity = preserve_sparsity
-        if preserve_sparsity:
-            self.weight_quantizer = pqat_registry.PrunePreserveDefault8BitWeightsQuantizer()
-
-    def get_config(self):
-        return {"preserve_sparsity": self.preserve_sparsity}
+    WEIGHTS = ("embeddings",)
 
 
 @keras.utils.register_keras_serializable("tftrain")
-class PositionEmbeddingQuantizeConfig(registry.Default8BitQuantizeConfig):
+class PositionEmbeddingQuantizeConfig(PrunePreservingConfig):
     """A transformer's learned position table as 8-bit (one symmetric range) and its
     output's range: TFLite adds the gathered int8 token rows and the int8 position rows
     in one int8 ADD."""
-
-    def __init__(self, preserve_sparsity: bool = False):
-        super().__init__(["positions"], [], True)
-        self.preserve_sparsity = preserve_sparsity
-        if preserve_sparsity:
-            self.weight_quantizer = pqat_registry.PrunePreserveDefault8BitWeightsQuantizer()
-
-    def get_config(self):
-        return {"preserve_sparsity": self.preserve_sparsity}
+    WEIGHTS, OUTPUT = ("positions",), True
 
 
 def configs_for(model, preserve_sparsity: bool) -> dict:

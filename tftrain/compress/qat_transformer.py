@@ -29,13 +29,8 @@ import math
 import tensorflow as tf
 from tensorflow_model_optimization.python.core.keras.utils import smart_cond
 from tensorflow_model_optimization.python.core.quantization.keras import quantizers
-from tensorflow_model_optimization.python.core.quantization.keras.collab_opts.prune_preserve import (  # noqa: E501
-    prune_preserve_quantize_registry as pqat_registry,
-)
-from tensorflow_model_optimization.python.core.quantization.keras.default_8bit import (
-    default_8bit_quantize_registry as registry,
-)
 
+from tftrain.compress.qat_base import PrunePreservingConfig
 from tftrain.core.keras import keras
 
 # the tensors inside attention that an int8 kernel reads, each with its own 8-bit range
@@ -147,19 +142,11 @@ class QuantizableAttention(keras.layers.Layer):
 
 
 @keras.utils.register_keras_serializable("tftrain")
-class AttentionQuantizeConfig(registry.Default8BitQuantizeConfig):
+class AttentionQuantizeConfig(PrunePreservingConfig):
     """8-bit per-tensor symmetric kernels for the four projections of a
     `QuantizableAttention` (prune-preserving if asked) and an 8-bit range on its output;
-    the ranges inside are the layer's own. Serializable, as tfmot rebuilds configs."""
-
-    def __init__(self, preserve_sparsity: bool = False):
-        super().__init__([f"{name}_kernel" for name in PROJECTIONS], [], True)
-        self.preserve_sparsity = preserve_sparsity
-        if preserve_sparsity:
-            self.weight_quantizer = pqat_registry.PrunePreserveDefault8BitWeightsQuantizer()
-
-    def get_config(self):
-        return {"preserve_sparsity": self.preserve_sparsity}
+    the ranges inside are the layer's own."""
+    WEIGHTS, OUTPUT = tuple(f"{name}_kernel" for name in PROJECTIONS), True
 
 
 @keras.utils.register_keras_serializable("tftrain")
@@ -210,15 +197,7 @@ def last_axis_norm(layer) -> bool:
 
 
 @keras.utils.register_keras_serializable("tftrain")
-class DenseQuantizeConfig(registry.Default8BitQuantizeConfig):
+class DenseQuantizeConfig(PrunePreservingConfig):
     """tfmot's Dense scheme (per-tensor 8-bit kernel, the activation's range) for a
     `SequenceDense`, prune-preserving if asked."""
-
-    def __init__(self, preserve_sparsity: bool = False):
-        super().__init__(["kernel"], ["activation"], False)
-        self.preserve_sparsity = preserve_sparsity
-        if preserve_sparsity:
-            self.weight_quantizer = pqat_registry.PrunePreserveDefault8BitWeightsQuantizer()
-
-    def get_config(self):
-        return {"preserve_sparsity": self.preserve_sparsity}
+    WEIGHTS, ACTIVATIONS = ("kernel",), ("activation",)

@@ -252,38 +252,22 @@ def _tflite_entry(blob: bytes, plain, x_val, y_val, reference, layers: bool, cal
 
 def _with_fallback(plain, out: Path, int8: bytes, entry: dict, x_val, y_val, reference,
                    calibration, cfg) -> tuple[bytes, dict]:
-    """`export.int8_fallback: auto` (`tftrain.export.fallback`): the int8 file with its
-    noisiest layers' kernels float until within `export.max_accuracy_drop`; the entry
-    records the layers and what they cost against the all-int8 file."""
+    """`export.int8_fallback: auto` (`tftrain.export.fallback`)."""
     from tftrain.compress import quantization
     from tftrain.export import fallback
 
-    def convert(wrappers) -> bytes:
+    def convert(wrappers) -> bytes:         # strict QDQ, those layers' kernels float
         with quantization.kernels_unquantized(wrappers):
             source = _write_saved_model(plain, out / "tflite_fallback")
         try:
-            floats = convert_tflite(source, "int8", calibration, qat=True, strict=True)
+            return convert_tflite(source, "int8", calibration, qat=True, strict=True)
         finally:
             shutil.rmtree(source)
-        return fallback.spliced(int8, floats)[0]
 
-    found, record = fallback.fall_back(
-        plain, entry["layers"], lambda b: _accuracy(tflite_logits(b, x_val)[0], y_val),
-        convert, _accuracy(reference, y_val), cfg.max_accuracy_drop, cfg.int8_fallback_layers)
-    if found is None or max(t["accuracy"] for t in record["tried"]) <= entry["accuracy"]:
-        print("tftrain: warning: tflite_int8: no fallback of "
-              f"{len(record['tried'])} layer(s) brought it closer to the model; kept all-int8",
-              flush=True)
-        return int8, {**entry, "fallback": {**record, "layers": [], "kept": "int8"}}
-    new = _tflite_entry(found, plain, x_val, y_val, reference, True, calibration, cfg)
-    new["fallback"] = {**record, "accuracy_before": entry["accuracy"],
-                       "size_bytes_before": entry["size_bytes"],
-                       "latency_ms_before": entry["latency_ms"]}
-    print(f"tftrain: tflite_int8 fell back {len(record['layers'])} layer(s) to float kernels "
-          f"({', '.join(record['layers'])}): accuracy {entry['accuracy']:.4f} -> "
-          f"{new['accuracy']:.4f}, {entry['size_bytes']} -> {new['size_bytes']} B, "
-          f"{entry['latency_ms']:.3f} -> {new['latency_ms']:.3f} ms/example", flush=True)
-    return found, new
+    return fallback.within_budget(
+        plain, int8, entry, convert, lambda b: _accuracy(tflite_logits(b, x_val)[0], y_val),
+        lambda b: _tflite_entry(b, plain, x_val, y_val, reference, True, calibration, cfg),
+        _accuracy(reference, y_val), cfg)
 
 
 def _int8_saved_model(model, path: Path, serving, raw, y_val, reference, qat: bool,

@@ -72,6 +72,32 @@ def fall_back(model, rows: list[dict], accuracy_of: Callable[[bytes], float],
     return best[0], {"layers": layers, "tried": tried, "within_budget": False}
 
 
+def within_budget(model, int8: bytes, entry: dict, convert: Callable[[list], bytes],
+                  accuracy_of: Callable[[bytes], float], entry_of: Callable[[bytes], dict],
+                  reference: float, cfg) -> tuple[bytes, dict]:
+    """The int8 file `int8` (report entry `entry`) with layers fallen back until within
+    `export.max_accuracy_drop` of `reference`: `convert(wrappers)` writes a strict-QDQ
+    file with those wrappers' kernels float, whose float ops are `spliced` into `int8`;
+    `entry_of` makes the new file's entry, which records the layers, each try, and the
+    accuracy, size and latency before. If no try comes closer, `int8` is kept."""
+    found, record = fall_back(model, entry["layers"], accuracy_of,
+                              lambda wrappers: spliced(int8, convert(wrappers))[0], reference,
+                              cfg.max_accuracy_drop, cfg.int8_fallback_layers)
+    if found is None or max(t["accuracy"] for t in record["tried"]) <= entry["accuracy"]:
+        print(f"tftrain: warning: tflite_int8: no fallback of {len(record['tried'])} "
+              "layer(s) brought it closer to the model; kept all-int8", flush=True)
+        return int8, {**entry, "fallback": {**record, "layers": [], "kept": "int8"}}
+    new = entry_of(found)
+    new["fallback"] = {**record, "accuracy_before": entry["accuracy"],
+                       "size_bytes_before": entry["size_bytes"],
+                       "latency_ms_before": entry["latency_ms"]}
+    print(f"tftrain: tflite_int8 fell back {len(record['layers'])} layer(s) to float kernels "
+          f"({', '.join(record['layers'])}): accuracy {entry['accuracy']:.4f} -> "
+          f"{new['accuracy']:.4f}, {entry['size_bytes']} -> {new['size_bytes']} B, "
+          f"{entry['latency_ms']:.3f} -> {new['latency_ms']:.3f} ms/example", flush=True)
+    return found, new
+
+
 # kernel ops a fallback puts back in float
 _KERNEL_OPS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "BATCH_MATMUL")
 

@@ -1,0 +1,157 @@
+"""The config schema's compression and export sections (`schema.py` holds the rest and
+the checks across sections): pruning, quantization-aware training, distillation, and the
+artifacts written and verified at the end."""
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import Field, field_validator, model_validator
+
+from tftrain.core.config_types import Duration, Strict, _parse_duration
+
+_M_BY_N = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*$")
+
+
+class PruningConfig(Strict):
+    """Magnitude pruning (tfmot) as its own fine-tuning stage after training."""
+
+    enabled: bool = False
+    final_sparsity: float = Field(0.8, gt=0, lt=1)
+    initial_sparsity: float = Field(0.0, ge=0, lt=1)
+    schedule: Literal["polynomial", "constant"] = "polynomial"
+    begin: Duration = Duration(value=0, unit="steps")       # of the pruning stage
+    end: Duration = Duration(value=0.7, unit="fraction")    # final sparsity reached here
+    frequency: int = Field(10, ge=1)                        # updates between mask updates
+    power: float = Field(3.0, gt=0)                         # polynomial schedule
+    structure: str = "unstructured"                         # or "M:N", e.g. "2:4"
+    block: Optional[tuple[int, int]] = None                 # block sparsity, e.g. [1, 4]
+    block_pooling: Literal["avg", "max"] = "avg"
+    layers: list[str] = []            # layer name / regex rules; empty: every prunable layer
+    epochs: int = Field(4, ge=1)      # length of the pruning stage
+    learning_rate: Optional[float] = Field(None, gt=0)   # default: train's / 10
+
+    @field_validator("begin", "end", mode="before")
+    @classmethod
+    def _duration(cls, v):
+        return _parse_duration(v)
+
+    @field_validator("structure", mode="before")
+    @classmethod
+    def _structure(cls, v):
+        if isinstance(v, int) and not isinstance(v, bool):
+            raise ValueError("write M:N in quotes, e.g. structure: \"2:4\" (unquoted, YAML "
+                             "reads 2:4 as the number 124)")
+        if v == "unstructured":
+            return v
+        m = _M_BY_N.match(str(v))
+        if not m or not 0 < int(m.group(1)) < int(m.group(2)):
+            raise ValueError("expected 'unstructured' or 'M:N' with 0 < M < N "
+                             "(M zeros in every N weights along the input axis), e.g. \"2:4\"")
+        return f"{int(m.group(1))}:{int(m.group(2))}"
+
+    @field_validator("block")
+    @classmethod
+    def _block(cls, v):
+        if v is not None and min(v) < 1:
+            raise ValueError("block sizes must be >= 1, e.g. [1, 4]")
+        return v
+
+    @field_validator("layers")
+    @classmethod
+    def _rules(cls, v):
+        for rule in v:
+            try:
+                re.compile(rule)
+            except re.error as err:
+                raise ValueError(f"rule {rule!r} is not a valid regular expression ({err})")
+        return v
+
+    @model_validator(mode="after")
+    def _one_structure(self):
+        if self.structure != "unstructured" and self.block not in (None, (1, 1)):
+            raise ValueError("compression.pruning.block: M:N structure and block sparsity "
+                             "cannot be combined; set one of them")
+        if self.initial_sparsity > self.final_sparsity:
+            raise ValueError("compression.pruning.initial_sparsity: must not exceed "
+                             "final_sparsity")
+        return self
+
+    @property
+    def m_by_n(self) -> Optional[tuple[int, int]]:
+        if self.structure == "unstructured":
+            return None
+        m, n = self.structure.split(":")
+        return int(m), int(n)
+
+
+class QuantizationConfig(Strict):
+    """8-bit quantization-aware training (tfmot) as the stage after pruning."""
+
+    enabled: bool = False
+    preserve_sparsity: bool = True     # prune-preserving QAT when pruning ran
+    epochs: int = Field(2, ge=1)
+    learning_rate: Optional[float] = Field(None, gt=0)   # default: train's / 10
+    skip_unsupported: bool = False     # leave layers tfmot cannot quantize in float
+    # activation ranges set from this many training batches before the first QAT update
+    # (auto: about 2,000 examples; 0: tfmot's [-6, 6] start, moved by an EMA of 0.999)
+    calibration_batches: Union[Literal["auto"], Annotated[int, Field(ge=0)]] = "auto"
+
+
+class StudentConfig(Strict):
+    name: str                       # registry name, or "package.module:function"
+    params: dict[str, Any] = {}
+
+
+class DistillationConfig(Strict):
+    """Knowledge distillation as a stage after training: a smaller student learns from
+    the trained model (or the SavedModel `teacher`), then goes on to pruning/QAT/export."""
+
+    enabled: bool = False
+    student: Optional[StudentConfig] = None
+    teacher: Optional[str] = None     # a SavedModel directory; replaces the training stage
+    temperature: float = Field(4.0, gt=0)
+    alpha: float = Field(0.1, ge=0, le=1)      # weight of the labels' cross-entropy
+    epochs: int = Field(10, ge=1)
+    learning_rate: Optional[float] = Field(None, gt=0)   # default: training's schedule
+
+    @model_validator(mode="after")
+    def _student(self):
+        if self.enabled and self.student is None:
+            raise ValueError("compression.distillation.student: required when distillation "
+                             "is enabled, e.g. {name: cnn, params: {filters: [8, 16]}}")
+        return self
+
+
+class CompressionConfig(Strict):
+    distillation: DistillationConfig = DistillationConfig()
+    pruning: PruningConfig = PruningConfig()
+    quantization: QuantizationConfig = QuantizationConfig()
+
+
+class ExportConfig(Strict):
+    # every export below converted (and run once) from the untrained model before
+    # training, so a conversion that cannot work is a config error, not a failure at the end
+    preflight: bool = True
+    saved_model: bool = True
+    # export/saved_model_int8/: int8 kernels (QAT's ranges, else post-training weight-only)
+    saved_model_int8: bool = False
+    # model.onnx (float32) and, with an int8 TFLite model, model_int8.onnx (QDQ); [onnx] extra
+    onnx: bool = False
+    tflite: Literal["none", "float", "dynamic", "float16", "int8"] = "float"
+    calibration_examples: int = Field(200, ge=1)
+    # an int8 artifact's layer adding noise below this SQNR (dB) is named in a warning
+    min_layer_sqnr: float = 20.0
+    max_logit_diff: float = Field(1e-3, gt=0)     # float artifacts vs the in-memory model
+    max_accuracy_drop: float = Field(0.01, ge=0, le=1)   # reduced-precision artifacts
+    # auto: an int8 TFLite file of a QAT model further than max_accuracy_drop from it
+    # keeps its noisiest layers' kernels float, one at a time, until within (or
+    # int8_fallback_layers tried); off: report and verify only
+    int8_fallback: Literal["off", "auto"] = "off"
+    int8_fallback_layers: int = Field(4, ge=1)
+
+    @field_validator("int8_fallback", mode="before")
+    @classmethod
+    def _yaml_off(cls, value):
+        # YAML reads a bare `off` as false (and `on` as true)
+        return {False: "off", True: "auto"}.get(value, value) if isinstance(value, bool) else value
