@@ -8,25 +8,10 @@ from tftrain.export import artifacts, fallback
 
 def corrupting(layer: str, factor: float = 8.0):
     """A `convert_tflite` whose int8 file has the kernel scales of `layer` times `factor`
-    (a converter that quantized that layer's kernel unlike QAT); a file in which that
-    layer's kernel is float is left as it is."""
-    import flatbuffers
-    from tensorflow.lite.python import schema_py_generated as fb
-
+    (`fallback.with_kernel_scales`)."""
     convert = artifacts.convert_tflite
-
-    def converted(*args, **kwargs):
-        model = fb.ModelT.InitFromObj(fb.Model.GetRootAsModel(convert(*args, **kwargs), 0))
-        graph = model.subgraphs[0]
-        for tensor in graph.tensors:
-            data = model.buffers[tensor.buffer].data
-            if (layer in tensor.name.decode() and tensor.type == fb.TensorType.INT8
-                    and data is not None and len(data) and tensor.quantization is not None):
-                tensor.quantization.scale = [s * factor for s in tensor.quantization.scale]
-        builder = flatbuffers.Builder(1024)
-        builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
-        return bytes(builder.Output())
-    return converted
+    return lambda *args, **kwargs: fallback.with_kernel_scales(convert(*args, **kwargs),
+                                                                layer, factor)
 
 
 def export(q, source, out, fallback_setting):

@@ -188,3 +188,22 @@ def spliced(int8_blob: bytes, float_blob: bytes) -> tuple[bytes, list[str]]:
     builder = flatbuffers.Builder(len(int8_blob))
     builder.Finish(target.Pack(builder), file_identifier=b"TFL3")
     return bytes(builder.Output()), replaced
+
+
+def with_kernel_scales(blob: bytes, layer: str, factor: float) -> bytes:
+    """`blob` with the quantization scales of every int8 constant whose tensor name
+    mentions `layer` (its kernel) times `factor`: a converter that quantized that layer
+    unlike QAT, for the tests and the benchmark of the fallback. A file in which the
+    layer's kernel is float is returned as it is."""
+    import flatbuffers
+    from tensorflow.lite.python import schema_py_generated as fb
+
+    model = fb.ModelT.InitFromObj(fb.Model.GetRootAsModel(blob, 0))
+    for tensor in model.subgraphs[0].tensors:
+        data = model.buffers[tensor.buffer].data
+        if (layer in tensor.name.decode() and tensor.type == fb.TensorType.INT8
+                and data is not None and len(data) and tensor.quantization is not None):
+            tensor.quantization.scale = [s * factor for s in tensor.quantization.scale]
+    builder = flatbuffers.Builder(len(blob))
+    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
+    return bytes(builder.Output())
