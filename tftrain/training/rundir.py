@@ -224,8 +224,10 @@ def report_table(summary: dict) -> str:
         rows.append(("accuracy (as deployed)",
                      f"{headline['value']:.4f} ({headline['artifact']}; stage "
                      f"{headline['stage']} evaluated {headline['stage_value']:.4f}"
-                     + (f", {headline['gap_pt']:+.2f} pt: {headline['explanation']}"
-                        if "explanation" in headline else "") + ")"))
+                     + (f"; the artifact {abs(headline['gap_pt']):.2f} pt "
+                        f"{'below' if headline['gap_pt'] > 0 else 'above'} it: "
+                        f"{headline['explanation']}" if "explanation" in headline else "")
+                     + ")"))
     rows += [(k, f"{v:.4f}") for k, v in summary["metrics"].items()]
     rows += [(f"{k} (as trained)", f"{v:.4f}")   # before averaging / batch-norm re-estimation
              for k, v in (summary.get("raw_metrics") or {}).items()]
