@@ -6,9 +6,7 @@ import tensorflow_model_optimization as tfmot
 from tftrain.compress import quantization
 from tftrain.config import load_config
 from tftrain.core.keras import keras
-from tftrain.data import load_source
 from tftrain.export import artifacts, fidelity
-from tftrain.models import MODELS
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 

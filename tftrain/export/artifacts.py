@@ -222,8 +222,8 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
                                          calibration, cfg)
             int8 = blob
         (out / "model.tflite").write_bytes(blob)
-        int8_logits = entry.pop("logits") if int8 is not None else None
-        entry.pop("logits", None)
+        logits = entry.pop("logits")
+        int8_logits = logits if int8 is not None else None
         report[f"tflite_{cfg.tflite}"] = entry
     if cfg.onnx:
         if int8 is not None and int8_logits is None:   # a QAT model without a TFLite file

@@ -50,7 +50,7 @@ def fall_back(model, rows: list[dict], accuracy_of: Callable[[bytes], float],
     `reference`, or the best tried; its record)."""
     from tftrain.export.fidelity import worst
 
-    chosen, tried, best = [], [], (None, -1.0)
+    chosen, tried, best = [], [], (None, -1.0, 0)     # (file, accuracy, layers in it)
     for row in worst(rows, len(rows)):
         if len(tried) >= most:
             break
@@ -63,13 +63,12 @@ def fall_back(model, rows: list[dict], accuracy_of: Callable[[bytes], float],
         tried.append({"layer": wrapper.name, "named_as": row["layer"],
                       "local_sqnr_db": row["local_sqnr_db"], "accuracy": accuracy})
         if accuracy > best[1]:
-            best = (blob, accuracy)
+            best = (blob, accuracy, len(chosen))
         if reference - accuracy <= budget + 1e-9:
-            return blob, {"layers": [w.name for w in chosen], "tried": tried,
-                          "within_budget": True}
-    layers = [t["layer"] for t in tried[:[t["accuracy"] for t in tried].index(best[1]) + 1]] \
-        if tried else []
-    return best[0], {"layers": layers, "tried": tried, "within_budget": False}
+            break
+    within = bool(tried) and reference - best[1] <= budget + 1e-9
+    return best[0], {"layers": [w.name for w in chosen[:best[2]]], "tried": tried,
+                     "within_budget": within}
 
 
 def within_budget(model, int8: bytes, entry: dict, convert: Callable[[list], bytes],
@@ -110,18 +109,14 @@ def spliced(int8_blob: bytes, float_blob: bytes) -> tuple[bytes, list[str]]:
     names. `float_blob` is a strict-QDQ conversion with those layers' kernels float: the
     converter writes it with uint8 per-channel kernels elsewhere, which no runtime runs,
     so only its float ops are taken."""
-    import flatbuffers
     from tensorflow.lite.python import schema_py_generated as fb
-
-    def model_of(blob):
-        return fb.ModelT.InitFromObj(fb.Model.GetRootAsModel(blob, 0))
 
     def op_name(model, op):
         code = model.operatorCodes[op.opcodeIndex]
         builtin = max(code.builtinCode, code.deprecatedBuiltinCode)
         return next(k for k, v in vars(fb.BuiltinOperator).items() if v == builtin)
 
-    target, source = model_of(int8_blob), model_of(float_blob)
+    target, source = _unpacked(int8_blob), _unpacked(float_blob)
     graph, other = target.subgraphs[0], source.subgraphs[0]
     by_output = {graph.tensors[op.outputs[0]].name: i for i, op in enumerate(graph.operators)}
 
@@ -185,9 +180,7 @@ def spliced(int8_blob: bytes, float_blob: bytes) -> tuple[bytes, list[str]]:
         operators[at:at + 1] = [dequantize, compute, quantize]
         replaced.append(out.name.decode())
     graph.operators = operators
-    builder = flatbuffers.Builder(len(int8_blob))
-    builder.Finish(target.Pack(builder), file_identifier=b"TFL3")
-    return bytes(builder.Output()), replaced
+    return _packed(target, len(int8_blob)), replaced
 
 
 def with_kernel_scales(blob: bytes, layer: str, factor: float) -> bytes:
@@ -195,15 +188,26 @@ def with_kernel_scales(blob: bytes, layer: str, factor: float) -> bytes:
     mentions `layer` (its kernel) times `factor`: a converter that quantized that layer
     unlike QAT, for the tests and the benchmark of the fallback. A file in which the
     layer's kernel is float is returned as it is."""
-    import flatbuffers
     from tensorflow.lite.python import schema_py_generated as fb
 
-    model = fb.ModelT.InitFromObj(fb.Model.GetRootAsModel(blob, 0))
+    model = _unpacked(blob)
     for tensor in model.subgraphs[0].tensors:
         data = model.buffers[tensor.buffer].data
         if (layer in tensor.name.decode() and tensor.type == fb.TensorType.INT8
                 and data is not None and len(data) and tensor.quantization is not None):
             tensor.quantization.scale = [s * factor for s in tensor.quantization.scale]
-    builder = flatbuffers.Builder(len(blob))
+    return _packed(model, len(blob))
+
+
+def _unpacked(blob: bytes):
+    """A TFLite flatbuffer as the schema's object tree (editable)."""
+    from tensorflow.lite.python import schema_py_generated as fb
+    return fb.ModelT.InitFromObj(fb.Model.GetRootAsModel(blob, 0))
+
+
+def _packed(model, size_hint: int) -> bytes:
+    """The flatbuffer of an object tree from `_unpacked`."""
+    import flatbuffers
+    builder = flatbuffers.Builder(size_hint)
     builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
     return bytes(builder.Output())
