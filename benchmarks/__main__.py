@@ -39,6 +39,7 @@ SCRIPTS = {
     "distill": ["--seeds", "5"],
     "compression": ["--rounds", "7"],
     "applications": [],
+    "fallback": [],
     "sweep": ["--trials", "8", "--seeds", "3"],
     "elastic": ["--rounds", "5"],
     "first_step": ["--rounds", "3"],

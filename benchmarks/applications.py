@@ -1,12 +1,13 @@
 """The application recipes against baselines nobody here wrote, on the same split in
 the same run: spoken digits (held-out voices) vs MFCC statistics + logistic regression,
 fortunes by category vs TF-IDF + logistic regression (scikit-learn; C chosen by
-cross-validation on the training split), and MobileNetV2 on upscaled digits with and
-without batch-norm recalibration. Each recipe runs as `python -m tftrain.run` (its data
-is made first when missing); the table reports the baseline, the float model (end of
-training), the int8 TFLite file, sizes and latency.
+cross-validation on the training split), MobileNetV2 on upscaled digits with and
+without batch-norm recalibration, and the token transformer with QAT. Each recipe runs as
+`python -m tftrain.run` (its data is made first when missing); the table reports the
+baseline, the float model (end of training), each stage, the int8 TFLite file (its label,
+its share of int8 weight bytes, its gap to the QAT model), sizes and latency.
 
-    python benchmarks/applications.py [--recipes speech text image] [--json FILE]
+    python benchmarks/applications.py [--recipes speech text image transformer] [--json FILE]
 """
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = {"speech": "configs/speech_digits.yaml", "text": "configs/text_classification.yaml",
-           "image": "configs/image_transfer.yaml"}
+           "image": "configs/image_transfer.yaml", "transformer": "configs/transformer_tokens.yaml"}
+# settings a recipe runs with here beyond its file
+SETTINGS = {"transformer": ("compression.quantization.enabled=true", "export.tflite=int8")}
 DATA = {"speech": ("scripts/make_speech_digits.py", "data/speech_digits"),
         "text": ("scripts/make_fortunes_text.py", "data/fortunes")}
 
@@ -36,10 +39,18 @@ def ensure_data(recipe: str) -> None:
 
 def train(recipe: str, runs: Path, *overrides: str) -> dict:
     name = recipe + "".join("-" + o.split("=")[0].split(".")[-1] for o in overrides)
+    overrides = (*SETTINGS.get(recipe, ()), *overrides)
     cmd = [sys.executable, "-m", "tftrain.run", str(ROOT / RECIPES[recipe]), "--run-dir", str(runs),
            "--set", f"run.name={name}", *[a for o in overrides for a in ("--set", o)]]
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-    return json.loads((runs / name / "summary.json").read_text())
+    summary = json.loads((runs / name / "summary.json").read_text())
+    tflite = runs / name / "export" / "model.tflite"
+    if tflite.exists():
+        from tftrain.export.artifacts import tflite_weights
+        weights = tflite_weights(tflite.read_bytes(), min_size=1).values()
+        summary["int8_weight_share"] = (sum(w.nbytes for w in weights if w.dtype == np.int8)
+                                        / max(1, sum(w.nbytes for w in weights)))
+    return summary
 
 
 def _config(recipe: str):
@@ -101,7 +112,9 @@ def row(name: str, summary: dict, baseline) -> dict:
             "int8_tflite": int8.get("accuracy"),
             "float32_variables_gzip": first.get("float32_variables_gzip_bytes"),
             "int8_tflite_gzip": int8.get("gzip_bytes"), "int8_tflite_bytes": int8.get("size_bytes"),
-            "latency_ms": int8.get("latency_ms"),
+            "latency_ms": int8.get("latency_ms"), "label": int8.get("label"),
+            "int8_weight_share": summary.get("int8_weight_share"),
+            "worst_layers": int8.get("worst_layers", [])[:3],
             "inputs": {k: v.get("input") for k, v in summary["artifacts"].items()}}
 
 
@@ -121,6 +134,8 @@ def main(argv=None) -> None:
                 rows.append(row("speech digits (held-out voices)", summary, speech_baseline()))
             elif recipe == "text":
                 rows.append(row("fortunes by category", summary, text_baseline()))
+            elif recipe == "transformer":
+                rows.append(row("token transformer, QAT", summary, None))
             else:
                 rows.append(row("MobileNetV2, recalibrated", summary, None))
                 off = train(recipe, runs, "train.recalibrate_batch_norm=off")
@@ -136,11 +151,24 @@ def main(argv=None) -> None:
               f"({r['int8_tflite_gzip']:,} B) | {r['latency_ms']:.2f} ms |")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
-    record.rows([(f"application: {r['recipe']}: baseline / tftrain float / int8 TFLite "
-                  "validation accuracy; int8 TFLite gzip",
+    record.rows([(f"application: {r['recipe']}: baseline / tftrain float / each stage / int8 "
+                  "TFLite validation accuracy (its gap to the last stage); int8 TFLite bytes "
+                  "(gzip), its label, share of weight bytes int8; noisiest layers",
                   f"{'-' if r['baseline'] is None else format(r['baseline'], '.4f')} / "
-                  f"{r['float']:.4f} / {r['int8_tflite']:.4f}; {r['int8_tflite_gzip']:,} B")
+                  f"{r['float']:.4f} / "
+                  + " / ".join(f"{k} {v:.4f}" for k, v in r["stages"].items())
+                  + f" / {r['int8_tflite']:.4f} ({gap(r)}); {r['int8_tflite_bytes']:,} B "
+                  f"({r['int8_tflite_gzip']:,} B), {r['label']}, "
+                  f"{r['int8_weight_share']:.4f} int8; {', '.join(r['worst_layers']) or '-'}")
                  for r in rows])
+
+
+def gap(r: dict) -> str:
+    """The int8 file's accuracy against the last stage's (the model it was converted from),
+    in points; float and int8 against float when there is no later stage."""
+    last = list(r["stages"].values())[-1]
+    return f"{100 * (r['int8_tflite'] - last):+.2f} pt vs {list(r['stages'])[-1]}, " \
+           f"{100 * (r['int8_tflite'] - r['float']):+.2f} pt vs float"
 
 
 if __name__ == "__main__":
