@@ -48,9 +48,10 @@ def unquantizable(model, cfg: QuantizationConfig) -> list[str]:
 
 
 def quantize_configured(model, cfg):
-    """`quantize_model` as the run's config asks: prune-preserving after pruning."""
-    q = cfg.compression.quantization
-    return quantize_model(model, q, cfg.compression.pruning.enabled and q.preserve_sparsity)
+    """`quantize_model` as the run's config asks: prune-preserving after pruning (not
+    after channel pruning: a narrowed model has no zeros to keep)."""
+    q, p = cfg.compression.quantization, cfg.compression.pruning
+    return quantize_model(model, q, p.enabled and not p.channels and q.preserve_sparsity)
 
 
 def quantize_model(model, cfg: QuantizationConfig, preserve_sparsity: bool):

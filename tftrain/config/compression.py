@@ -24,12 +24,16 @@ class PruningConfig(Strict):
     end: Duration = Duration(value=0.7, unit="fraction")    # final sparsity reached here
     frequency: int = Field(10, ge=1)                        # updates between mask updates
     power: float = Field(3.0, gt=0)                         # polynomial schedule
-    structure: str = "unstructured"                         # or "M:N", e.g. "2:4"
+    structure: str = "unstructured"        # or "M:N", e.g. "2:4", or "channels" (narrower model)
     block: Optional[tuple[int, int]] = None                 # block sparsity, e.g. [1, 4]
     block_pooling: Literal["avg", "max"] = "avg"
     layers: list[str] = []            # layer name / regex rules; empty: every prunable layer
     epochs: int = Field(4, ge=1)      # length of the pruning stage
     learning_rate: Optional[float] = Field(None, gt=0)   # default: train's / 10
+    # structure: channels: the share of the dense model's multiply-add FLOPs kept
+    target_flops: float = Field(0.5, gt=0, le=1)
+    importance: Literal["l1", "l2", "bn"] = "l1"    # filter norm, or batch-norm |gamma|
+    min_channels: int = Field(4, ge=1)              # a narrowed group keeps at least these
 
     @field_validator("begin", "end", mode="before")
     @classmethod
@@ -42,11 +46,11 @@ class PruningConfig(Strict):
         if isinstance(v, int) and not isinstance(v, bool):
             raise ValueError("write M:N in quotes, e.g. structure: \"2:4\" (unquoted, YAML "
                              "reads 2:4 as the number 124)")
-        if v == "unstructured":
+        if v in ("unstructured", "channels"):
             return v
         m = _M_BY_N.match(str(v))
         if not m or not 0 < int(m.group(1)) < int(m.group(2)):
-            raise ValueError("expected 'unstructured' or 'M:N' with 0 < M < N "
+            raise ValueError("expected 'unstructured', 'channels' or 'M:N' with 0 < M < N "
                              "(M zeros in every N weights along the input axis), e.g. \"2:4\"")
         return f"{int(m.group(1))}:{int(m.group(2))}"
 
@@ -72,14 +76,22 @@ class PruningConfig(Strict):
         if self.structure != "unstructured" and self.block not in (None, (1, 1)):
             raise ValueError("compression.pruning.block: M:N structure and block sparsity "
                              "cannot be combined; set one of them")
+        if self.structure == "channels" and self.layers:
+            raise ValueError("compression.pruning.layers: channel pruning narrows every group "
+                             "of channels the model can lose (by target_flops); remove layers")
         if self.initial_sparsity > self.final_sparsity:
             raise ValueError("compression.pruning.initial_sparsity: must not exceed "
                              "final_sparsity")
         return self
 
     @property
+    def channels(self) -> bool:
+        """Whole channels removed (a narrower model), not weights zeroed."""
+        return self.structure == "channels"
+
+    @property
     def m_by_n(self) -> Optional[tuple[int, int]]:
-        if self.structure == "unstructured":
+        if self.structure in ("unstructured", "channels"):
             return None
         m, n = self.structure.split(":")
         return int(m), int(n)

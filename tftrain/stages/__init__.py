@@ -8,6 +8,7 @@ May import: every package (`core`, `optim`, `config`, `data`, `models`, `runtime
 from __future__ import annotations
 
 from tftrain.stages.base import Built, Stage
+from tftrain.stages.channels import ChannelPrune
 from tftrain.stages.distill import Distill
 from tftrain.stages.freeze import Freeze
 from tftrain.stages.prune import Prune
@@ -21,6 +22,7 @@ STAGES: tuple[type[Stage], ...] = (
     Train,
     Distill,
     Prune,
+    ChannelPrune,
     QAT,
 )
 

@@ -9,6 +9,10 @@ class Prune(Stage):
     name = "prune"
     section = "compression.pruning"
 
+    @classmethod
+    def enabled(cls, cfg) -> bool:
+        return cfg.compression.pruning.enabled and not cfg.compression.pruning.channels
+
     def plan(self, net, ctx):
         """The schedule in updates, and the layers chosen, checked on the model."""
         from tftrain.compress import pruning

@@ -1,0 +1,54 @@
+"""Channel pruning (`compression.pruning.structure: channels`): the trained model's
+least important channels go, group by group (`compress.channels`), leaving a physically
+narrower model with the surviving weights, which this stage fine-tunes at a constant
+learning rate and hands on (to QAT, the export) like any other model."""
+from __future__ import annotations
+
+import numpy as np
+
+from tftrain.stages.base import Built, Stage
+
+
+class ChannelPrune(Stage):
+    name = "prune"
+    section = "compression.pruning"
+
+    @classmethod
+    def enabled(cls, cfg) -> bool:
+        return cfg.compression.pruning.enabled and cfg.compression.pruning.channels
+
+    def plan(self, net, ctx):
+        """The groups and the channels each keeps, checked on the model (a layer the
+        groups cannot follow is a `ConfigError` naming it); the next stage gets a model
+        of the narrowed shape."""
+        from tftrain.compress import channels
+
+        cfg = self.cfg.compression.pruning
+        graph, self.channel_plan = channels.plan(net, cfg.target_flops, cfg.min_channels)
+        if cfg.importance == "bn":
+            channels.importance(graph, "bn")
+        return channels.narrowed(graph, {g: np.arange(k)
+                                         for g, k in self.channel_plan.counts.items()})
+
+    def build(self, net, ctx) -> Built:
+        """The narrowed model, from the channels `net` (trained) holds most weight in: the
+        same on every worker and on every restart, since `net` is."""
+        from tftrain.compress import channels
+
+        cfg = self.cfg.compression.pruning
+        graph = channels.ChannelGraph(net)
+        keep = channels.select(graph, self.channel_plan.counts, cfg.importance)
+        return Built(channels.narrowed(graph, keep))
+
+    def finalize(self, built: Built, result: dict, ctx):
+        from tftrain.compress import channels
+
+        p = self.channel_plan
+        result["channels"] = {"groups": p.groups, "flops_before": p.flops_before,
+                              "flops_after": channels.flops(built.net),
+                              "flops_ratio": channels.flops(built.net) / max(p.flops_before, 1),
+                              "params": int(built.net.count_params())}
+        return built.net
+
+    def describe(self, ctx) -> str:
+        return super().describe(ctx) + f"; {self.channel_plan.describe()}"
