@@ -4,8 +4,9 @@ artifact verified, or is refused with exit 2 before anything is written, with a 
 naming what cannot go together. Nothing may fail after training has begun.
 
 Some values cannot meet: token ids take no float augmentation (`normalize`, a crop,
-`mixup`), and a quantization-aware trained model exports as int8 only (no dynamic-range
-or float16 TFLite). The covering array is built over the combinations that can run, and the pairs
+`mixup`), a quantization-aware trained model exports as int8 only (no dynamic-range
+or float16 TFLite), and an embedding bag has no channels channel pruning could remove
+(its table's width reaches the output through a mean). The covering array is built over the combinations that can run, and the pairs
 that cannot are rows of their own (`REFUSED`) that must be refused at plan time. For
 waveforms the crop of `normalize+crop` is `time_shift` (a random crop in time).
 
@@ -39,7 +40,7 @@ DIMENSIONS = {
               "keras_applications:MobileNetV2"],
     "augment": ["none", "normalize+crop", "mixup"],
     "remainder": ["drop", "pad"],
-    "stages": ["train", "freeze", "distill", "ema", "prune", "prune+qat"],
+    "stages": ["train", "freeze", "distill", "ema", "prune", "prune+qat", "channels+qat"],
     "export": ["saved_model", "tflite_dynamic", "tflite_float16", "tflite_int8",
                "saved_model_int8", "onnx"],
     "preflight": ["on", "off"],
@@ -53,8 +54,10 @@ def refusal(row: dict) -> str | None:
     """What the config error of a combination that cannot run says (None: it runs)."""
     if row["model"] in TEXT and row["augment"] != "none":
         return "data.augment[0]: "
-    if row["stages"] == "prune+qat" and row["export"] in ("tflite_dynamic", "tflite_float16"):
+    if row["stages"].endswith("+qat") and row["export"] in ("tflite_dynamic", "tflite_float16"):
         return "export.tflite: a quantization-aware trained model exports as int8"
+    if row["stages"] == "channels+qat" and row["model"] == "embedding_bag":
+        return "compression.pruning.structure: channels found no group of channels"
     return None
 
 
@@ -71,7 +74,8 @@ def _pairs(row: dict) -> set:
 # artifact a second time
 COST = {"model": {"cnn": 1.0, "embedding_bag": 1.0, "transformer": 1.5, "resnet": 2.0,
                   "conv1d": 2.0, "ds_cnn": 3.0, "keras_applications:MobileNetV2": 7.0},
-        "stages": {"prune+qat": 1.0, "prune": 0.6, "distill": 0.4, "freeze": 0.2},
+        "stages": {"prune+qat": 1.0, "channels+qat": 1.0, "prune": 0.6, "distill": 0.4,
+                   "freeze": 0.2},
         "export": {"onnx": 0.8, "saved_model_int8": 0.5, "tflite_int8": 0.4}}
 PREFLIGHT = {"on": 0.3, "off": 0.0}     # plus the export's own cost again
 
@@ -136,8 +140,11 @@ ROWS = covering_array(DIMENSIONS)
 # the pairs no valid row can hold, each once: refused at plan time, before any update
 REFUSED = [{**ROWS[i], "model": model, "augment": augment} for i, (model, augment) in
            enumerate(itertools.product(TEXT, ["normalize+crop", "mixup"]))] + \
-          [{**ROWS[4 + i], "stages": "prune+qat", "export": export}
-           for i, export in enumerate(["tflite_dynamic", "tflite_float16"])]
+          [{**ROWS[4 + i], "stages": stages, "export": export}
+           for i, (stages, export) in enumerate(itertools.product(
+               ["prune+qat", "channels+qat"], ["tflite_dynamic", "tflite_float16"]))] + \
+          [{**ROWS[8], "model": "embedding_bag", "augment": "none", "stages": "channels+qat",
+            "export": "tflite_int8"}]
 
 
 def test_the_matrix_covers_every_pair():
@@ -192,7 +199,11 @@ def overrides(row: dict, speech, text) -> list[str]:
              "prune": ["compression.pruning={enabled: true, epochs: 1, final_sparsity: 0.5}"],
              "prune+qat": ["compression.pruning={enabled: true, epochs: 1, final_sparsity: 0.5}",
                            "compression.quantization={enabled: true, epochs: 1, "
-                           "skip_unsupported: true}"]}[row["stages"]]
+                           "skip_unsupported: true}"],
+             "channels+qat": ["compression.pruning={enabled: true, epochs: 1, "
+                              "structure: channels, target_flops: 0.5}",
+                              "compression.quantization={enabled: true, epochs: 1, "
+                              "skip_unsupported: true}"]}[row["stages"]]
     sets += {"saved_model": ["export.tflite=none"],
              "tflite_dynamic": ["export.tflite=dynamic"],
              "tflite_float16": ["export.tflite=float16"],
