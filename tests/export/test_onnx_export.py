@@ -1,5 +1,6 @@
 """ONNX export: float model within 1e-4 of the SavedModel, int8 QDQ model equal to the
-int8 TFLite model and run with ONNX Runtime's int8 kernels, the activation rewrite exact."""
+int8 TFLite model and run with ONNX Runtime's int8 kernels, the activation rewrite and
+the uint8 layouts exact."""
 
 import numpy as np
 import onnx
@@ -55,6 +56,46 @@ def test_int8_onnx_equals_the_int8_tflite_model_and_runs_int8_kernels(tmp_path, 
     assert report["onnx"]["max_abs_diff_vs_saved_model"] < 1e-4       # and the float one
     kinds = {n.op_type for n in onnx.load(str(tmp_path / "model_int8.onnx")).graph.node}
     assert {"QuantizeLinear", "DequantizeLinear"} <= kinds
+    assert entry["layout"] == onnx_export.int8_format()
+    assert entry["float_ops"] == []                       # no float island between them
+
+
+def test_int8_layouts_hold_the_same_values_and_auto_picks_by_the_cpu(tmp_path, cnn):
+    """S8S8 (the TFLite file's codes), U8S8 and U8U8 compute the TFLite file's logits
+    exactly as ONNX defines them (graph optimizations off); with ONNX Runtime's fused
+    int8 kernels S8S8 and U8U8 stay exact, while U8S8's kernels saturate on CPUs without
+    VNNI, so `auto` picks it only with VNNI. Activations are uint8 in both U layouts,
+    weights int8 in U8S8 and uint8 (zero points 128) in U8U8."""
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    from tftrain.export.artifacts import convert_tflite, save_saved_model, tflite_logits
+    model, source = cnn
+    x = np.concatenate([b for b, _ in source.calibration(64).batch(64).as_numpy_iterator()])
+    blob = convert_tflite(save_saved_model(model, tmp_path / "sm"), "int8", x)
+    reference = tflite_logits(blob, x)[0]
+    for layout in ("S8S8", "U8S8", "U8U8"):
+        proto = onnx.load_from_string(onnx_export.int8_onnx(blob, layout))
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        plain = ort.InferenceSession(proto.SerializeToString(), options,
+                                     providers=["CPUExecutionProvider"])
+        np.testing.assert_allclose(onnx_export.logits(plain, x), reference, rtol=0, atol=1e-5)
+        fused = onnx_export.session(proto.SerializeToString(), int8=True)
+        if layout != "U8S8" or onnx_export.int8_format() == "U8S8":
+            np.testing.assert_allclose(onnx_export.logits(fused, x), reference, rtol=0, atol=1e-5)
+        inits = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
+        activations = {inits[n.input[2]].dtype for n in proto.graph.node
+                       if n.op_type == "QuantizeLinear"}
+        weights = {inits[n.input[0]].dtype for n in proto.graph.node
+                   if n.op_type == "DequantizeLinear" and n.input[0] in inits
+                   and inits[n.input[0]].ndim == 4}                     # the conv kernels
+        assert activations == {np.dtype(np.int8 if layout == "S8S8" else np.uint8)}, layout
+        assert weights == {np.dtype(np.uint8 if layout == "U8U8" else np.int8)}, layout
+        assert onnx_export.int8_kernels(onnx_export.optimized_graph(proto.SerializeToString())) \
+            == {"QLinearConv": 2, "QGemm": 2}
+    assert onnx_export.int8_format("flags : fpu avx2 avx512_vnni") == "U8S8"
+    assert onnx_export.int8_format("flags : fpu avx2 fma") == "U8U8"
 
 
 def _relu_then_quantize(rewrite: bool) -> bytes:

@@ -150,6 +150,9 @@ class ExportConfig(Strict):
     saved_model_int8: bool = False
     # model.onnx (float32) and, with an int8 TFLite model, model_int8.onnx (QDQ); [onnx] extra
     onnx: bool = False
+    # model_int8.onnx's codes: auto picks what ONNX Runtime runs fastest and exactly on
+    # this CPU (U8S8 with VNNI, else U8U8); S8S8 is the TFLite file's own layout
+    onnx_int8_layout: Literal["auto", "U8S8", "U8U8", "S8S8"] = "auto"
     tflite: Literal["none", "float", "dynamic", "float16", "int8"] = "float"
     calibration_examples: int = Field(200, ge=1)
     # an int8 artifact's layer adding noise below this SQNR (dB) is named in a warning

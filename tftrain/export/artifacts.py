@@ -303,9 +303,10 @@ def _onnx(plain, out: Path, x_val, y_val, reference, int8: bytes | None, int8_lo
     from tftrain.export import onnx_export
 
     entries = {}
+    layout = onnx_export.int8_format() if cfg.onnx_int8_layout == "auto" else cfg.onnx_int8_layout
     files = ([] if qat else [("onnx", "model.onnx", onnx_export.float_onnx(plain), False)]) \
         + ([] if int8 is None else [("onnx_int8", "model_int8.onnx",
-                                     onnx_export.int8_onnx(int8), True)])
+                                     onnx_export.int8_onnx(int8, layout), True)])
     for name, filename, blob, quantized in files:
         (out / filename).write_bytes(blob)
         sess = onnx_export.session(blob, int8=quantized)
@@ -322,6 +323,7 @@ def _onnx(plain, out: Path, x_val, y_val, reference, int8: bytes | None, int8_lo
             graph = onnx_export.optimized_graph(blob)
             entries[name]["int8_kernels"] = onnx_export.int8_kernels(graph)
             entries[name]["session_config"] = dict(onnx_export.INT8_SESSION_CONFIG)
+            entries[name]["layout"] = layout
             if layers:
                 from tftrain.export import fidelity
                 entries[name].update(fidelity.onnx_entry(blob, onnx_export.float_ops(graph),
