@@ -240,10 +240,13 @@ def _tflite_entry(blob: bytes, plain, x_val, y_val, reference, layers: bool, cal
                   cfg) -> dict:
     """A TFLite file's report entry (its `logits` too, for the caller to take); an int8
     file's layer by layer."""
+    from tftrain.export import speed
+
     logits, latency = tflite_logits(blob, x_val)
     entry = {**_sizes(blob), "accuracy": _accuracy(logits, y_val),
              "max_abs_logit_diff": float(np.max(np.abs(logits - reference))),
-             "latency_ms": latency * 1e3, "input": _input_kind(plain, None), "logits": logits}
+             "latency_ms": latency * 1e3, "input": _input_kind(plain, None), "logits": logits,
+             "latency_grid": speed.tflite_grid(blob, x_val), "xnnpack": speed.xnnpack(blob)}
     if layers:
         from tftrain.export import fidelity
         entry.update(fidelity.tflite_entry(blob, plain, calibration, cfg))
@@ -300,7 +303,7 @@ def _onnx(plain, out: Path, x_val, y_val, reference, int8: bytes | None, int8_lo
     """`model.onnx` (float32; not for a QAT model, whose float graph holds fake-quant
     ops) and, where there is an int8 TFLite model, `model_int8.onnx` (QDQ); each run with
     ONNX Runtime on the validation set."""
-    from tftrain.export import onnx_export
+    from tftrain.export import onnx_export, speed
 
     entries = {}
     layout = onnx_export.int8_format() if cfg.onnx_int8_layout == "auto" else cfg.onnx_int8_layout
@@ -316,6 +319,7 @@ def _onnx(plain, out: Path, x_val, y_val, reference, int8: bytes | None, int8_lo
                          "max_abs_diff_vs_saved_model": float(np.max(np.abs(
                              logits - saved_model_logits))),
                          "latency_ms": onnx_export.latency(sess, x_val) * 1e3,
+                         "latency_grid": speed.onnx_grid(blob, x_val, quantized),
                          "input": _input_kind(plain, None)}
         if quantized:
             entries[name]["max_abs_diff_vs_tflite_int8"] = float(np.max(np.abs(

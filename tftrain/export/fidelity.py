@@ -104,10 +104,11 @@ def onnx_tensors(blob: bytes, layer_names: list[str], x: np.ndarray, batch: int 
     return out
 
 
-def set_example(interp, inp: dict, row: np.ndarray) -> None:
-    """Give a LiteRT interpreter's input `inp` one example, quantized if it is int8."""
+def set_example(interp, inp: dict, row: np.ndarray, batch: bool = False) -> None:
+    """Give a LiteRT interpreter's input `inp` one example (`batch`: a batch of them),
+    quantized if it is int8."""
     scale, zero = inp["quantization"]
-    value = row[None]
+    value = row if batch else row[None]
     if scale:
         value = np.round(value / scale + zero)
     interp.set_tensor(inp["index"], value.astype(inp["dtype"]))

@@ -241,12 +241,14 @@ def _quantize_before_activations(graph) -> int:
     return changed
 
 
-def session(blob: bytes, int8: bool = False, optimized: Path | None = None):
+def session(blob: bytes, int8: bool = False, optimized: Path | None = None, threads: int = 0):
     """An ONNX Runtime CPU session with every graph optimization (`int8`: its int8 QDQ
-    kernels allowed); `optimized`: also write the optimized graph there."""
+    kernels allowed); `optimized`: also write the optimized graph there; `threads`: for
+    each op (0: every core)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3
     for key, value in (INT8_SESSION_CONFIG if int8 else {}).items():

@@ -254,6 +254,16 @@ def report_table(summary: dict) -> str:
                         f"{art['int8_zero_fraction']:.3f} zeros" if "int8_layers" in art else "")
                      + (f", {art['label']}" if "label" in art else "")
                      + ("" if art.get("verified", True) else f"  FAILED: {art['check']}")))
+        if art.get("latency_grid"):
+            grid = art["latency_grid"]
+            rows.append((f"  {name} latency", "ms/example at batch 1 / 32: 1 thread "
+                         f"{grid['batch1_threads1']:.3f} / {grid['batch32_threads1']:.3f}, "
+                         f"every core {grid['batch1_threadsall']:.3f} / "
+                         f"{grid['batch32_threadsall']:.3f}"
+                         + (f"; XNNPack runs {art['xnnpack']['delegated']} ops"
+                            + (f", not {', '.join(art['xnnpack']['fallback'])}"
+                               if art['xnnpack']['fallback'] else " (all)")
+                            if "xnnpack" in art else "")))
         if art.get("layers"):
             by_name = {row["layer"]: row for row in art["layers"]}
             rows.append((f"  {name} layers", "most noise added (added / accumulated SQNR): "

@@ -1,0 +1,35 @@
+"""Deployment speed figures: the latency grid and which ops XNNPack runs."""
+import numpy as np
+import tensorflow as tf
+
+from tftrain.core.keras import keras
+from tftrain.export import speed
+
+
+def _tflite(model) -> bytes:
+    return tf.lite.TFLiteConverter.from_keras_model(model).convert()
+
+
+def _dense(extra=None):
+    inputs = keras.Input((6,))
+    h = keras.layers.Dense(8, activation="relu", name="hidden")(inputs)
+    if extra is not None:
+        h = keras.layers.Lambda(extra, name="extra")(h)
+    return keras.Model(inputs, keras.layers.Dense(3, name="logits")(h))
+
+
+def test_xnnpack_names_the_ops_it_leaves_to_litert():
+    """Every op of a dense model runs in XNNPack; a cumulative sum (which XNNPack has no
+    kernel for) is named as falling back, and the ops around it still count as delegated."""
+    assert speed.xnnpack(_tflite(_dense())) == {"delegated": 2, "fallback": []}
+    found = speed.xnnpack(_tflite(_dense(lambda h: tf.math.cumsum(h, axis=-1))))
+    assert found["delegated"] == 2
+    assert len(found["fallback"]) == 1 and found["fallback"][0].startswith("CUMSUM (")
+
+
+def test_the_latency_grid_has_each_batch_and_thread_setting():
+    x = np.random.default_rng(0).normal(size=(40, 6)).astype(np.float32)
+    grid = speed.tflite_grid(_tflite(_dense()), x, budget=0.01)
+    assert list(grid) == ["batch1_threads1", "batch32_threads1", "batch1_threadsall",
+                          "batch32_threadsall"]
+    assert all(np.isfinite(v) and v > 0 for v in grid.values())

@@ -1,0 +1,93 @@
+"""How fast each artifact runs the way deployments run it.
+
+- `grid`: milliseconds per example at batch 1 and batch 32, on 1 thread and on every
+  core, through the artifact's own runtime (LiteRT with its default XNNPack delegate,
+  ONNX Runtime's CPU provider).
+- `xnnpack`: which ops of a TFLite file the XNNPack delegate runs (its QS8 kernels for
+  int8 ops, F32 for float ones) and which fall back to LiteRT's reference kernels.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+SETTINGS = ((1, 1), (32, 1), (1, 0), (32, 0))     # (batch, threads); 0: every core
+
+
+def key(batch: int, threads: int) -> str:
+    return f"batch{batch}_threads{threads or 'all'}"
+
+
+def _timed(run, x: np.ndarray, batch: int, budget: float) -> float:
+    """Milliseconds per example of `run(batch rows)`: warmed up, then repeated for about
+    `budget` seconds (at least 3 calls), the median call."""
+    rows = x[:batch] if len(x) >= batch else np.resize(x, (batch, *x.shape[1:]))
+    run(rows)
+    times, start = [], time.perf_counter()
+    while len(times) < 3 or (time.perf_counter() - start < budget and len(times) < 200):
+        t = time.perf_counter()
+        run(rows)
+        times.append(time.perf_counter() - t)
+    return float(np.median(times)) / batch * 1e3
+
+
+def tflite_grid(blob: bytes, x: np.ndarray, budget: float = 0.1) -> dict[str, float]:
+    """`grid` for a TFLite file run by LiteRT."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    from tftrain.export.fidelity import set_example
+
+    out = {}
+    for batch, threads in SETTINGS:
+        interp = Interpreter(model_content=blob, num_threads=threads or os.cpu_count())
+        inp = interp.get_input_details()[0]
+        interp.resize_tensor_input(inp["index"], [batch, *x.shape[1:]])
+        interp.allocate_tensors()
+
+        def run(rows, interp=interp, inp=inp):
+            set_example(interp, inp, rows, batch=True)
+            interp.invoke()
+        out[key(batch, threads)] = _timed(run, x, batch, budget)
+    return out
+
+
+def onnx_grid(blob: bytes, x: np.ndarray, int8: bool, budget: float = 0.1) -> dict[str, float]:
+    """`grid` for an ONNX model run by ONNX Runtime (every graph optimization)."""
+    from tftrain.export import onnx_export
+
+    out = {}
+    for batch, threads in SETTINGS:
+        sess = onnx_export.session(blob, int8=int8, threads=threads)
+        out[key(batch, threads)] = _timed(lambda rows: sess.run(["logits"], {"inputs": rows}),
+                                          x, batch, budget)
+    return out
+
+
+def xnnpack(blob: bytes) -> dict:
+    """{"delegated": ops XNNPack runs, "fallback": the others as `OP (output tensor)`}: an
+    op belongs to a delegate partition when it lies between the partition's inputs and
+    its outputs."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    interp = Interpreter(model_content=blob, num_threads=1)
+    interp.allocate_tensors()
+    ops = interp._get_ops_details()
+    names = {t["index"]: t["name"] for t in interp.get_tensor_details()}
+    producer = {int(o): op["index"] for op in ops if op["op_name"] != "DELEGATE"
+                for o in op["outputs"]}
+    covered: set[int] = set()
+    for op in (o for o in ops if o["op_name"] == "DELEGATE"):
+        inputs, todo = {int(i) for i in op["inputs"]}, [int(o) for o in op["outputs"]]
+        while todo:
+            tensor = todo.pop()
+            index = producer.get(tensor)
+            if tensor in inputs or index is None or index in covered:
+                continue
+            covered.add(index)
+            todo.extend(int(i) for i in ops[index]["inputs"] if i >= 0)
+    own = [op for op in ops if op["op_name"] != "DELEGATE"]
+    return {"delegated": sum(op["index"] in covered for op in own),
+            "fallback": [f"{op['op_name']} ({names.get(int(op['outputs'][0]), '?')})"
+                         for op in own if op["index"] not in covered]}
