@@ -33,36 +33,46 @@ def _timed(run, x: np.ndarray, batch: int, budget: float) -> float:
     return float(np.median(times)) / batch * 1e3
 
 
-def tflite_grid(blob: bytes, x: np.ndarray, budget: float = 0.1) -> dict[str, float]:
-    """`grid` for a TFLite file run by LiteRT."""
+def tflite_runner(blob: bytes, batch: int, threads: int, like: np.ndarray):
+    """A callable running LiteRT on `batch` rows shaped like `like`'s (0 threads: every
+    core)."""
     from ai_edge_litert.interpreter import Interpreter
 
     from tftrain.export.fidelity import set_example
 
-    out = {}
-    for batch, threads in SETTINGS:
-        interp = Interpreter(model_content=blob, num_threads=threads or os.cpu_count())
-        inp = interp.get_input_details()[0]
-        interp.resize_tensor_input(inp["index"], [batch, *x.shape[1:]])
-        interp.allocate_tensors()
+    interp = Interpreter(model_content=blob, num_threads=threads or os.cpu_count())
+    inp = interp.get_input_details()[0]
+    interp.resize_tensor_input(inp["index"], [batch, *like.shape[1:]])
+    interp.allocate_tensors()
 
-        def run(rows, interp=interp, inp=inp):
-            set_example(interp, inp, rows, batch=True)
-            interp.invoke()
-        out[key(batch, threads)] = _timed(run, x, batch, budget)
-    return out
+    def run(rows):
+        set_example(interp, inp, rows, batch=True)
+        interp.invoke()
+    return run
+
+
+def onnx_runner(blob: bytes, batch: int, threads: int, like: np.ndarray, int8: bool):
+    """A callable running ONNX Runtime (every graph optimization) on a batch."""
+    from tftrain.export import onnx_export
+
+    sess = onnx_export.session(blob, int8=int8, threads=threads)
+    return lambda rows: sess.run(["logits"], {"inputs": rows})
+
+
+def tflite_grid(blob: bytes, x: np.ndarray, budget: float = 0.1) -> dict[str, float]:
+    """`grid` for a TFLite file run by LiteRT."""
+    return {key(b, t): _timed(tflite_runner(blob, b, t, x), x, b, budget) for b, t in SETTINGS}
 
 
 def onnx_grid(blob: bytes, x: np.ndarray, int8: bool, budget: float = 0.1) -> dict[str, float]:
-    """`grid` for an ONNX model run by ONNX Runtime (every graph optimization)."""
-    from tftrain.export import onnx_export
+    """`grid` for an ONNX model run by ONNX Runtime."""
+    return {key(b, t): _timed(onnx_runner(blob, b, t, x, int8), x, b, budget)
+            for b, t in SETTINGS}
 
-    out = {}
-    for batch, threads in SETTINGS:
-        sess = onnx_export.session(blob, int8=int8, threads=threads)
-        out[key(batch, threads)] = _timed(lambda rows: sess.run(["logits"], {"inputs": rows}),
-                                          x, batch, budget)
-    return out
+
+def timed(run, x: np.ndarray, batch: int, budget: float = 0.1) -> float:
+    """Milliseconds per example of a runner (`tflite_runner`, `onnx_runner`)."""
+    return _timed(run, x, batch, budget)
 
 
 def xnnpack(blob: bytes) -> dict:
