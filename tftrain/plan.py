@@ -159,6 +159,13 @@ def make(cfg: Config, *, smoke: bool, stop) -> RunPlan:
             net = stage.plan(net, plan)
             if i == 0:
                 plan.model = net
+    if cfg.export.tflite_sparse:
+        from tftrain.export import sparse
+        why = ("a quantization-aware trained model exports int8; disable "
+               "compression.quantization" if cfg.compression.quantization.enabled
+               else sparse.refusal(net, cfg.compression.pruning))
+        if why:
+            raise ConfigError(f"export.tflite_sparse: {why}")
     plan.flops_per_example = sum(c.flops for c in layer_costs(plan.model))
     # every export converted once from the model the last stage hands on, before any update
     plan.preflight = preflight.run(cfg, net, source, qat=plan.stages[-1].quantization_aware)

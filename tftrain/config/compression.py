@@ -154,6 +154,9 @@ class ExportConfig(Strict):
     # this CPU (U8S8 with VNNI, else U8U8); S8S8 is the TFLite file's own layout
     onnx_int8_layout: Literal["auto", "U8S8", "U8U8", "S8S8"] = "auto"
     tflite: Literal["none", "float", "dynamic", "float16", "int8"] = "float"
+    # also model_sparse.tflite: float, pruned weights stored sparse for XNNPack's sparse
+    # inference (its rules checked on the model at plan time)
+    tflite_sparse: bool = False
     calibration_examples: int = Field(200, ge=1)
     # an int8 artifact's layer adding noise below this SQNR (dB) is named in a warning
     min_layer_sqnr: float = 20.0

@@ -171,8 +171,8 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
     from tftrain.data import BatchPlan, preprocess, val_dataset
 
     report = {}
-    if not cfg.saved_model and not cfg.saved_model_int8 and cfg.tflite == "none" \
-            and not cfg.onnx:
+    if not (cfg.saved_model or cfg.saved_model_int8 or cfg.tflite != "none"
+            or cfg.tflite_sparse or cfg.onnx):
         return report
     x_val, y_val = (np.concatenate(parts) for parts in zip(
         *val_dataset(source, BatchPlan(1024, 1, 1), data_cfg).as_numpy_iterator()))
@@ -225,6 +225,13 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
         logits = entry.pop("logits")
         int8_logits = logits if int8 is not None else None
         report[f"tflite_{cfg.tflite}"] = entry
+    if cfg.tflite_sparse:                # float, its pruned weights stored sparse
+        from tftrain.export import sparse
+        blob = sparse.convert(saved)
+        (out / "model_sparse.tflite").write_bytes(blob)
+        entry = _tflite_entry(blob, plain, x_val, y_val, reference, False, calibration, cfg)
+        entry.pop("logits")
+        report["tflite_sparse"] = {**entry, **sparse.report(blob)}
     if cfg.onnx:
         if int8 is not None and int8_logits is None:   # a QAT model without a TFLite file
             int8_logits = tflite_logits(int8, x_val)[0]
@@ -360,7 +367,7 @@ def _input_kind(plain, serving) -> str:
     return f"{plain.inputs[0].dtype.name} {list(plain.input_shape[1:])}"
 
 
-FLOAT_ARTIFACTS = ("saved_model", "tflite_float", "onnx")
+FLOAT_ARTIFACTS = ("saved_model", "tflite_float", "tflite_sparse", "onnx")
 
 
 def verify(report: dict, cfg, accuracy: float, qat: bool = False) -> dict:

@@ -59,18 +59,18 @@ def onnx_runner(blob: bytes, batch: int, threads: int, like: np.ndarray, int8: b
     return lambda rows: sess.run(["logits"], {"inputs": rows})
 
 
-def tflite_grid(blob: bytes, x: np.ndarray, budget: float = 0.1) -> dict[str, float]:
+def tflite_grid(blob: bytes, x: np.ndarray, budget: float = 0.05) -> dict[str, float]:
     """`grid` for a TFLite file run by LiteRT."""
     return {key(b, t): _timed(tflite_runner(blob, b, t, x), x, b, budget) for b, t in SETTINGS}
 
 
-def onnx_grid(blob: bytes, x: np.ndarray, int8: bool, budget: float = 0.1) -> dict[str, float]:
+def onnx_grid(blob: bytes, x: np.ndarray, int8: bool, budget: float = 0.05) -> dict[str, float]:
     """`grid` for an ONNX model run by ONNX Runtime."""
     return {key(b, t): _timed(onnx_runner(blob, b, t, x, int8), x, b, budget)
             for b, t in SETTINGS}
 
 
-def timed(run, x: np.ndarray, batch: int, budget: float = 0.1) -> float:
+def timed(run, x: np.ndarray, batch: int, budget: float = 0.05) -> float:
     """Milliseconds per example of a runner (`tflite_runner`, `onnx_runner`)."""
     return _timed(run, x, batch, budget)
 

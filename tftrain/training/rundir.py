@@ -264,6 +264,10 @@ def report_table(summary: dict) -> str:
                             + (f", not {', '.join(art['xnnpack']['fallback'])}"
                                if art['xnnpack']['fallback'] else " (all)")
                             if "xnnpack" in art else "")))
+        if "sparse_path" in art:
+            rows.append((f"  {name} sparse", f"{art['sparse_tensors']} weight tensors stored "
+                         f"sparse; XNNPack's sparse path {'runs' if art['sparse_path'] else 'does not run'}"
+                         f" ({art['sparse_path_reason']})"))
         if art.get("layers"):
             by_name = {row["layer"]: row for row in art["layers"]}
             rows.append((f"  {name} layers", "most noise added (added / accumulated SQNR): "
