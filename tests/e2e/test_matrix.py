@@ -5,8 +5,10 @@ naming what cannot go together. Nothing may fail after training has begun.
 
 Some values cannot meet: token ids take no float augmentation (`normalize`, a crop,
 `mixup`), a quantization-aware trained model exports as int8 only (no dynamic-range
-or float16 TFLite), and an embedding bag has no channels channel pruning could remove
-(its table's width reaches the output through a mean). The covering array is built over the combinations that can run, and the pairs
+or float16 TFLite), an embedding bag has no channels channel pruning could remove
+(its table's width reaches the output through a mean), and no bundled model follows
+XNNPack's sparse-inference rules (`export.tflite_sparse`: a 3x3 stride-2 first
+convolution padded equally on an odd input, and so on). The covering array is built over the combinations that can run, and the pairs
 that cannot are rows of their own (`REFUSED`) that must be refused at plan time. For
 waveforms the crop of `normalize+crop` is `time_shift` (a random crop in time).
 
@@ -42,7 +44,7 @@ DIMENSIONS = {
     "remainder": ["drop", "pad"],
     "stages": ["train", "freeze", "distill", "ema", "prune", "prune+qat", "channels+qat"],
     "export": ["saved_model", "tflite_dynamic", "tflite_float16", "tflite_int8",
-               "saved_model_int8", "onnx"],
+               "saved_model_int8", "onnx", "tflite_sparse"],
     "preflight": ["on", "off"],
 }
 
@@ -54,6 +56,8 @@ def refusal(row: dict) -> str | None:
     """What the config error of a combination that cannot run says (None: it runs)."""
     if row["model"] in TEXT and row["augment"] != "none":
         return "data.augment[0]: "
+    if row["export"] == "tflite_sparse":      # no bundled model follows XNNPack's rules
+        return "export.tflite_sparse: "
     if row["stages"].endswith("+qat") and row["export"] in ("tflite_dynamic", "tflite_float16"):
         return "export.tflite: a quantization-aware trained model exports as int8"
     if row["stages"] == "channels+qat" and row["model"] == "embedding_bag":
@@ -144,7 +148,13 @@ REFUSED = [{**ROWS[i], "model": model, "augment": augment} for i, (model, augmen
            for i, (stages, export) in enumerate(itertools.product(
                ["prune+qat", "channels+qat"], ["tflite_dynamic", "tflite_float16"]))] + \
           [{**ROWS[8], "model": "embedding_bag", "augment": "none", "stages": "channels+qat",
-            "export": "tflite_int8"}]
+            "export": "tflite_int8"}] + \
+          [{"strategy": DIMENSIONS["strategy"][i % 3], "precision": DIMENSIONS["precision"][i % 3],
+            "accumulation": DIMENSIONS["accumulation"][i % 2], "model": model,
+            "augment": "none" if model in TEXT else DIMENSIONS["augment"][i % 3],
+            "remainder": DIMENSIONS["remainder"][i % 2], "stages": DIMENSIONS["stages"][i],
+            "export": "tflite_sparse", "preflight": DIMENSIONS["preflight"][i % 2]}
+           for i, model in enumerate(DIMENSIONS["model"])]
 
 
 def test_the_matrix_covers_every_pair():
@@ -209,7 +219,8 @@ def overrides(row: dict, speech, text) -> list[str]:
              "tflite_float16": ["export.tflite=float16"],
              "tflite_int8": ["export.tflite=int8"],
              "saved_model_int8": ["export.tflite=none", "export.saved_model_int8=true"],
-             "onnx": ["export.tflite=none", "export.onnx=true"]}[row["export"]]
+             "onnx": ["export.tflite=none", "export.onnx=true"],
+             "tflite_sparse": ["export.tflite=none", "export.tflite_sparse=true"]}[row["export"]]
     return sets
 
 
