@@ -114,6 +114,7 @@ def measure(label: str, results: dict, x: np.ndarray, rounds: int) -> list[tuple
         ("dense_int8", "tflite_int8"), ("channels_int8", "tflite_int8"))}
     onnx8 = accuracy(dense8, "onnx_int8")
     layout = dense8["summary"]["artifacts"]["onnx_int8"].get("layout", "?")
+    islands = len(dense8["summary"]["artifacts"]["onnx_int8"].get("float_ops", []))
     xnn = dense8["summary"]["artifacts"]["tflite_int8"].get("xnnpack", {})
     cpu = record.cpu_features()
     size = len(narrow["files"]["tflite"]) / len(dense["files"]["tflite"])
@@ -127,12 +128,14 @@ def measure(label: str, results: dict, x: np.ndarray, rounds: int) -> list[tuple
          f"{ratio(b1, 'dense', 'channels'):.2f}x ({med['dense']:.3f} vs {med['channels']:.3f} ms; "
          f"{rounds} rounds; {cpu})"),
         (f"deploy, {label}: int8 vs float at batch 32, 1 thread: LiteRT float / int8 TFLite "
-         "latency (XNNPack ops falling back); ONNX Runtime float / int8 ONNX latency (layout); "
+         "latency (XNNPack ops falling back); ONNX Runtime float / int8 ONNX latency (layout, "
+         "float ops left between the int8 kernels); "
          "accuracy int8 TFLite / int8 ONNX / float",
          f"{ratio(b32, 'tflite', 'tflite_int8'):.2f}x ({med['tflite@32']:.4f} vs "
          f"{med['tflite_int8@32']:.4f} ms/example; {len(xnn.get('fallback', [])) or 'none'} "
          f"falling back); {ratio(b32, 'onnx', 'onnx_int8'):.2f}x ({med['onnx@32']:.4f} vs "
-         f"{med['onnx_int8@32']:.4f} ms/example; {layout}); {acc['dense_int8']:.4f} / "
+         f"{med['onnx_int8@32']:.4f} ms/example; {layout}, {islands} float ops); "
+         f"{acc['dense_int8']:.4f} / "
          f"{onnx8:.4f} / {acc['dense']:.4f} ({cpu})"),
         (f"deploy, {label}: channels + QAT, int8 TFLite: accuracy vs dense float; LiteRT "
          "latency dense float / channels int8, batch 1, 1 thread",

@@ -999,6 +999,7 @@ def test_compressed_onnx_is_a_qdq_model_onnx_runtime_runs_in_int8(compress_run):
     assert abs(onnx8["accuracy"] - lite["accuracy"]) <= 0.01 and onnx8["verified"]
     assert onnx8["max_abs_diff_vs_tflite_int8"] <= 1e-5
     assert onnx8["int8_kernels"] == {"QLinearConv": 2, "QGemm": 2}
+    assert onnx8["float_ops"] == [] and lite["xnnpack"] == {"delegated": 9, "fallback": []}
     assert (path / "export" / "model_int8.onnx").stat().st_size == onnx8["size_bytes"]
     # a QAT model's float graph holds fake-quant ops: no float ONNX file for it
     assert "onnx" not in summary["artifacts"] and not (path / "export" / "model.onnx").exists()
