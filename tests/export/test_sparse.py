@@ -67,6 +67,7 @@ def test_the_sparse_file_stores_pruned_weights_sparse_and_computes_the_dense_log
     assert sparse.cpu_runs_sparse("flags : fpu sse sse2")[0] is True
 
 
+@pytest.mark.slow
 def test_a_pruned_run_writes_a_verified_sparse_file(tmp_path, monkeypatch):
     """End to end: a model built to XNNPack's rules, pruned to 70%, exports
     `model_sparse.tflite` beside nothing else; checked like every float artifact."""
