@@ -40,6 +40,7 @@ SCRIPTS = {
     "compression": ["--rounds", "7"],
     "applications": [],
     "fallback": [],
+    "deploy": ["--rounds", "7"],
     "sweep": ["--trials", "8", "--seeds", "3"],
     "elastic": ["--rounds", "5"],
     "first_step": ["--rounds", "3"],
