@@ -139,6 +139,11 @@ def test_widths_keep_one_share_of_every_group_for_the_flops_target():
         assert max(shares) - min(shares) < 0.05
         assert channels.flops_with(graph, counts) <= target * channels.flops(net)
     assert channels.flops_with(graph, {}) == channels.flops(net)
+    # rounded to a multiple of 8 (the channel tile of XNNPack's kernels): MobileNetV2's
+    # narrowed float file ran 1.64x faster than the dense one, 1.43x unrounded
+    counts = channels.widths(graph, 0.5, multiple=8)
+    assert all(c % 8 == 0 or c == graph.groups[g].width for g, c in counts.items())
+    assert channels.flops_with(graph, counts) <= 0.5 * channels.flops(net)
 
 
 class Scale(keras.layers.Layer):

@@ -222,17 +222,22 @@ def flops_with(graph: ChannelGraph, counts: dict[int, int]) -> float:
     return total
 
 
-def widths(graph: ChannelGraph, target_flops: float, min_channels: int = 4) -> dict[int, int]:
+def widths(graph: ChannelGraph, target_flops: float, min_channels: int = 4,
+           multiple: int = 1) -> dict[int, int]:
     """Channels each prunable group keeps: the same share of every group (at least
-    `min_channels`, and never more than it has), the largest share whose FLOPs are at
-    most `target_flops` of the dense model's."""
+    `min_channels`, and never more than it has), rounded to a `multiple` (the vector
+    width runtimes tile channels by), the largest share whose FLOPs are at most
+    `target_flops` of the dense model's."""
     groups = graph.prunable()
     dense = flops_with(graph, {})
 
     def counts(share):
-        return {g: min(graph.groups[g].width,
-                       max(min_channels, int(round(share * graph.groups[g].width))))
-                for g in groups}
+        out = {}
+        for g in groups:
+            width = graph.groups[g].width
+            kept = max(min_channels, int(round(share * width / multiple)) * multiple)
+            out[g] = min(width, kept)
+        return out
 
     low, high = 0.0, 1.0
     for _ in range(40):
@@ -350,13 +355,14 @@ class ChannelPlan:
                 f"({self.flops_after / max(self.flops_before, 1):.2f})")
 
 
-def plan(model, target_flops: float, min_channels: int = 4) -> tuple[ChannelGraph, ChannelPlan]:
+def plan(model, target_flops: float, min_channels: int = 4,
+         multiple: int = 1) -> tuple[ChannelGraph, ChannelPlan]:
     """The groups of `model` and the channels each keeps for `target_flops`."""
     graph = ChannelGraph(model)
     if not graph.prunable():
         raise ConfigError(f"{KEY}: channels found no group of channels the model can lose "
                           "(each reaches the input, the output or a layer that mixes "
                           "channels); use structure: unstructured")
-    counts = widths(graph, target_flops, min_channels)
+    counts = widths(graph, target_flops, min_channels, multiple)
     return graph, ChannelPlan(counts, flops_with(graph, {}), flops_with(graph, counts),
                               len(counts))

@@ -34,6 +34,7 @@ class PruningConfig(Strict):
     target_flops: float = Field(0.5, gt=0, le=1)
     importance: Literal["l1", "l2", "bn"] = "l1"    # filter norm, or batch-norm |gamma|
     min_channels: int = Field(4, ge=1)              # a narrowed group keeps at least these
+    channel_multiple: int = Field(8, ge=1)          # kept channels rounded to a multiple
 
     @field_validator("begin", "end", mode="before")
     @classmethod

@@ -24,7 +24,8 @@ class ChannelPrune(Stage):
         from tftrain.compress import channels
 
         cfg = self.cfg.compression.pruning
-        graph, self.channel_plan = channels.plan(net, cfg.target_flops, cfg.min_channels)
+        graph, self.channel_plan = channels.plan(net, cfg.target_flops, cfg.min_channels,
+                                                 cfg.channel_multiple)
         if cfg.importance == "bn":
             channels.importance(graph, "bn")
         return channels.narrowed(graph, {g: np.arange(k)
