@@ -118,7 +118,9 @@ def measure(label: str, results: dict, x: np.ndarray, rounds: int) -> list[tuple
     layout = dense8["summary"]["artifacts"]["onnx_int8"].get("layout", "?")
     islands = len(dense8["summary"]["artifacts"]["onnx_int8"].get("float_ops", []))
     xnn = dense8["summary"]["artifacts"]["tflite_int8"].get("xnnpack", {})
-    cpu = record.cpu_features()
+    cpu = f"{record.cpu_features()}; int8: {speed.cpu_int8()}"
+    lite_ratio, onnx_ratio = ratio(b32, 'tflite', 'tflite_int8'), ratio(b32, 'onnx', 'onnx_int8')
+    why = speed.int8_reason() if min(lite_ratio, onnx_ratio) < 1 else ""
     size = len(narrow["files"]["tflite"]) / len(dense["files"]["tflite"])
     med = {k: statistics.median(v) for k, v in {**b1, **{f"{k}@32": v for k, v in b32.items()}}.items()}
     return [
@@ -133,12 +135,12 @@ def measure(label: str, results: dict, x: np.ndarray, rounds: int) -> list[tuple
          "latency (XNNPack ops falling back); ONNX Runtime float / int8 ONNX latency (layout, "
          "float ops left between the int8 kernels); "
          "accuracy int8 TFLite / int8 ONNX / float",
-         f"{ratio(b32, 'tflite', 'tflite_int8'):.2f}x ({med['tflite@32']:.4f} vs "
+         f"{lite_ratio:.2f}x ({med['tflite@32']:.4f} vs "
          f"{med['tflite_int8@32']:.4f} ms/example; {len(xnn.get('fallback', [])) or 'none'} "
-         f"falling back); {ratio(b32, 'onnx', 'onnx_int8'):.2f}x ({med['onnx@32']:.4f} vs "
+         f"falling back); {onnx_ratio:.2f}x ({med['onnx@32']:.4f} vs "
          f"{med['onnx_int8@32']:.4f} ms/example; {layout}, {islands} float ops); "
          f"{acc['dense_int8']:.4f} / "
-         f"{onnx8:.4f} / {acc['dense']:.4f} ({cpu})"),
+         f"{onnx8:.4f} / {acc['dense']:.4f} ({cpu})" + (f"; int8 loses here: {why}" if why else "")),
         (f"deploy, {label}: channels + QAT, int8 TFLite: accuracy vs dense float; LiteRT "
          "latency dense float / channels int8, batch 1, 1 thread",
          f"{acc['channels_int8']:.4f} vs {acc['dense']:.4f} "

@@ -33,3 +33,10 @@ def test_the_latency_grid_has_each_batch_and_thread_setting():
     assert list(grid) == ["batch1_threads1", "batch32_threads1", "batch1_threadsall",
                           "batch32_threadsall"]
     assert all(np.isfinite(v) and v > 0 for v in grid.values())
+
+
+def test_the_cpus_int8_instructions_and_why_int8_can_lose():
+    assert speed.cpu_int8("flags : fpu avx2 avx512_vnni") == "AVX-512 VNNI"
+    assert speed.int8_reason("flags : fpu avx2 avx512_vnni") == ""
+    assert speed.cpu_int8("flags : fpu avx avx2 fma") == "AVX2, no VNNI"
+    assert "vpmaddwd" in speed.int8_reason("flags : fpu avx avx2 fma")

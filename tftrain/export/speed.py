@@ -75,6 +75,33 @@ def timed(run, x: np.ndarray, batch: int, budget: float = 0.05) -> float:
     return _timed(run, x, batch, budget)
 
 
+def cpu_int8(flags: str | None = None) -> str:
+    """The CPU's int8 dot-product instructions, which decide whether int8 beats float."""
+    if flags is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                flags = f.read()
+        except OSError:
+            flags = ""
+    found = [name for flag, name in (("avx512_vnni", "AVX-512 VNNI"), ("avx_vnni", "AVX-VNNI"),
+                                     ("amx_int8", "AMX-INT8"), ("asimddp", "ARM dot product"))
+             if f" {flag}" in flags]
+    if found:
+        return ", ".join(found)
+    return "AVX2, no VNNI" if " avx2" in flags else "no int8 dot-product instructions found"
+
+
+def int8_reason(flags: str | None = None) -> str:
+    """Why int8 can lose to float on this CPU ("" where it should not)."""
+    found = cpu_int8(flags)
+    if not found.startswith(("AVX2, no", "no int8")):
+        return ""
+    return (f"this CPU has {found}: XNNPack's and ONNX Runtime's int8 kernels widen int8 to "
+            "int16 (vpmaddwd) and requantize every output, which on small layers (depthwise, "
+            "few channels, small maps) costs more than float's fused multiply-adds; with VNNI "
+            "(vpdpbusd), AMX or ARM's dot product int8 runs faster")
+
+
 def xnnpack(blob: bytes) -> dict:
     """{"delegated": ops XNNPack runs, "fallback": the others as `OP (output tensor)`}: an
     op belongs to a delegate partition when it lies between the partition's inputs and

@@ -263,7 +263,8 @@ def report_table(summary: dict) -> str:
                          + (f"; XNNPack runs {art['xnnpack']['delegated']} ops"
                             + (f", not {', '.join(art['xnnpack']['fallback'])}"
                                if art['xnnpack']['fallback'] else " (all)")
-                            if "xnnpack" in art else "")))
+                            if "xnnpack" in art else "")
+                         + (f"; CPU int8: {art['cpu_int8']}" if "cpu_int8" in art else "")))
         if "sparse_path" in art:
             rows.append((f"  {name} sparse", f"{art['sparse_tensors']} weight tensors stored "
                          f"sparse; XNNPack's sparse path {'runs' if art['sparse_path'] else 'does not run'}"
