@@ -110,7 +110,7 @@ def measure(label: str, results: dict, x: np.ndarray, rounds: int) -> list[tuple
                        "onnx": speed.onnx_runner(dense["files"]["onnx"], 32, 1, x, False),
                        "onnx_int8": speed.onnx_runner(dense8["files"]["onnx"], 32, 1, x, True)},
                       x, 32, rounds)
-    flops = narrow["summary"]["stages"]["prune"]["channels"]["flops_ratio"]
+    flops = narrow["summary"]["stages"]["channels"]["channels"]["flops_ratio"]
     acc = {k: accuracy(results[k], a) for k, a in (
         ("dense", "tflite_float"), ("channels", "tflite_float"),
         ("dense_int8", "tflite_int8"), ("channels_int8", "tflite_int8"))}

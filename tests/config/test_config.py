@@ -88,7 +88,7 @@ def test_sizes_parse():
     ("train.checkpoint.every=3 weeks", r"train\.checkpoint\.every: expected an integer"),
     ("distribute.device_memory=lots", r"distribute\.device_memory: expected bytes"),
     ("compression.pruning.structure=2:4", r"compression\.pruning\.structure: write M:N in quotes"),
-    ("compression.pruning.structure='4:2'", r"compression\.pruning\.structure: expected 'unstructured' or 'M:N'"),
+    ("compression.pruning.structure='4:2'", r"compression\.pruning\.structure: expected 'unstructured', 'channels' or 'M:N'"),
     ("compression.pruning.end=1.5", r"compression\.pruning\.end: a float is a fraction"),
     ("compression.pruning.layers=['conv(']", r"compression\.pruning\.layers: .*not a valid regular"),
     ("compression.pruning={structure: '2:4', block: [1, 4]}", r"compression\.pruning\.block: M:N structure and block"),

@@ -24,24 +24,24 @@ def test_sigkill_during_channel_fine_tuning_resumes_to_the_same_weights(tmp_path
     model keeps <= 50% of the dense FLOPs and has fewer parameters."""
     reference = cli(*_args(tmp_path / "reference"))
     assert reference.returncode == 0, reference.stderr[-3000:]
-    assert "stage prune: 3 epochs = 69 updates" in reference.stdout
+    assert "stage channels: 3 epochs = 69 updates" in reference.stdout
     assert "channel groups narrowed" in reference.stdout
 
     proc = start_run(*_args(tmp_path))
-    saved = wait_for_checkpoint(tmp_path / "quickstart" / "checkpoints" / "prune", proc, at_least=20)
+    saved = wait_for_checkpoint(tmp_path / "quickstart" / "checkpoints" / "channels", proc, at_least=20)
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=120)
     again = cli(*_args(tmp_path))
     assert again.returncode == 0, again.stderr[-3000:]
     assert saved <= resumed_at(again.stdout) < 69
 
-    ours = model_weights(tmp_path / "quickstart", "prune")
-    theirs = model_weights(tmp_path / "reference" / "quickstart", "prune")
+    ours = model_weights(tmp_path / "quickstart", "channels")
+    theirs = model_weights(tmp_path / "reference" / "quickstart", "channels")
     assert ours.keys() == theirs.keys()
     for name in theirs:
         np.testing.assert_allclose(ours[name], theirs[name], rtol=0, atol=1e-6)
     stages = json.loads((tmp_path / "quickstart" / "summary.json").read_text())["stages"]
-    narrowed = stages["prune"]["channels"]
+    narrowed = stages["channels"]["channels"]
     assert narrowed["flops_ratio"] <= 0.5 and narrowed["groups"] == 3
     # the narrowed model fine-tunes on (2 short epochs of training left it at 0.68)
-    assert stages["prune"]["metrics"]["val_accuracy"] > stages["train"]["metrics"]["val_accuracy"]
+    assert stages["channels"]["metrics"]["val_accuracy"] > stages["train"]["metrics"]["val_accuracy"]

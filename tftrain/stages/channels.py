@@ -10,7 +10,7 @@ from tftrain.stages.base import Built, Stage
 
 
 class ChannelPrune(Stage):
-    name = "prune"
+    name = "channels"
     section = "compression.pruning"
 
     @classmethod
