@@ -253,8 +253,7 @@ def _tflite_entry(blob: bytes, plain, x_val, y_val, reference, layers: bool, cal
     entry = {**_sizes(blob), "accuracy": _accuracy(logits, y_val),
              "max_abs_logit_diff": float(np.max(np.abs(logits - reference))),
              "latency_ms": latency * 1e3, "input": _input_kind(plain, None), "logits": logits,
-             "latency_grid": speed.tflite_grid(blob, x_val), "xnnpack": speed.xnnpack(blob),
-             "cpu_int8": speed.cpu_int8()}
+             **speed.tflite_entry(blob, x_val)}
     if layers:
         from tftrain.export import fidelity
         entry.update(fidelity.tflite_entry(blob, plain, calibration, cfg))

@@ -75,6 +75,12 @@ def timed(run, x: np.ndarray, batch: int, budget: float = 0.05) -> float:
     return _timed(run, x, batch, budget)
 
 
+def tflite_entry(blob: bytes, x: np.ndarray) -> dict:
+    """A TFLite file's speed fields: its latency grid, XNNPack's ops, the CPU's int8."""
+    return {"latency_grid": tflite_grid(blob, x), "xnnpack": xnnpack(blob),
+            "cpu_int8": cpu_int8()}
+
+
 def cpu_int8(flags: str | None = None) -> str:
     """The CPU's int8 dot-product instructions, which decide whether int8 beats float."""
     if flags is None:
