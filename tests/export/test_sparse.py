@@ -79,7 +79,7 @@ def test_a_pruned_run_writes_a_verified_sparse_file(tmp_path, monkeypatch):
     module = types.ModuleType("sparse_models")
     module.net = lambda spec: sparse_net(size=spec.shape[0])
     monkeypatch.setitem(sys.modules, "sparse_models", module)
-    sets = ["data.params={image_size: 33, channels: 3}", "model={name: 'sparse_models:net', params: {}}",
+    sets = ["data.params={image_size: 9, channels: 3}", "model={name: 'sparse_models:net', params: {}}",
             "train.epochs=1", "compression.pruning={enabled: true, final_sparsity: 0.7, epochs: 1}",
             "export.tflite=none", "export.saved_model=false", "export.tflite_sparse=true",
             "export.preflight=false"]
