@@ -611,6 +611,9 @@ def test_compress_config_loses_under_a_point_and_is_10x_smaller(compress_run):
     assert summary["accuracy"]["artifact"] == "tflite_int8"
     assert summary["accuracy"]["value"] == int8["accuracy"]
     assert summary["accuracy"]["stage_value"] == stages["qat"]["metrics"]["val_accuracy"]
+    # the exported QAT SavedModel scores exactly what the QAT stage's evaluation scored
+    assert summary["artifacts"]["saved_model"]["accuracy"] == pytest.approx(
+        stages["qat"]["metrics"]["val_accuracy"], abs=1e-6)
     assert int8["gzip_bytes"] * 10 <= stages["train"]["float32_variables_gzip_bytes"]
     assert set(summary["sparsity"]) == {"conv_0", "conv_1", "dense_0", "logits"}
     for layer, value in summary["sparsity"].items():
