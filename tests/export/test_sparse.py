@@ -58,7 +58,8 @@ def test_the_sparse_file_stores_pruned_weights_sparse_and_computes_the_dense_log
     blob = sparse.convert(save_saved_model(net, tmp_path / "sm"))
     x = np.random.default_rng(0).normal(size=(8, 33, 33, 3)).astype(np.float32)
     np.testing.assert_allclose(tflite_logits(blob, x)[0], net.predict(x, verbose=0), atol=1e-4)
-    found = sparse.report(blob)
+    from tftrain.export.speed import xnnpack
+    found = sparse.report(blob, xnnpack(blob))
     assert found["sparse_tensors"] >= 1
     runs, why = sparse.cpu_runs_sparse()
     assert found["sparse_path"] == runs and found["sparse_path_reason"] == why

@@ -231,7 +231,7 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
         (out / "model_sparse.tflite").write_bytes(blob)
         entry = _tflite_entry(blob, plain, x_val, y_val, reference, False, calibration, cfg)
         entry.pop("logits")
-        report["tflite_sparse"] = {**entry, **sparse.report(blob)}
+        report["tflite_sparse"] = {**entry, **sparse.report(blob, entry["xnnpack"])}
     if cfg.onnx:
         if int8 is not None and int8_logits is None:   # a QAT model without a TFLite file
             int8_logits = tflite_logits(int8, x_val)[0]

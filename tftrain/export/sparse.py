@@ -14,8 +14,8 @@ from pathlib import Path
 
 RULES = "XNNPack's sparse inference (tensorflow/lite/delegates/xnnpack/README.md)"
 ZEROS = 2 / 3          # of the 1x1 convolutions' weights, across the sparse subgraph
-_ELEMENTWISE = ("ReLU", "Activation", "BatchNormalization", "Dropout", "Add", "Multiply",
-                "InputLayer", "Preprocess", "Rescaling")
+_ELEMENTWISE = ("InputLayer", "ReLU", "Activation", "BatchNormalization", "Dropout", "Add",
+                "Multiply", "Preprocess", "Rescaling")
 
 
 def _same_is_symmetric(size, kernel: int, stride: int) -> bool:
@@ -34,8 +34,7 @@ def refusal(model, pruning) -> str | None:
             and pruning.final_sparsity >= ZEROS - 1e-9):
         return (f"{RULES} needs at least 2/3 of the 1x1 convolutions' weights zero: enable "
                 "compression.pruning (structure: unstructured) with final_sparsity >= 0.67")
-    layers = [l for l in model.layers if type(l).__name__ not in ("InputLayer",)]
-    compute = [l for l in layers if type(l).__name__ not in _ELEMENTWISE]
+    compute = [l for l in model.layers if type(l).__name__ not in _ELEMENTWISE]
     if not compute:
         return f"{RULES} needs convolutions; the model has none"
     first = compute[0]
@@ -83,10 +82,8 @@ def cpu_runs_sparse(flags: str | None = None) -> tuple[bool, str]:
     import platform
 
     if flags is None:
-        try:
-            flags = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            flags = ""
+        from tftrain.runtime.precision import cpu_flags
+        flags = cpu_flags()
     x86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
     if x86 and " avx" in flags:
         return False, ("this x86 CPU has AVX: XNNPack's sparse kernels target SSE only and "
@@ -95,11 +92,9 @@ def cpu_runs_sparse(flags: str | None = None) -> tuple[bool, str]:
     return True, "XNNPack runs sparse inference on this CPU"
 
 
-def report(blob: bytes) -> dict:
-    """What the sparse file holds and whether XNNPack's sparse path runs it here."""
-    from tftrain.export.speed import xnnpack
-
-    ops = xnnpack(blob)
+def report(blob: bytes, ops: dict) -> dict:
+    """What the sparse file holds and whether XNNPack's sparse path runs it here (`ops`:
+    its `speed.xnnpack` entry)."""
     densify = _densify_count(blob)
     runs, why = cpu_runs_sparse()
     ran = bool(densify) and runs and not any(f.startswith("DENSIFY") for f in ops["fallback"])

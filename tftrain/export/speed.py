@@ -20,9 +20,10 @@ def key(batch: int, threads: int) -> str:
     return f"batch{batch}_threads{threads or 'all'}"
 
 
-def _timed(run, x: np.ndarray, batch: int, budget: float) -> float:
-    """Milliseconds per example of `run(batch rows)`: warmed up, then repeated for about
-    `budget` seconds (at least 3 calls), the median call."""
+def timed(run, x: np.ndarray, batch: int, budget: float = 0.05) -> float:
+    """Milliseconds per example of a runner (`tflite_runner`, `onnx_runner`) on `batch`
+    rows: warmed up, then repeated for about `budget` seconds (at least 3 calls), the
+    median call."""
     rows = x[:batch] if len(x) >= batch else np.resize(x, (batch, *x.shape[1:]))
     run(rows)
     times, start = [], time.perf_counter()
@@ -61,18 +62,13 @@ def onnx_runner(blob: bytes, batch: int, threads: int, like: np.ndarray, int8: b
 
 def tflite_grid(blob: bytes, x: np.ndarray, budget: float = 0.05) -> dict[str, float]:
     """`grid` for a TFLite file run by LiteRT."""
-    return {key(b, t): _timed(tflite_runner(blob, b, t, x), x, b, budget) for b, t in SETTINGS}
+    return {key(b, t): timed(tflite_runner(blob, b, t, x), x, b, budget) for b, t in SETTINGS}
 
 
 def onnx_grid(blob: bytes, x: np.ndarray, int8: bool, budget: float = 0.05) -> dict[str, float]:
     """`grid` for an ONNX model run by ONNX Runtime."""
-    return {key(b, t): _timed(onnx_runner(blob, b, t, x, int8), x, b, budget)
+    return {key(b, t): timed(onnx_runner(blob, b, t, x, int8), x, b, budget)
             for b, t in SETTINGS}
-
-
-def timed(run, x: np.ndarray, batch: int, budget: float = 0.05) -> float:
-    """Milliseconds per example of a runner (`tflite_runner`, `onnx_runner`)."""
-    return _timed(run, x, batch, budget)
 
 
 def tflite_entry(blob: bytes, x: np.ndarray) -> dict:
@@ -84,11 +80,8 @@ def tflite_entry(blob: bytes, x: np.ndarray) -> dict:
 def cpu_int8(flags: str | None = None) -> str:
     """The CPU's int8 dot-product instructions, which decide whether int8 beats float."""
     if flags is None:
-        try:
-            with open("/proc/cpuinfo") as f:
-                flags = f.read()
-        except OSError:
-            flags = ""
+        from tftrain.runtime.precision import cpu_flags
+        flags = cpu_flags()
     found = [name for flag, name in (("avx512_vnni", "AVX-512 VNNI"), ("avx_vnni", "AVX-VNNI"),
                                      ("amx_int8", "AMX-INT8"), ("asimddp", "ARM dot product"))
              if f" {flag}" in flags]

@@ -17,12 +17,17 @@ from tftrain.core.keras import keras
 from tftrain.config import DistributeConfig, PrecisionConfig
 
 
+def cpu_flags() -> str:
+    """The CPU's feature flags as /proc/cpuinfo lists them ("" where there is none)."""
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
 def cpu_has_bf16() -> bool:
     """True on CPUs with native bfloat16 arithmetic (AVX512-BF16 or AMX)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
+    flags = cpu_flags()
     return any(flag in flags for flag in (" avx512_bf16", " amx_bf16"))
 
 
