@@ -83,7 +83,7 @@ def test_a_pruned_run_writes_a_verified_sparse_file(tmp_path, monkeypatch):
     sets = ["data.params={image_size: 9, channels: 3}", "model={name: 'sparse_models:net', params: {}}",
             "train.epochs=1", "compression.pruning={enabled: true, final_sparsity: 0.7, epochs: 1}",
             "export.tflite=none", "export.saved_model=false", "export.tflite_sparse=true",
-            "export.preflight=false"]
+            "export.preflight=true"]
     assert main(["configs/quickstart.yaml", "--run-dir", str(tmp_path),
                  *[a for s in sets for a in ("--set", s)]]) == 0
     entry = json.loads((tmp_path / "quickstart" / "summary.json").read_text())["artifacts"]["tflite_sparse"]

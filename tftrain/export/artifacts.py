@@ -164,8 +164,8 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
                layers: bool = True) -> dict:
     """Write and verify every configured artifact; returns their report entries.
     `qat`: the model was quantization-aware trained (int8 uses its learned ranges).
-    `layers`: compare each int8 artifact with the model layer by layer
-    (`tftrain.export.fidelity`; not for the export preflight's untrained model).
+    `layers`: compare int8 artifacts with the model layer by layer (`export.fidelity`) and
+    time each file (`export.speed`); not for the export preflight's untrained model.
     Artifacts take validation's input (decoded, resized and the deterministic steps of
     `data.augment`, e.g. normalize), checked on the validation set."""
     from tftrain.data import BatchPlan, preprocess, val_dataset
@@ -215,7 +215,7 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
     int8_logits = None
     if cfg.tflite != "none":
         entry = _tflite_entry(blob, plain, x_val, y_val, reference, int8 is not None and layers,
-                              calibration, cfg)
+                              calibration, cfg, timed=layers)
         if qat and cfg.int8_fallback == "auto" and layers and \
                 _accuracy(reference, y_val) - entry["accuracy"] > cfg.max_accuracy_drop + 1e-9:
             blob, entry = _with_fallback(plain, out, blob, entry, x_val, y_val, reference,
@@ -229,9 +229,10 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
         from tftrain.export import sparse
         blob = sparse.convert(saved)
         (out / "model_sparse.tflite").write_bytes(blob)
-        entry = _tflite_entry(blob, plain, x_val, y_val, reference, False, calibration, cfg)
+        entry = _tflite_entry(blob, plain, x_val, y_val, reference, False, calibration, cfg, layers)
         entry.pop("logits")
-        report["tflite_sparse"] = {**entry, **sparse.report(blob, entry["xnnpack"])}
+        report["tflite_sparse"] = {**entry, **(sparse.report(blob, entry["xnnpack"]) if layers
+                                               else {})}
     if cfg.onnx:
         if int8 is not None and int8_logits is None:   # a QAT model without a TFLite file
             int8_logits = tflite_logits(int8, x_val)[0]
@@ -244,16 +245,15 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
 
 
 def _tflite_entry(blob: bytes, plain, x_val, y_val, reference, layers: bool, calibration,
-                  cfg) -> dict:
-    """A TFLite file's report entry (its `logits` too, for the caller to take); an int8
-    file's layer by layer."""
+                  cfg, timed: bool = True) -> dict:
+    """A TFLite file's report entry (its `logits` too, for the caller to take), `timed`."""
     from tftrain.export import speed
 
     logits, latency = tflite_logits(blob, x_val)
     entry = {**_sizes(blob), "accuracy": _accuracy(logits, y_val),
              "max_abs_logit_diff": float(np.max(np.abs(logits - reference))),
              "latency_ms": latency * 1e3, "input": _input_kind(plain, None), "logits": logits,
-             **speed.tflite_entry(blob, x_val)}
+             **(speed.tflite_entry(blob, x_val) if timed else {})}
     if layers:
         from tftrain.export import fidelity
         entry.update(fidelity.tflite_entry(blob, plain, calibration, cfg))
@@ -326,8 +326,8 @@ def _onnx(plain, out: Path, x_val, y_val, reference, int8: bytes | None, int8_lo
                          "max_abs_diff_vs_saved_model": float(np.max(np.abs(
                              logits - saved_model_logits))),
                          "latency_ms": onnx_export.latency(sess, x_val) * 1e3,
-                         "latency_grid": speed.onnx_grid(blob, x_val, quantized),
-                         "input": _input_kind(plain, None)}
+                         "input": _input_kind(plain, None), **(
+                             {"latency_grid": speed.onnx_grid(blob, x_val, quantized)} if layers else {})}
         if quantized:
             entries[name]["max_abs_diff_vs_tflite_int8"] = float(np.max(np.abs(
                 logits - int8_logits)))
