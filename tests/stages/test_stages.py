@@ -1,5 +1,7 @@
 """Stages: which run, how long, at what learning rate, and the interface each keeps (the
 fitting is in test_run.py)."""
+import math
+
 import pytest
 
 from tftrain.config import load_config
@@ -20,6 +22,27 @@ def test_compression_stages_follow_training_with_their_own_rates():
                              "compression.quantization={enabled: true, epochs: 1, learning_rate: 0.0005}"])
     assert summary(plan_stages(cfg, 23)) == [("train", 3, 69, None), ("prune", 2, 46, 0.001),
                                              ("qat", 1, 23, 0.0005)]
+
+
+def test_channel_pruning_retrains_on_training_schedule_unless_given_a_rate():
+    """A narrowed model retrains on training's schedule over the stage's updates (warm-up,
+    then cosine decay); `compression.pruning.learning_rate` makes it a constant."""
+    sets = ["train.epochs=3", "train.optimizer.learning_rate=0.01",
+            "train.schedule={name: cosine, warmup_steps: 5}",
+            "compression.pruning={enabled: true, structure: channels, epochs: 2}"]
+    train, channels = plan_stages(load_config(None, sets), 23)
+    assert summary([channels]) == [("channels", 2, 46, None)]
+    assert channels.rate() == "training's schedule"
+    rates = [float(channels.schedule()(step)) for step in (5, 25, 45)]
+    cosine = [0.01 * 0.5 * (1 + math.cos(math.pi * (step - 5) / 41)) for step in (5, 25, 45)]
+    assert rates == pytest.approx(cosine, rel=1e-5)    # decays over the stage's 46 updates
+    assert float(channels.schedule()(0)) < 0.01 / 2    # warming up
+    assert float(train.schedule()(45)) > 100 * rates[2]    # not training's 69 updates
+    constant = plan_stages(load_config(None, sets[:-1] + [
+        "compression.pruning={enabled: true, structure: channels, epochs: 2, "
+        "learning_rate: 0.002}"]), 23)[1]
+    assert constant.learning_rate == 0.002 and constant.rate() == "learning rate 0.002"
+    assert [float(constant.schedule()(s)) for s in (0, 45)] == pytest.approx([0.002, 0.002])
 
 
 def test_smoke_runs_one_epoch_of_each():

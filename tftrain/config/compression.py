@@ -29,7 +29,8 @@ class PruningConfig(Strict):
     block_pooling: Literal["avg", "max"] = "avg"
     layers: list[str] = []            # layer name / regex rules; empty: every prunable layer
     epochs: int = Field(4, ge=1)      # length of the pruning stage
-    learning_rate: Optional[float] = Field(None, gt=0)   # default: train's / 10
+    # constant; default: train's / 10 (structure channels: training's schedule)
+    learning_rate: Optional[float] = Field(None, gt=0)
     # structure: channels: the share of the dense model's multiply-add FLOPs kept
     target_flops: float = Field(0.5, gt=0, le=1)
     importance: Literal["l1", "l2", "bn"] = "l1"    # filter norm, or batch-norm |gamma|

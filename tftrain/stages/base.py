@@ -112,7 +112,11 @@ class Stage:
         return contextlib.nullcontext()
 
     def describe(self, ctx) -> str:
-        return (f"stage {self.name}: {self.epochs} epochs = {self.updates} updates at "
+        return f"stage {self.name}: {self.epochs} epochs = {self.updates} updates at {self.rate()}"
+
+    def rate(self) -> str:
+        """The stage's learning rate as `describe` prints it."""
+        return ("training's schedule" if self.learning_rate is None else
                 f"learning rate {self.learning_rate:g}")
 
     def __repr__(self) -> str:

@@ -1,7 +1,10 @@
 """Channel pruning (`compression.pruning.structure: channels`): the trained model's
 least important channels go, group by group (`compress.channels`), leaving a physically
-narrower model with the surviving weights, which this stage fine-tunes at a constant
-learning rate and hands on (to QAT, the export) like any other model."""
+narrower model with the surviving weights, which this stage retrains and hands on (to QAT,
+the export) like any other model. A narrowed network has lost what its missing channels
+computed, more than a pruned one whose weights stay in place: by default it retrains on
+training's schedule (warm-up and decay over this stage's updates), not at the constant
+tenth of training's rate the other fine-tuning stages take."""
 from __future__ import annotations
 
 import numpy as np
@@ -16,6 +19,10 @@ class ChannelPrune(Stage):
     @classmethod
     def enabled(cls, cfg) -> bool:
         return cfg.compression.pruning.enabled and cfg.compression.pruning.channels
+
+    @property
+    def learning_rate(self):
+        return self.settings(self.cfg).learning_rate    # None: training's schedule
 
     def plan(self, net, ctx):
         """The groups and the channels each keeps, checked on the model (a layer the

@@ -58,9 +58,7 @@ class Distill(Stage):
     def describe(self, ctx) -> str:
         cfg = self.settings(self.cfg)
         teacher = cfg.teacher or "the trained model"
-        rate = "training's schedule" if self.learning_rate is None else \
-            f"learning rate {self.learning_rate:g}"
-        return (f"stage distill: {self.epochs} epochs = {self.updates} updates at {rate}; "
+        return (f"stage distill: {self.epochs} epochs = {self.updates} updates at {self.rate()}; "
                 f"student {cfg.student.name} ({self.student.count_params():,} parameters) "
                 f"learns from {teacher} at temperature {cfg.temperature:g}, alpha {cfg.alpha:g}")
 
