@@ -209,6 +209,29 @@ def test_looped_micro_batches_run_one_after_another():
                    for a in _ancestors(op)), op.name
 
 
+def test_looped_accumulation_traces_the_forward_pass_once_when_metrics_exist():
+    # With the loss and metric variables made before tracing (`build_metrics`, as the
+    # runner does), every micro-batch runs in the loop from zero sums: one copy of the
+    # forward and backward pass in the graph, not one before the loop and one in it.
+    net = _accumulating()
+    net.build_metrics(tf.TensorSpec([32], tf.int32))
+    traced = _traced_step(net)
+    body, = [g for g in _graphs(traced) if "while_body" in g.name]
+    assert sum(op.type == "MatMul" for op in body.get_operations()) > 0
+    assert sum(op.type == "MatMul" for op in traced.get_operations()) == 0
+    # the same update as the first micro-batch before the loop (a model whose metric
+    # variables are made on first use, eagerly), to float32 rounding
+    x = np.random.default_rng(0).random((32, 8, 8, 1), np.float32)
+    y = np.arange(32, dtype=np.int32) % 10
+    reference = _accumulating()
+    reference.set_weights(net.get_weights())
+    want = reference.train_step((tf.constant(x), tf.constant(y)))
+    got = net.train_step((tf.constant(x), tf.constant(y)))
+    assert float(got["loss"]) == pytest.approx(float(want["loss"]), rel=1e-6)
+    for a, b in zip(net.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-7)
+
+
 def test_a_pipeline_keeps_its_micro_batches_side_by_side():
     # A placed pipeline's stage k works on micro-batch i while stage k+1 works on i-1.
     from tftrain.runtime.parallelism import Parallelism

@@ -316,20 +316,27 @@ class TrainModel(keras.Model):
                     *_micro_batch(x, y, sample_weight, i, size, after=grads if wait else ()),
                     variables), variables, self.parallel)
             return grads
-        # The first micro-batch runs outside the loop: Keras creates its metric
-        # variables on first use, and variables cannot be created inside a while loop.
-        first = self._gradients(*_micro_batch(x, y, sample_weight, 0, size), variables)
-
         def accumulate(i, acc):
             return i + 1, _add(acc, self._gradients(
                 *_micro_batch(x, y, sample_weight, i, size, after=acc), variables), variables,
                                self.parallel)
 
+        if self.compiled_loss.built and self.compiled_metrics.built:     # `build_metrics`
+            # every micro-batch in the loop, from zeros (0 + g is g exactly): the forward
+            # and backward pass are traced once, not twice
+            start = (tf.constant(0), [self._zeros_beside(v) for v in variables])
+        else:
+            # Keras creates its metric variables on first use, and no variable can be
+            # created inside a while loop: the first micro-batch runs before it
+            first = self._gradients(*_micro_batch(x, y, sample_weight, 0, size), variables)
+            start = (tf.constant(1), [tf.convert_to_tensor(g) for g in first])
         # parallel_iterations=1: one micro-batch's activations alive at a time.
-        _, grads = tf.while_loop(lambda i, _: i < n, accumulate,
-                                 (tf.constant(1), [tf.convert_to_tensor(g) for g in first]),
-                                 parallel_iterations=1)
+        _, grads = tf.while_loop(lambda i, _: i < n, accumulate, start, parallel_iterations=1)
         return grads
+
+    def _zeros_beside(self, variable):
+        with self.parallel.beside(variable):
+            return tf.zeros(variable.shape, tf.float32)
 
     def build_metrics(self, y):
         """Create the loss and metric variables now, for labels like `y` (a tensor or a
