@@ -12,6 +12,9 @@ convolution padded equally on an odd input, and so on). The covering array is bu
 that cannot are rows of their own (`REFUSED`) that must be refused at plan time. For
 waveforms the crop of `normalize+crop` is `time_shift` (a random crop in time).
 
+The `channels+qat` stages narrow the model with distillation from the wide one
+(`compression.pruning.distill`), then run QAT.
+
 `--smoke` runs a few batches per stage on one device, so the strategy values are met at
 plan time (their checks and refusals); whole runs of each strategy are in test_run.py and
 test_launch.py. Artifacts are verified as every run verifies them, except that a smoke
@@ -211,7 +214,7 @@ def overrides(row: dict, speech, text) -> list[str]:
                            "compression.quantization={enabled: true, epochs: 1, "
                            "skip_unsupported: true}"],
              "channels+qat": ["compression.pruning={enabled: true, epochs: 1, "
-                              "structure: channels, target_flops: 0.5}",
+                              "structure: channels, target_flops: 0.5, distill: true}",
                               "compression.quantization={enabled: true, epochs: 1, "
                               "skip_unsupported: true}"]}[row["stages"]]
     sets += {"saved_model": ["export.tflite=none"],

@@ -12,6 +12,46 @@ SETS = ["train.epochs=1", "train.checkpoint.every=4", "export.tflite=none", "exp
         "compression.pruning={enabled: true, structure: channels, target_flops: 0.5, epochs: 2}"]
 
 
+def test_distill_makes_the_narrowed_model_learn_the_wide_models_logits():
+    """`distill: true`: the stage trains with the distillation loss, the teacher being the
+    wide model it narrowed (alpha * CE + (1 - alpha) * T^2 * KL, at
+    compression.distillation's temperature and alpha); without it, the plain loss."""
+    import tensorflow as tf
+
+    from tftrain.config import load_config
+    from tftrain.data import InputSpec
+    from tftrain.models import MODELS
+    from tftrain.stages import plan_stages
+    from tftrain.stages.distill import soft_target_loss
+
+    spec = InputSpec((8, 8, 1), "float32", 10)
+    sets = ["compression.pruning={enabled: true, structure: channels, distill: true, epochs: 1}",
+            "compression.distillation={temperature: 2.0, alpha: 0.25}"]
+    wide = MODELS.get("cnn")(spec, filters=[16, 32], dense=[64])
+    x = np.random.default_rng(0).normal(size=(6, 8, 8, 1)).astype(np.float32)
+    y = tf.constant([0, 1, 2, 3, 4, 5])
+    losses = []
+    for distill in (True, False):
+        cfg = load_config(None, sets + [f"compression.pruning.distill={distill}"])
+        stage, = [s for s in plan_stages(cfg, 10) if s.name == "channels"]
+        stage.plan(wide, None)
+        built = stage.build(wide, None)
+        assert (stage.teacher is wide) == distill
+        model = stage.train_model().wrap(built.net, 1)
+        model.compile(optimizer="sgd", loss=tf.keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True))
+        student = model(x, training=False)
+        losses.append(float(model.compute_loss(x, y, student)))
+        if distill:
+            hard = float(tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(
+                y, student, from_logits=True)))
+            soft = float(soft_target_loss(wide(x, training=False), student, 2.0))
+            assert soft > 1e-3 and losses[0] == pytest.approx(0.25 * hard + 0.75 * soft, rel=1e-5)
+    assert losses[1] != pytest.approx(losses[0], rel=1e-3)      # the plain loss without it
+    with pytest.raises(Exception, match="compression.pruning.distill: only with structure"):
+        load_config(None, ["compression.pruning={enabled: true, distill: true}"])
+
+
 def _args(tmp_path):
     return [QUICKSTART, "--run-dir", tmp_path, *[a for s in SETS for a in ("--set", s)]]
 

@@ -36,6 +36,9 @@ class PruningConfig(Strict):
     importance: Literal["l1", "l2", "bn"] = "l1"    # filter norm, or batch-norm |gamma|
     min_channels: int = Field(4, ge=1)              # a narrowed group keeps at least these
     channel_multiple: int = Field(8, ge=1)          # kept channels rounded to a multiple
+    # the narrowed model also learns the trained wide model's logits (knowledge
+    # distillation, with compression.distillation's temperature and alpha)
+    distill: bool = False
 
     @field_validator("begin", "end", mode="before")
     @classmethod
@@ -78,6 +81,9 @@ class PruningConfig(Strict):
         if self.structure != "unstructured" and self.block not in (None, (1, 1)):
             raise ValueError("compression.pruning.block: M:N structure and block sparsity "
                              "cannot be combined; set one of them")
+        if self.distill and self.structure != "channels":
+            raise ValueError("compression.pruning.distill: only with structure: channels (a "
+                             "narrowed model learns from the wide one); remove distill")
         if self.structure == "channels" and self.layers:
             raise ValueError("compression.pruning.layers: channel pruning narrows every group "
                              "of channels the model can lose (by target_flops); remove layers")

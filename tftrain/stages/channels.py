@@ -4,7 +4,10 @@ narrower model with the surviving weights, which this stage retrains and hands o
 the export) like any other model. A narrowed network has lost what its missing channels
 computed, more than a pruned one whose weights stay in place: by default it retrains on
 training's schedule (warm-up and decay over this stage's updates), not at the constant
-tenth of training's rate the other fine-tuning stages take."""
+tenth of training's rate the other fine-tuning stages take. With `distill: true` it also
+learns the trained wide model's logits (`stages.distill`'s loss, with
+`compression.distillation`'s temperature and alpha), the usual way to win back what
+narrowing lost (the teacher is the trained model a restart rebuilds the same)."""
 from __future__ import annotations
 
 import numpy as np
@@ -15,6 +18,7 @@ from tftrain.stages.base import Built, Stage
 class ChannelPrune(Stage):
     name = "channels"
     section = "compression.pruning"
+    teacher = None          # the trained wide model, with `distill`
 
     @classmethod
     def enabled(cls, cfg) -> bool:
@@ -46,7 +50,18 @@ class ChannelPrune(Stage):
         cfg = self.cfg.compression.pruning
         graph = channels.ChannelGraph(net)
         keep = channels.select(graph, self.channel_plan.counts, cfg.importance)
+        self.teacher = net if cfg.distill else None
         return Built(channels.narrowed(graph, keep))
+
+    def train_model(self):
+        if self.teacher is None:
+            return super().train_model()
+        from tftrain.stages.distill import distiller_class
+
+        d = self.cfg.compression.distillation
+        return type("ChannelDistiller", (distiller_class(),), {
+            "teacher": staticmethod(self.teacher), "temperature": float(d.temperature),
+            "alpha": float(d.alpha)})
 
     def finalize(self, built: Built, result: dict, ctx):
         from tftrain.compress import channels
@@ -59,4 +74,7 @@ class ChannelPrune(Stage):
         return built.net
 
     def describe(self, ctx) -> str:
-        return super().describe(ctx) + f"; {self.channel_plan.describe()}"
+        d = self.cfg.compression.distillation
+        teacher = (f"; learns from the trained wide model at temperature {d.temperature:g}, "
+                   f"alpha {d.alpha:g}") if self.cfg.compression.pruning.distill else ""
+        return super().describe(ctx) + f"; {self.channel_plan.describe()}{teacher}"
