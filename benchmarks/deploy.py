@@ -4,7 +4,8 @@ For ResNet-14 (width 32) and Keras Applications MobileNetV2 (alpha 0.35), both o
 at 32x32x3 (the image-transfer recipe, configs/image_transfer.yaml, in float32: this
 benchmark is about the deployed files, and bfloat16 trains slower on CPUs without BF16
 instructions), four runs differ only in their stages: dense (train), dense + QAT (int8), channels (train + channel pruning to
-`--target-flops` of the FLOPs, retrained for the recipe's pruning epochs on training's schedule) and channels
+`--target-flops` of the FLOPs, retrained for the recipe's pruning epochs on training's schedule,
+learning from the dense model's logits too: `distill: true`) and channels
 + QAT (int8). Each exports its TFLite file and its ONNX model. Accuracies are the
 exported files' own, on the validation split.
 
@@ -43,7 +44,7 @@ MODELS = {
 
 def variants(target: float) -> dict[str, list[str]]:
     channels = ("compression.pruning={enabled: true, structure: channels, "
-                f"target_flops: {target}, epochs: %s}}")
+                f"target_flops: {target}, epochs: %s, distill: true}}")
     return {
         "dense": ["compression.pruning.enabled=false", "compression.quantization.enabled=false",
                   "export.tflite=float"],
