@@ -7,7 +7,8 @@ import tf_keras as keras
 from tftrain import build_model, build_strategy, load_config
 from tftrain.data import distribute, epoch_layout, load_source, plan_batches, val_dataset
 from tftrain.runtime.strategy import device_table
-from tftrain.training.train_step import TrainModel, build_loss
+from tftrain.training.losses import build_loss
+from tftrain.training.train_step import TrainModel
 
 cfg = load_config("configs/quickstart.yaml", ["train.accumulation_steps=2"])
 strategy = build_strategy(cfg)                     # mirrored over 2 virtual CPUs

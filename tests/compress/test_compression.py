@@ -9,7 +9,8 @@ from tftrain.core.keras import keras
 from tftrain.config import ConfigError, load_config
 from tftrain.data import InputSpec
 from tftrain.models import MODELS
-from tftrain.training.train_step import TrainModel, build_loss
+from tftrain.training.losses import build_loss
+from tftrain.training.train_step import TrainModel
 
 SPEC = InputSpec((8, 8, 1), "float32", 10)
 MIRRORED = ["/cpu:0", "/cpu:1"]

@@ -13,7 +13,7 @@ from tftrain.data import InputSpec
 from tftrain.models import MODELS
 from tftrain.run import main
 from tftrain.stages.distill import distiller_class, soft_target_loss
-from tftrain.training.train_step import build_loss
+from tftrain.training.losses import build_loss
 
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 SPEC = InputSpec((8, 8, 1), "float32", 10)

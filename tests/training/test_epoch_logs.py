@@ -8,7 +8,8 @@ from helpers import fit, tiny
 from tftrain.core.keras import keras
 from tftrain.training.epoch_logs import (ExecutionSizer, GlobalMetrics, LearningRateLogger,
                                          Throughput)
-from tftrain.training.train_step import TrainModel, build_loss
+from tftrain.training.losses import build_loss
+from tftrain.training.train_step import TrainModel
 
 
 def test_throughput_and_lr_logged():

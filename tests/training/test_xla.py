@@ -7,7 +7,8 @@ from helpers import quick_config
 from tftrain.training import xla
 from tftrain.core.keras import keras
 from tftrain.config import ConfigError
-from tftrain.training.train_step import TrainModel, build_loss
+from tftrain.training.losses import build_loss
+from tftrain.training.train_step import TrainModel
 
 
 def mirrored():

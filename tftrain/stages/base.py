@@ -124,7 +124,7 @@ class Stage:
 
     # -- how it trains ------------------------------------------------------------------
     def loss(self):
-        from tftrain.training.train_step import build_loss
+        from tftrain.training.losses import build_loss
         return build_loss(self.cfg.train.loss)
 
     def train_model(self):
