@@ -4,8 +4,8 @@ For ResNet-14 (width 32) and Keras Applications MobileNetV2 (alpha 0.35), both o
 at 32x32x3 (the image-transfer recipe, configs/image_transfer.yaml, in float32: this
 benchmark is about the deployed files, and bfloat16 trains slower on CPUs without BF16
 instructions), four runs differ only in their stages: dense (train), dense + QAT (int8), channels (train + channel pruning to
-`--target-flops` of the FLOPs, retrained for the recipe's pruning epochs on training's schedule,
-learning from the dense model's logits too: `distill: true`) and channels
+`--target-flops` of the FLOPs, fine-tuned for the recipe's pruning epochs at a constant 0.001,
+or with `--distill` on training's schedule learning the dense model's logits too) and channels
 + QAT (int8). Each exports its TFLite file and its ONNX model. Accuracies are the
 exported files' own, on the validation split.
 
@@ -16,7 +16,7 @@ and int8 / float ONNX at batch 32, 1 thread; channels + QAT int8 / dense float T
 batch 1, 1 thread. The CPU's int8 and bfloat16 instructions are printed beside them.
 
     python benchmarks/deploy.py [--rounds 7] [--target-flops 0.5] [--models resnet mobilenet]
-                                [--epochs-scale 1.0]
+                                [--epochs-scale 1.0] [--distill]
 """
 from __future__ import annotations
 
@@ -42,9 +42,12 @@ MODELS = {
 }
 
 
-def variants(target: float) -> dict[str, list[str]]:
+def variants(target: float, distill: bool = False) -> dict[str, list[str]]:
+    """The four runs' stage settings. Channel pruning fine-tunes at a constant 0.001, or
+    with `distill` on training's schedule learning the dense model's logits too."""
+    retrain = "distill: true" if distill else "learning_rate: 0.001"
     channels = ("compression.pruning={enabled: true, structure: channels, "
-                f"target_flops: {target}, epochs: %s, distill: true}}")
+                f"target_flops: {target}, epochs: %s, {retrain}}}")
     return {
         "dense": ["compression.pruning.enabled=false", "compression.quantization.enabled=false",
                   "export.tflite=float"],
@@ -159,6 +162,8 @@ def main(argv=None) -> None:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--epochs-scale", type=float, default=1.0,
                         help="every stage's epochs times this (a quick look; not the figures)")
+    parser.add_argument("--distill", action="store_true",
+                        help="channel pruning with distill: true on training's schedule")
     args = parser.parse_args(argv)
     from tftrain.config import load_config
     from tftrain.data import BatchPlan, load_source, val_dataset
@@ -175,8 +180,9 @@ def main(argv=None) -> None:
             label, model_sets = MODELS[key]
             results = {name: one_run(Path(tmp), f"{key}-{name}", [*model_sets, *sets],
                                      args.epochs_scale)
-                       for name, sets in variants(args.target_flops).items()}
-            rows += measure(label, results, x, args.rounds)
+                       for name, sets in variants(args.target_flops, args.distill).items()}
+            rows += measure(label + (", channels distilled" if args.distill else ""),
+                            results, x, args.rounds)
             raw[key] = {k: v["summary"] for k, v in results.items()}
     if args.json:
         args.json.write_text(json.dumps(raw, indent=1, default=str) + "\n")
