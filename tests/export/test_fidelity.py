@@ -18,6 +18,21 @@ def test_sqnr_is_signal_over_noise_power_in_db():
     assert fidelity.sqnr_db(np.zeros(2), np.ones(2)) == -fidelity.CAP_DB
 
 
+def test_an_onnx_map_whose_channels_height_and_width_are_equal_is_read_in_its_own_order():
+    # ONNX holds convolution maps as NCHW; with C == H == W the shape cannot tell
+    # (MobileNetV2 at 32x32: 8x8 maps of 8 channels read as NHWC scored -3 dB)
+    local = np.random.default_rng(0).normal(size=(2, 8, 8, 8)).astype(np.float32)
+    reference = {"block": local + 1e-3}
+    for value in (local.transpose(0, 3, 1, 2), local):            # NCHW, or kept NHWC
+        artifact = {"block": {"value": value, "dtype": "uint8", "op": "QuantizeLinear"}}
+        got, row = fidelity._substituted("block", local, artifact, reference)
+        np.testing.assert_array_equal(got, local)
+        assert row["local_sqnr_db"] == 99.0 and row["sqnr_db"] > 50
+    # a TFLite tensor is NHWC: never turned
+    artifact = {"block": {"value": local, "dtype": "int8", "op": "CONV_2D"}}
+    np.testing.assert_array_equal(fidelity._substituted("block", local, artifact, reference)[0], local)
+
+
 def test_a_fused_tensor_belongs_to_the_last_layer_its_name_mentions():
     order = {"inputs": 0, "quant_conv_0": 1, "quant_relu_0": 2, "quant_logits": 3}
     name = "cnn/quant_relu_0/Relu;cnn/quant_conv_0/BiasAdd;cnn/quant_conv_0/Conv2D"
