@@ -72,12 +72,16 @@ class Stage:
         """Stages this one replaces when enabled (e.g. a given teacher replaces training)."""
         return ()
 
+    # a stage that trains a new or narrowed model: by default on training's schedule, not
+    # at the constant tenth of training's rate a fine-tuning stage takes
+    retrains = False
+
     @property
     def learning_rate(self) -> float | None:
         """A constant rate for this stage (its section's `learning_rate`, by default
-        training's / 10); None: training's optimizer schedule."""
+        training's / 10, or none if it `retrains`); None: training's optimizer schedule."""
         own = getattr(self.settings(self.cfg), "learning_rate", None)
-        return own or self.cfg.train.optimizer.learning_rate / 10
+        return own if own or self.retrains else self.cfg.train.optimizer.learning_rate / 10
 
     # -- the stage's life ---------------------------------------------------------------
     def precision(self, ctx):

@@ -24,9 +24,7 @@ class ChannelPrune(Stage):
     def enabled(cls, cfg) -> bool:
         return cfg.compression.pruning.enabled and cfg.compression.pruning.channels
 
-    @property
-    def learning_rate(self):
-        return self.settings(self.cfg).learning_rate    # None: training's schedule
+    retrains = True      # a narrowed model: on training's schedule by default
 
     def plan(self, net, ctx):
         """The groups and the channels each keeps, checked on the model (a layer the
@@ -56,12 +54,8 @@ class ChannelPrune(Stage):
     def train_model(self):
         if self.teacher is None:
             return super().train_model()
-        from tftrain.stages.distill import distiller_class
-
-        d = self.cfg.compression.distillation
-        return type("ChannelDistiller", (distiller_class(),), {
-            "teacher": staticmethod(self.teacher), "temperature": float(d.temperature),
-            "alpha": float(d.alpha)})
+        from tftrain.stages.distill import distiller
+        return distiller(self.teacher, self.cfg.compression.distillation)
 
     def finalize(self, built: Built, result: dict, ctx):
         from tftrain.compress import channels

@@ -24,9 +24,7 @@ class Distill(Stage):
     name = "distill"
     section = "compression.distillation"
 
-    @property
-    def learning_rate(self):
-        return self.settings(self.cfg).learning_rate    # None: training's schedule
+    retrains = True
 
     def supersedes(self) -> tuple[str, ...]:
         return ("train",) if self.settings(self.cfg).teacher else ()
@@ -50,10 +48,7 @@ class Distill(Stage):
         return Built(self.student)
 
     def train_model(self):
-        cfg = self.settings(self.cfg)
-        return type("Distiller", (distiller_class(),), {"teacher": staticmethod(self.teacher),
-                                                "temperature": float(cfg.temperature),
-                                                "alpha": float(cfg.alpha)})
+        return distiller(self.teacher, self.settings(self.cfg))
 
     def describe(self, ctx) -> str:
         cfg = self.settings(self.cfg)
@@ -61,6 +56,14 @@ class Distill(Stage):
         return (f"stage distill: {self.epochs} epochs = {self.updates} updates at {self.rate()}; "
                 f"student {cfg.student.name} ({self.student.count_params():,} parameters) "
                 f"learns from {teacher} at temperature {cfg.temperature:g}, alpha {cfg.alpha:g}")
+
+
+def distiller(teacher, cfg):
+    """`distiller_class()` learning from `teacher` at `cfg`'s (a `DistillationConfig`)
+    temperature and alpha."""
+    return type("Distiller", (distiller_class(),), {"teacher": staticmethod(teacher),
+                                                    "temperature": float(cfg.temperature),
+                                                    "alpha": float(cfg.alpha)})
 
 
 def distiller_class():
