@@ -69,10 +69,45 @@ def tflite_tensors(blob: bytes, layer_names: list[str], x: np.ndarray) -> dict[s
     return out
 
 
+# ONNX ops whose 4-D output is NCHW whatever order their input had
+_CHANNELS_FIRST = ("Conv", "QLinearConv", "ConvInteger", "ConvTranspose", "MaxPool",
+                   "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LpPool",
+                   "BatchNormalization", "InstanceNormalization", "LRN", "DepthToSpace",
+                   "SpaceToDepth", "QLinearAveragePool", "QLinearGlobalAveragePool")
+# ops whose output has the axis order of their (first ordered) input
+_KEEPS_ORDER = ("QuantizeLinear", "DequantizeLinear", "Relu", "Clip", "LeakyRelu", "Sigmoid",
+                "Tanh", "HardSigmoid", "HardSwish", "Elu", "Erf", "Add", "Sub", "Mul", "Div",
+                "Max", "Min", "Pow", "Sqrt", "Neg", "Abs", "Exp", "Identity", "Cast", "Pad",
+                "Slice", "Concat", "Split", "QLinearAdd", "QLinearMul", "Where")
+
+
+def axis_orders(graph, input_order: str = "NHWC") -> dict[str, str]:
+    """The axis order of each 4-D tensor of an ONNX graph converted from a TFLite
+    (NHWC) model: tf2onnx turns maps to NCHW for convolutions with Transposes, which its
+    optimizer then moves across elementwise ops, so a tensor's order is followed from the
+    input through each node (a Transpose permutes it, a convolution or pool makes NCHW,
+    an elementwise op keeps its input's). Tensors it cannot follow (a Reshape's) have
+    none."""
+    orders = {i.name: input_order for i in graph.input}
+    for node in graph.node:
+        known = [orders[i] for i in node.input if i in orders]
+        if node.op_type == "Transpose" and known:
+            perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+            if perm is not None and len(perm) == 4:
+                orders[node.output[0]] = "".join(known[0][i] for i in perm)
+        elif node.op_type in _CHANNELS_FIRST:
+            orders[node.output[0]] = "NCHW"
+        elif node.op_type in _KEEPS_ORDER and known:
+            for out in node.output:
+                orders[out] = known[0]
+    return orders
+
+
 def onnx_tensors(blob: bytes, layer_names: list[str], x: np.ndarray, batch: int = 64) -> dict:
     """By Keras layer: the dequantized value of the last QuantizeLinear output an int8
     ONNX model (converted from the TFLite file, tensor names kept) computes for it, run by
-    ONNX Runtime with its int8 kernels on `x` (convolutions' maps in ONNX's NCHW)."""
+    ONNX Runtime with its int8 kernels on `x`; maps in Keras' NHWC (`axis_orders`: ONNX
+    holds convolutions' as NCHW, which the shape cannot tell where C == H == W)."""
     import onnx
     from onnx import helper, numpy_helper
 
@@ -94,12 +129,15 @@ def onnx_tensors(blob: bytes, layer_names: list[str], x: np.ndarray, batch: int 
         if tensor not in present:
             model.graph.output.append(helper.make_tensor_value_info(
                 tensor, helper.np_dtype_to_tensor_dtype(zero.dtype), None))
+    orders = axis_orders(model.graph)
     sess = onnx_export.session(model.SerializeToString(), int8=True)
     names = [tensor for tensor, _, _ in chosen.values()]
     runs = [sess.run(names, {"inputs": x[i:i + batch]}) for i in range(0, len(x), batch)]
     out = {}
     for k, (layer, (tensor, scale, zero)) in enumerate(chosen.items()):
         value = (np.concatenate([r[k] for r in runs]).astype(np.float32) - zero) * scale
+        if value.ndim == 4 and orders.get(tensor, "NHWC") != "NHWC":
+            value = value.transpose([orders[tensor].index(axis) for axis in "NHWC"])
         out[layer] = {"value": value, "dtype": np.dtype(zero.dtype).name, "op": "QuantizeLinear"}
     return out
 
@@ -176,13 +214,10 @@ def _substituted(name: str, local: np.ndarray, artifact: dict, reference: dict):
     found = artifact.get(name)
     if found is None or found["value"].size != local.size:
         return local, None
-    got = found["value"]
-    if got.ndim == 4 and got.transpose(0, 2, 3, 1).shape == local.shape:   # ONNX's NCHW maps
-        # where channels, height and width are equal the shape cannot tell: the order
-        # that agrees with the layer's own output is the artifact's
-        if got.shape != local.shape or found["op"] == "QuantizeLinear" and \
-                sqnr_db(local, got.transpose(0, 2, 3, 1)) > sqnr_db(local, got):
-            got = got.transpose(0, 2, 3, 1)
+    got = found["value"]                # maps come as NHWC (`onnx_tensors`)
+    if got.ndim == 4 and got.shape != local.shape and \
+            got.transpose(0, 2, 3, 1).shape == local.shape:
+        got = got.transpose(0, 2, 3, 1)  # an NCHW map `axis_orders` could not follow
     got = got.reshape(local.shape).astype(local.dtype)
     return got, {"layer": name, "sqnr_db": round(sqnr_db(reference[name], got), 2),
                  "local_sqnr_db": round(sqnr_db(local, got), 2),
