@@ -90,6 +90,47 @@ def test_auto_keeps_the_faster_side_by_its_margin():
     assert not off.compiled and "needs" in off.reason
 
 
+def test_a_side_stops_being_called_once_it_took_its_limit():
+    import time
+    made = []
+
+    def probe(x, y, weight):                    # a 50-ms step
+        time.sleep(0.05)
+        made.append(1)
+        return tf.constant(1.0)
+    per_call = xla._run(probe, None, None, None, calls=10, limit=0.12)
+    assert len(made) == 3 and 0.05 <= per_call < 0.08      # 0.05, 0.10, then 0.15 > 0.12
+    made.clear()
+    xla._run(probe, None, None, None, calls=4)
+    assert len(made) == 4
+
+
+@pytest.mark.parametrize("compiled_seconds,rounds", [(20.0, 1), (0.3, 1), (0.9, 3)])
+def test_a_decisive_round_ends_the_measurement(monkeypatch, compiled_seconds, rounds):
+    """XLA's CPU convolution gradients ran over 15x slower than the plain step on a ResNet-14:
+    one round then decides, and the slow side stops after a call once it has taken twice
+    the other side's time; a close race is measured over every round."""
+    strategy = mirrored()
+    net = _net(strategy)
+    calls = []
+    seconds = {"plain": 1.0, "compiled": compiled_seconds}
+    monkeypatch.setattr(xla, "_probe", lambda strategy, gradients: (
+        "compiled" if gradients == net._compiled_gradients else "plain"))
+
+    def run(probe, x, y, weight, n, limit=float("inf")):
+        made = n if limit == float("inf") else \
+            min(n, max(1, int(np.ceil(limit / seconds[probe] - 1e-9))))
+        calls.append((probe, made))
+        return seconds[probe]
+    monkeypatch.setattr(xla, "_run", run)
+    speedup = xla._measure(net, strategy, _batch(), rounds=3, calls=3)
+    assert speedup == pytest.approx(1.0 / compiled_seconds)
+    measured = calls[2:]                             # after the trace and the compile
+    assert calls[:2] == [("plain", 1), ("compiled", 1)] and len(measured) == 2 * rounds
+    if compiled_seconds == 20.0:                     # limit 3 calls x 1 s x 2: one call
+        assert measured == [("plain", 3), ("compiled", 1)]
+
+
 def test_auto_falls_back_when_xla_cannot_compile_the_step():
     strategy = mirrored()
     def tanh_on_the_host(t):        # a NumPy function: no XLA kernel for it
