@@ -81,8 +81,11 @@ def run(name: str) -> dict:
 def table(results: dict) -> str:
     """The benchmark table: every kept figure, in SCRIPTS' order."""
     lines = ["| figure | value | measured | command |", "|---|---|---|---|"]
-    for name in SCRIPTS:
-        entry = results.get(name)
+    # a benchmark's entry, then those of its other runs (`NAME:what`, e.g. other arguments)
+    keys = [k for name in SCRIPTS for k in
+            [name, *sorted(k for k in results if k.startswith(f"{name}:"))]]
+    for key in keys:
+        entry = results.get(key)
         if entry is None:
             continue
         when = entry["date"] + (f" ({entry['note']})" if entry.get("note") else "")
