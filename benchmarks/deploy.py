@@ -70,7 +70,7 @@ def variants(target: float, combined: float, distill: bool = False) -> dict[str,
 
 def one_run(runs: Path, name: str, sets: list[str], scale: float = 1.0) -> dict:
     from tftrain.config import load_config
-    from tftrain.run import run
+    from tftrain.run import ExportFailed, run
 
     base = load_config(RECIPE, [s for s in sets if "compression.pruning={" not in s])
     # channel pruning fine-tunes as many epochs as training (the same budget, then as long
@@ -85,11 +85,8 @@ def one_run(runs: Path, name: str, sets: list[str], scale: float = 1.0) -> dict:
                                "export.onnx=true", *sets])
     try:
         summary = run(cfg)
-    except RuntimeError as err:               # measured all the same, and said so
-        if "export verification failed" not in str(err):
-            raise
-        summary = {**json.loads((runs / name / "summary.json").read_text()),
-                   "failed": str(err).split("; the artifact is")[0]}
+    except ExportFailed as err:               # measured all the same, and said so
+        summary = {**err.summary, "failed": "export verification failed: " + "; ".join(err.failed)}
     export = runs / name / "export"
     files = {"tflite": (export / "model.tflite").read_bytes()}
     for filename, kind in (("model.onnx", "onnx"), ("model_int8.onnx", "onnx")):

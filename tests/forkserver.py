@@ -19,6 +19,7 @@ import array
 import atexit
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -134,6 +135,7 @@ def _address() -> str:
         if _server.get("pid") == os.getpid():
             return _server["path"]
         directory = tempfile.mkdtemp(prefix="tftrain-fork-")
+        atexit.register(shutil.rmtree, directory, True)      # runs after the kill below
         path = os.path.join(directory, "socket")
         proc = subprocess.Popen([sys.executable, "-c", SERVER, path], cwd=ROOT,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

@@ -156,10 +156,20 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
     tracker.finish(summary, run.export, ok=not failed)      # never raises: a rerun retries
     print(rundir.report_table(summary))
     if failed:     # the artifacts stay, marked failed; the run is not completed
-        raise RuntimeError(f"export verification failed: {'; '.join(failed)}; the artifact is "
-                           "marked failed in summary.json (loosen export.max_logit_diff or "
-                           "export.max_accuracy_drop only if the difference is expected)")
+        raise ExportFailed(failed, summary)
     return summary
+
+
+class ExportFailed(RuntimeError):
+    """The run trained and exported, but an artifact failed its verification: `failed`
+    (one line per artifact) and the run's `summary` (written to summary.json, status
+    "export verification failed"). The CLI exits 1 with it."""
+
+    def __init__(self, failed: list[str], summary: dict):
+        super().__init__(f"export verification failed: {'; '.join(failed)}; the artifact is "
+                         "marked failed in summary.json (loosen export.max_logit_diff or "
+                         "export.max_accuracy_drop only if the difference is expected)")
+        self.failed, self.summary = list(failed), summary
 
 
 if __name__ == "__main__":

@@ -80,6 +80,18 @@ def test_a_failed_export_check_exits_1_and_marks_the_artifact(tmp_path, capsys):
     assert summary["status"] == "export verification failed"
     assert summary["artifacts"]["tflite_float"]["verified"] is False
     assert (tmp_path / "quickstart" / "export" / "model.tflite").exists()
+    # from Python the rerun (trained already: it exports again) raises ExportFailed, with
+    # the failed lines and the summary it wrote
+    from tftrain.config import load_config
+    from tftrain.run import ExportFailed, run
+    with pytest.raises(ExportFailed) as failed:
+        run(load_config(ROOT / "configs" / "quickstart.yaml", [
+            f"run.dir={tmp_path}", "train.epochs=1", "train.verbose=0",
+            "export.max_logit_diff=1e-12"]))
+    assert failed.value.failed == [f"tflite_float: {summary['artifacts']['tflite_float']['check']}"]
+    assert failed.value.summary["status"] == "export verification failed"
+    assert json.loads(json.dumps(failed.value.summary, default=str)) == json.loads(
+        (tmp_path / "quickstart" / "summary.json").read_text())
 
 
 @pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
