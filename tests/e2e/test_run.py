@@ -646,6 +646,11 @@ def test_every_int8_artifact_reports_each_layer_and_says_what_it_is(compress_run
     assert arts["saved_model_int8"]["label"] == "int8 kernels, float32 compute"
     table = report_table(summary)
     assert "tflite_int8 layers" in table and arts["tflite_int8"]["worst_layers"][0] in table
+    # the int8 file is timed beside the float file of the QAT model's float function
+    grid, beside = arts["tflite_int8"]["latency_grid"], arts["tflite_int8"]["float_latency_grid"]
+    assert list(beside) == list(grid) and all(v > 0 for v in beside.values())
+    ratio = beside["batch32_threads1"] / grid["batch32_threads1"]
+    assert f"/ {ratio:.2f}x as fast on 1 thread" in table
     events = EventAccumulator(str(path / "tensorboard" / "export"),
                               size_guidance={"tensors": 0}).Reload()
     assert len(events.Tensors("tflite_int8/sqnr_db")) == len(arts["tflite_int8"]["layers"])

@@ -89,3 +89,6 @@ def test_a_pruned_run_writes_a_verified_sparse_file(tmp_path, monkeypatch):
     entry = json.loads((tmp_path / "quickstart" / "summary.json").read_text())["artifacts"]["tflite_sparse"]
     assert entry["verified"] and entry["sparse_tensors"] >= 1
     assert (tmp_path / "quickstart" / "export" / "model_sparse.tflite").stat().st_size == entry["size_bytes"]
+    # timed beside the dense float file of the same model
+    assert list(entry["float_latency_grid"]) == list(entry["latency_grid"])
+    assert all(v > 0 for v in entry["float_latency_grid"].values())

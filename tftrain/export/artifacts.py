@@ -169,6 +169,7 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
     Artifacts take validation's input (decoded, resized and the deterministic steps of
     `data.augment`, e.g. normalize), checked on the validation set."""
     from tftrain.data import BatchPlan, preprocess, val_dataset
+    from tftrain.export import speed
 
     report = {}
     if not (cfg.saved_model or cfg.saved_model_int8 or cfg.tflite != "none"
@@ -204,14 +205,21 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
         (out / "vocabulary.txt").write_text(
             "\n".join(serving.layer.get_vocabulary()) + "\n", encoding="utf-8")
     int8 = None            # the int8 TFLite flatbuffer, also the source of the int8 ONNX
+    # the float TFLite file of the same model, timed beside a reduced-precision or sparse
+    # one (not written): what the smaller file is faster or slower than
+    beside = None
     if cfg.tflite != "none" or (cfg.onnx and qat):
         mode = "int8" if qat else cfg.tflite
         # TFLite takes the model's own input (token ids for text): convert a plain copy
         source_dir = saved if serving is None else _write_saved_model(plain, out / "tflite_source")
         blob = convert_tflite(source_dir, mode, calibration, qat=qat)
+        if layers and (cfg.tflite not in ("none", "float") or cfg.tflite_sparse):
+            beside = blob if mode == "float" else float_tflite(plain, source_dir, qat)
         if serving is not None:
             shutil.rmtree(source_dir)
         int8 = blob if mode == "int8" else None
+    elif layers and cfg.tflite_sparse:
+        beside = float_tflite(plain, saved, qat)
     int8_logits = None
     if cfg.tflite != "none":
         entry = _tflite_entry(blob, plain, x_val, y_val, reference, int8 is not None and layers,
@@ -222,6 +230,8 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
                                          calibration, cfg)
             int8 = blob
         (out / "model.tflite").write_bytes(blob)
+        if cfg.tflite != "float" and beside is not None:
+            entry["float_latency_grid"] = speed.tflite_grid(beside, x_val)
         logits = entry.pop("logits")
         int8_logits = logits if int8 is not None else None
         report[f"tflite_{cfg.tflite}"] = entry
@@ -231,6 +241,8 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
         (out / "model_sparse.tflite").write_bytes(blob)
         entry = _tflite_entry(blob, plain, x_val, y_val, reference, False, calibration, cfg, layers)
         entry.pop("logits")
+        if beside is not None:
+            entry["float_latency_grid"] = speed.tflite_grid(beside, x_val)
         report["tflite_sparse"] = {**entry, **(sparse.report(blob, entry["xnnpack"]) if layers
                                                else {})}
     if cfg.onnx:
@@ -242,6 +254,25 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
         shutil.rmtree(saved)
         del report["saved_model"]
     return verify(report, cfg, _accuracy(reference, y_val), qat)
+
+
+def float_tflite(plain, saved_model: Path, qat: bool) -> bytes:
+    """The float TFLite file of `plain`, converted from its SavedModel `saved_model`; of a
+    quantization-aware trained model, its float function: traced with every quantizer
+    passing its input through (`quantization.quantizers_bypassed`), no fake-quant op left."""
+    if not qat:
+        return convert_tflite(saved_model, "float", None)
+    from tftrain.compress import quantization
+
+    spec = tf.TensorSpec([None, *plain.input_shape[1:]], plain.inputs[0].dtype, name="inputs")
+
+    @tf.function(input_signature=[spec])
+    def serve(inputs):
+        return {"logits": tf.cast(plain(inputs, training=False), tf.float32)}
+
+    with quantization.quantizers_bypassed():
+        traced = serve.get_concrete_function()
+    return tf.lite.TFLiteConverter.from_concrete_functions([traced], plain).convert()
 
 
 def _tflite_entry(blob: bytes, plain, x_val, y_val, reference, layers: bool, calibration,
