@@ -9,6 +9,7 @@ modules share are in `helpers.py`.
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -22,6 +23,17 @@ def pytest_configure(config):
         return          # the xdist controller runs no test: no TensorFlow devices to set
     from tftrain.runtime.strategy import configure_devices
     configure_devices(load_config(None, [f"distribute.virtual_cpus={VIRTUAL_CPUS}"]))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _temporary_files_under_basetemp(tmp_path_factory):
+    """The temporary files of the tests and of the runs they start (a killed worker's
+    scratch checkpoints, the fork server's socket) under pytest's base temporary
+    directory, removed with it, instead of left in /tmp."""
+    path = tmp_path_factory.mktemp("tmp", numbered=False)
+    os.environ["TMPDIR"] = str(path)
+    tempfile.tempdir = None            # read TMPDIR again
+    yield
 
 
 @pytest.fixture(autouse=True)
