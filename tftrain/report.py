@@ -7,7 +7,7 @@ import hashlib
 
 def summary(plan, results: dict, artifacts: dict, net) -> dict:
     """The run's summary; `net` is the model the last stage finished with."""
-    from tftrain.export.artifacts import failures
+    from tftrain.export.verification import failures
 
     first = results.get("train", results[plan.stages[0].name])     # training
     info, b, wire, peak = plan.parallel.info, plan.batches, plan.precision.wire, plan.peak

@@ -100,7 +100,7 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
     from tftrain import plan as planning
     from tftrain.core import extras
     from tftrain.export import artifacts as exporting
-    from tftrain.export import fidelity
+    from tftrain.export import fidelity, verification
     from tftrain.training import rundir, tracking
     from tftrain.stages import StageRunner
 
@@ -152,7 +152,7 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
     if plan.chief:
         rundir.write_summary(run, summary)
     runner.clean_up()
-    failed = exporting.failures(artifacts)
+    failed = verification.failures(artifacts)
     tracker.finish(summary, run.export, ok=not failed)      # never raises: a rerun retries
     print(rundir.report_table(summary))
     if failed:     # the artifacts stay, marked failed; the run is not completed

@@ -48,50 +48,6 @@ def test_tflite_modes_match_the_model(tmp_path, trained, mode):
         assert all(np.isfinite(v) and v > 0 for v in lite["float_latency_grid"].values())
 
 
-def test_the_float_file_beside_a_qat_models_int8_one_is_its_float_function(qat_cnn):
-    """Converted with every quantizer passing its input through: no quantize or dequantize
-    op and no int8 tensor, and the logits of the QAT model's float function."""
-    from ai_edge_litert.interpreter import Interpreter
-
-    from tftrain.compress import quantization
-    from tftrain.export.artifacts import float_tflite
-    q, x, _, _ = qat_cnn
-    blob = float_tflite(q, None, qat=True)
-    interp = Interpreter(model_content=blob)
-    ops = {op["op_name"] for op in interp._get_ops_details()}
-    assert "CONV_2D" in ops and not ops & {"QUANTIZE", "DEQUANTIZE"}, ops
-    assert {t["dtype"] for t in interp.get_tensor_details()} <= {np.float32, np.int32}
-    with quantization.quantizers_bypassed():
-        want = q(x[:64], training=False).numpy()
-    fake_quantized = q(x[:64], training=False).numpy()
-    got = tflite_logits(blob, x[:64])[0]
-    assert np.max(np.abs(got - want)) < 1e-4
-    assert np.max(np.abs(fake_quantized - want)) > 1e-3     # what the int8 file would give
-
-
-def test_verification_has_teeth():
-    from tftrain.export.artifacts import failures, verify
-    cfg = load_config(None, ["export.max_logit_diff=1e-3", "export.max_accuracy_drop=0.01"]).export
-    report = verify({"saved_model": {"max_abs_logit_diff": 2e-3, "accuracy": 0.95},
-                     "tflite_float": {"max_abs_logit_diff": 1e-3, "accuracy": 0.95},
-                     "tflite_int8": {"max_abs_logit_diff": 0.4, "accuracy": 0.939}}, cfg, 0.95)
-    assert [name for name, e in report.items() if e["verified"]] == ["tflite_float"]
-    assert report["saved_model"]["check"] == ("largest logit difference 0.002 > "
-                                              "export.max_logit_diff 0.001")
-    assert report["tflite_int8"]["check"] == ("accuracy 0.9390 vs 0.9500 in memory: drop 0.0110 "
-                                              "> export.max_accuracy_drop 0.01")
-    assert failures(report) == [f"{n}: {report[n]['check']}" for n in ("saved_model", "tflite_int8")]
-    within = verify({"tflite_int8": {"max_abs_logit_diff": 0.4, "accuracy": 0.94}}, cfg, 0.95)
-    assert within["tflite_int8"]["verified"]                      # exactly one point: allowed
-    # a QAT model's SavedModel holds fake-quant ops: one 8-bit step apart is no failure,
-    # an accuracy drop is
-    qat = verify({"saved_model": {"max_abs_logit_diff": 0.044, "accuracy": 0.95}}, cfg, 0.95,
-                 qat=True)
-    assert qat["saved_model"]["verified"] and qat["saved_model"]["check"].startswith("accuracy")
-    assert not verify({"saved_model": {"max_abs_logit_diff": 0.044, "accuracy": 0.93}}, cfg,
-                      0.95, qat=True)["saved_model"]["verified"]
-
-
 @pytest.mark.slow
 def test_a_failed_export_check_exits_1_and_marks_the_artifact(tmp_path, capsys):
     import json

@@ -169,7 +169,7 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
     Artifacts take validation's input (decoded, resized and the deterministic steps of
     `data.augment`, e.g. normalize), checked on the validation set."""
     from tftrain.data import BatchPlan, preprocess, val_dataset
-    from tftrain.export import speed
+    from tftrain.export import speed, verification
 
     report = {}
     if not (cfg.saved_model or cfg.saved_model_int8 or cfg.tflite != "none"
@@ -214,12 +214,12 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
         source_dir = saved if serving is None else _write_saved_model(plain, out / "tflite_source")
         blob = convert_tflite(source_dir, mode, calibration, qat=qat)
         if layers and (cfg.tflite not in ("none", "float") or cfg.tflite_sparse):
-            beside = blob if mode == "float" else float_tflite(plain, source_dir, qat)
+            beside = blob if mode == "float" else speed.float_tflite(plain, source_dir, qat)
         if serving is not None:
             shutil.rmtree(source_dir)
         int8 = blob if mode == "int8" else None
     elif layers and cfg.tflite_sparse:
-        beside = float_tflite(plain, saved, qat)
+        beside = speed.float_tflite(plain, saved, qat)
     int8_logits = None
     if cfg.tflite != "none":
         entry = _tflite_entry(blob, plain, x_val, y_val, reference, int8 is not None and layers,
@@ -253,26 +253,7 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
     if not cfg.saved_model:   # it was only the conversion's source
         shutil.rmtree(saved)
         del report["saved_model"]
-    return verify(report, cfg, _accuracy(reference, y_val), qat)
-
-
-def float_tflite(plain, saved_model: Path, qat: bool) -> bytes:
-    """The float TFLite file of `plain`, converted from its SavedModel `saved_model`; of a
-    quantization-aware trained model, its float function: traced with every quantizer
-    passing its input through (`quantization.quantizers_bypassed`), no fake-quant op left."""
-    if not qat:
-        return convert_tflite(saved_model, "float", None)
-    from tftrain.compress import quantization
-
-    spec = tf.TensorSpec([None, *plain.input_shape[1:]], plain.inputs[0].dtype, name="inputs")
-
-    @tf.function(input_signature=[spec])
-    def serve(inputs):
-        return {"logits": tf.cast(plain(inputs, training=False), tf.float32)}
-
-    with quantization.quantizers_bypassed():
-        traced = serve.get_concrete_function()
-    return tf.lite.TFLiteConverter.from_concrete_functions([traced], plain).convert()
+    return verification.verify(report, cfg, _accuracy(reference, y_val), qat)
 
 
 def _tflite_entry(blob: bytes, plain, x_val, y_val, reference, layers: bool, calibration,
@@ -396,36 +377,3 @@ def _input_kind(plain, serving) -> str:
     if serving is not None:
         return serving.kind
     return f"{plain.inputs[0].dtype.name} {list(plain.input_shape[1:])}"
-
-
-FLOAT_ARTIFACTS = ("saved_model", "tflite_float", "tflite_sparse", "onnx")
-
-
-def verify(report: dict, cfg, accuracy: float, qat: bool = False) -> dict:
-    """Mark each artifact verified or failed: float artifacts must give the in-memory
-    model's logits within `export.max_logit_diff`; reduced-precision ones (dynamic,
-    float16, int8) its accuracy within `export.max_accuracy_drop`. The SavedModel of a
-    quantization-aware trained model (`qat`) holds its fake-quant ops: where the traced
-    graph rounds a float differently from the eager model (a fused or reordered sum,
-    1e-7 apart), a value on a rounding edge moves one 8-bit step, and so may the logits
-    after it; it is checked as the 8-bit model it is, by accuracy."""
-    exact = tuple(n for n in FLOAT_ARTIFACTS if not (qat and n == "saved_model"))
-    for name, entry in report.items():
-        if name in exact:
-            ok = entry["max_abs_logit_diff"] <= cfg.max_logit_diff
-            entry["check"] = (f"largest logit difference {entry['max_abs_logit_diff']:.2g} "
-                              f"{'<=' if ok else '>'} export.max_logit_diff {cfg.max_logit_diff:g}")
-        else:
-            drop = accuracy - entry["accuracy"]
-            ok = drop <= cfg.max_accuracy_drop + 1e-9
-            entry["check"] = (f"accuracy {entry['accuracy']:.4f} vs {accuracy:.4f} in memory: "
-                              f"drop {drop:.4f} {'<=' if ok else '>'} export.max_accuracy_drop "
-                              f"{cfg.max_accuracy_drop:g}")
-        entry["verified"] = ok
-    return report
-
-
-def failures(report: dict) -> list[str]:
-    """One line per artifact that failed its check."""
-    return [f"{name}: {entry['check']}" for name, entry in report.items()
-            if not entry.get("verified", True)]
