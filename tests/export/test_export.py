@@ -48,6 +48,28 @@ def test_tflite_modes_match_the_model(tmp_path, trained, mode):
         assert all(np.isfinite(v) and v > 0 for v in lite["float_latency_grid"].values())
 
 
+def test_the_float_file_beside_a_qat_models_int8_one_is_its_float_function(qat_cnn, tmp_path):
+    """Converted with every quantizer passing its input through: no quantize or dequantize
+    op and no int8 tensor, and the logits of the QAT model's float function."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    from tftrain.compress import quantization
+    from tftrain.export.artifacts import _float_tflite
+    q, x, _, _ = qat_cnn
+    blob = _float_tflite(q, None, tmp_path, qat=True)
+    interp = Interpreter(model_content=blob)
+    ops = {op["op_name"] for op in interp._get_ops_details()}
+    assert "CONV_2D" in ops and not ops & {"QUANTIZE", "DEQUANTIZE"}, ops
+    assert {t["dtype"] for t in interp.get_tensor_details()} <= {np.float32, np.int32}
+    with quantization.quantizers_bypassed():
+        want = q(x[:64], training=False).numpy()
+    fake_quantized = q(x[:64], training=False).numpy()
+    got = tflite_logits(blob, x[:64])[0]
+    assert np.max(np.abs(got - want)) < 1e-4
+    assert np.max(np.abs(fake_quantized - want)) > 1e-3     # what the int8 file would give
+    assert not (tmp_path / "tflite_float_source").exists()      # converted, not kept
+
+
 @pytest.mark.slow
 def test_a_failed_export_check_exits_1_and_marks_the_artifact(tmp_path, capsys):
     import json

@@ -40,24 +40,3 @@ def test_the_cpus_int8_instructions_and_why_int8_can_lose():
     assert speed.int8_reason("flags : fpu avx2 avx512_vnni") == ""
     assert speed.cpu_int8("flags : fpu avx avx2 fma") == "AVX2, no VNNI"
     assert "vpmaddwd" in speed.int8_reason("flags : fpu avx avx2 fma")
-
-
-def test_the_float_file_beside_a_qat_models_int8_one_is_its_float_function(qat_cnn):
-    """Converted with every quantizer passing its input through: no quantize or dequantize
-    op and no int8 tensor, and the logits of the QAT model's float function."""
-    from ai_edge_litert.interpreter import Interpreter
-
-    from tftrain.compress import quantization
-    from tftrain.export.artifacts import tflite_logits
-    q, x, _, _ = qat_cnn
-    blob = speed.float_tflite(q, None, qat=True)
-    interp = Interpreter(model_content=blob)
-    ops = {op["op_name"] for op in interp._get_ops_details()}
-    assert "CONV_2D" in ops and not ops & {"QUANTIZE", "DEQUANTIZE"}, ops
-    assert {t["dtype"] for t in interp.get_tensor_details()} <= {np.float32, np.int32}
-    with quantization.quantizers_bypassed():
-        want = q(x[:64], training=False).numpy()
-    fake_quantized = q(x[:64], training=False).numpy()
-    got = tflite_logits(blob, x[:64])[0]
-    assert np.max(np.abs(got - want)) < 1e-4
-    assert np.max(np.abs(fake_quantized - want)) > 1e-3     # what the int8 file would give

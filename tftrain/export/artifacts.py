@@ -214,12 +214,12 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
         source_dir = saved if serving is None else _write_saved_model(plain, out / "tflite_source")
         blob = convert_tflite(source_dir, mode, calibration, qat=qat)
         if layers and (cfg.tflite not in ("none", "float") or cfg.tflite_sparse):
-            beside = blob if mode == "float" else speed.float_tflite(plain, source_dir, qat)
+            beside = blob if mode == "float" else _float_tflite(plain, source_dir, out, qat)
         if serving is not None:
             shutil.rmtree(source_dir)
         int8 = blob if mode == "int8" else None
     elif layers and cfg.tflite_sparse:
-        beside = speed.float_tflite(plain, saved, qat)
+        beside = _float_tflite(plain, saved, out, qat)
     int8_logits = None
     if cfg.tflite != "none":
         entry = _tflite_entry(blob, plain, x_val, y_val, reference, int8 is not None and layers,
@@ -254,6 +254,21 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
         shutil.rmtree(saved)
         del report["saved_model"]
     return verification.verify(report, cfg, _accuracy(reference, y_val), qat)
+
+
+def _float_tflite(plain, saved_model: Path, out: Path, qat: bool) -> bytes:
+    """The float TFLite file of `plain` (from its SavedModel), only to be timed; of a
+    quantization-aware trained model, its float function: saved with every quantizer
+    passing its input through (`quantization.quantizers_bypassed`), no fake-quant op."""
+    if not qat:
+        return convert_tflite(saved_model, "float", None)
+    from tftrain.compress import quantization
+    with quantization.quantizers_bypassed():
+        source = _write_saved_model(plain, out / "tflite_float_source")
+    try:
+        return convert_tflite(source, "float", None)
+    finally:
+        shutil.rmtree(source)
 
 
 def _tflite_entry(blob: bytes, plain, x_val, y_val, reference, layers: bool, calibration,

@@ -3,7 +3,6 @@
 - `grid`: milliseconds per example at batch 1 and batch 32, on 1 thread and on every
   core, through the artifact's own runtime (LiteRT with its default XNNPack delegate,
   ONNX Runtime's CPU provider).
-- `float_tflite`: the float file a dynamic, float16, int8 or sparse one is timed beside.
 - `xnnpack`: which ops of a TFLite file the XNNPack delegate runs (its QS8 kernels for
   int8 ops, F32 for float ones) and which fall back to LiteRT's reference kernels.
 """
@@ -76,27 +75,6 @@ def tflite_entry(blob: bytes, x: np.ndarray) -> dict:
     """A TFLite file's speed fields: its latency grid, XNNPack's ops, the CPU's int8."""
     return {"latency_grid": tflite_grid(blob, x), "xnnpack": xnnpack(blob),
             "cpu_int8": cpu_int8()}
-
-
-def float_tflite(plain, saved_model, qat: bool) -> bytes:
-    """The float TFLite file of `plain`, converted from its SavedModel `saved_model`; of a
-    quantization-aware trained model, its float function: traced with every quantizer
-    passing its input through (`quantization.quantizers_bypassed`), no fake-quant op left."""
-    import tensorflow as tf
-
-    if not qat:
-        return tf.lite.TFLiteConverter.from_saved_model(str(saved_model)).convert()
-    from tftrain.compress import quantization
-
-    spec = tf.TensorSpec([None, *plain.input_shape[1:]], plain.inputs[0].dtype, name="inputs")
-
-    @tf.function(input_signature=[spec])
-    def serve(inputs):
-        return {"logits": tf.cast(plain(inputs, training=False), tf.float32)}
-
-    with quantization.quantizers_bypassed():
-        traced = serve.get_concrete_function()
-    return tf.lite.TFLiteConverter.from_concrete_functions([traced], plain).convert()
 
 
 def cpu_int8(flags: str | None = None) -> str:
