@@ -35,6 +35,26 @@ def test_the_latency_grid_has_each_batch_and_thread_setting():
     assert all(np.isfinite(v) and v > 0 for v in grid.values())
 
 
+def test_files_timed_in_turn_keep_their_order_of_speed():
+    """Two files timed in turn (`tflite_grids`): each gets the whole grid, the one with
+    thousands of times the multiply-adds is the slower in every setting, and an entry with
+    a float file beside it carries both grids."""
+    x = np.random.default_rng(0).normal(size=(40, 6)).astype(np.float32)
+    inputs = keras.Input((6,))
+    h = inputs
+    for i in range(4):
+        h = keras.layers.Dense(384, activation="relu", name=f"wide_{i}")(h)
+    wide = _tflite(keras.Model(inputs, keras.layers.Dense(3)(h)))
+    narrow = _tflite(_dense())
+    small, large = speed.tflite_grids([narrow, wide], x, budget=0.03)
+    assert list(small) == list(large) == [speed.key(b, t) for b, t in speed.SETTINGS]
+    assert all(large[k] > small[k] for k in small), (small, large)
+    entry = speed.tflite_entry(narrow, x, beside=wide)
+    assert list(entry["float_latency_grid"]) == list(entry["latency_grid"])
+    assert all(entry["float_latency_grid"][k] > entry["latency_grid"][k] for k in small)
+    assert "float_latency_grid" not in speed.tflite_entry(narrow, x)
+
+
 def test_the_cpus_int8_instructions_and_why_int8_can_lose():
     assert speed.cpu_int8("flags : fpu avx2 avx512_vnni") == "AVX-512 VNNI"
     assert speed.int8_reason("flags : fpu avx2 avx512_vnni") == ""

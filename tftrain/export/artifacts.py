@@ -169,7 +169,7 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
     Artifacts take validation's input (decoded, resized and the deterministic steps of
     `data.augment`, e.g. normalize), checked on the validation set."""
     from tftrain.data import BatchPlan, preprocess, val_dataset
-    from tftrain.export import speed, verification
+    from tftrain.export import verification
 
     report = {}
     if not (cfg.saved_model or cfg.saved_model_int8 or cfg.tflite != "none"
@@ -223,15 +223,14 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
     int8_logits = None
     if cfg.tflite != "none":
         entry = _tflite_entry(blob, plain, x_val, y_val, reference, int8 is not None and layers,
-                              calibration, cfg, timed=layers)
+                              calibration, cfg, timed=layers,
+                              beside=None if cfg.tflite == "float" else beside)
         if qat and cfg.int8_fallback == "auto" and layers and \
                 _accuracy(reference, y_val) - entry["accuracy"] > cfg.max_accuracy_drop + 1e-9:
             blob, entry = _with_fallback(plain, out, blob, entry, x_val, y_val, reference,
-                                         calibration, cfg)
+                                         calibration, cfg, beside)
             int8 = blob
         (out / "model.tflite").write_bytes(blob)
-        if cfg.tflite != "float" and beside is not None:
-            entry["float_latency_grid"] = speed.tflite_grid(beside, x_val)
         logits = entry.pop("logits")
         int8_logits = logits if int8 is not None else None
         report[f"tflite_{cfg.tflite}"] = entry
@@ -239,10 +238,9 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
         from tftrain.export import sparse
         blob = sparse.convert(saved)
         (out / "model_sparse.tflite").write_bytes(blob)
-        entry = _tflite_entry(blob, plain, x_val, y_val, reference, False, calibration, cfg, layers)
+        entry = _tflite_entry(blob, plain, x_val, y_val, reference, False, calibration, cfg, layers,
+                              beside)
         entry.pop("logits")
-        if beside is not None:
-            entry["float_latency_grid"] = speed.tflite_grid(beside, x_val)
         report["tflite_sparse"] = {**entry, **(sparse.report(blob, entry["xnnpack"]) if layers
                                                else {})}
     if cfg.onnx:
@@ -272,15 +270,16 @@ def _float_tflite(plain, saved_model: Path, out: Path, qat: bool) -> bytes:
 
 
 def _tflite_entry(blob: bytes, plain, x_val, y_val, reference, layers: bool, calibration,
-                  cfg, timed: bool = True) -> dict:
-    """A TFLite file's report entry (its `logits` too, for the caller to take), `timed`."""
+                  cfg, timed: bool = True, beside: bytes | None = None) -> dict:
+    """A TFLite file's report entry (its `logits` too, for the caller to take), `timed`
+    (in turn with the float file `beside`, if given)."""
     from tftrain.export import speed
 
     logits, latency = tflite_logits(blob, x_val)
     entry = {**_sizes(blob), "accuracy": _accuracy(logits, y_val),
              "max_abs_logit_diff": float(np.max(np.abs(logits - reference))),
              "latency_ms": latency * 1e3, "input": _input_kind(plain, None), "logits": logits,
-             **(speed.tflite_entry(blob, x_val) if timed else {})}
+             **(speed.tflite_entry(blob, x_val, beside) if timed else {})}
     if layers:
         from tftrain.export import fidelity
         entry.update(fidelity.tflite_entry(blob, plain, calibration, cfg))
@@ -288,7 +287,7 @@ def _tflite_entry(blob: bytes, plain, x_val, y_val, reference, layers: bool, cal
 
 
 def _with_fallback(plain, out: Path, int8: bytes, entry: dict, x_val, y_val, reference,
-                   calibration, cfg) -> tuple[bytes, dict]:
+                   calibration, cfg, beside: bytes | None) -> tuple[bytes, dict]:
     """`export.int8_fallback: auto` (`tftrain.export.fallback`)."""
     from tftrain.compress import quantization
     from tftrain.export import fallback
@@ -303,7 +302,8 @@ def _with_fallback(plain, out: Path, int8: bytes, entry: dict, x_val, y_val, ref
 
     return fallback.within_budget(
         plain, int8, entry, convert, lambda b: _accuracy(tflite_logits(b, x_val)[0], y_val),
-        lambda b: _tflite_entry(b, plain, x_val, y_val, reference, True, calibration, cfg),
+        lambda b: _tflite_entry(b, plain, x_val, y_val, reference, True, calibration, cfg,
+                                beside=beside),
         _accuracy(reference, y_val), cfg)
 
 

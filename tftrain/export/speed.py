@@ -65,16 +65,39 @@ def tflite_grid(blob: bytes, x: np.ndarray, budget: float = 0.05) -> dict[str, f
     return {key(b, t): timed(tflite_runner(blob, b, t, x), x, b, budget) for b, t in SETTINGS}
 
 
+def tflite_grids(blobs: list[bytes], x: np.ndarray, budget: float = 0.05,
+                 rounds: int = 3) -> list[dict[str, float]]:
+    """`grid` for several TFLite files timed in turn: in each setting, `rounds` rounds
+    (the order reversed every other round) of `budget / rounds` seconds a file, each
+    figure the median of its rounds, so the ratio of two files is not the noise of one
+    moment against another's (the machine's speed jumps from second to second)."""
+    grids = [{} for _ in blobs]
+    for b, t in SETTINGS:
+        runners = [tflite_runner(blob, b, t, x) for blob in blobs]
+        times = [[] for _ in blobs]
+        for r in range(rounds):
+            for i in (range(len(blobs)) if r % 2 == 0 else reversed(range(len(blobs)))):
+                times[i].append(timed(runners[i], x, b, budget / rounds))
+        for grid, seen in zip(grids, times):
+            grid[key(b, t)] = float(np.median(seen))
+    return grids
+
+
 def onnx_grid(blob: bytes, x: np.ndarray, int8: bool, budget: float = 0.05) -> dict[str, float]:
     """`grid` for an ONNX model run by ONNX Runtime."""
     return {key(b, t): timed(onnx_runner(blob, b, t, x, int8), x, b, budget)
             for b, t in SETTINGS}
 
 
-def tflite_entry(blob: bytes, x: np.ndarray) -> dict:
-    """A TFLite file's speed fields: its latency grid, XNNPack's ops, the CPU's int8."""
-    return {"latency_grid": tflite_grid(blob, x), "xnnpack": xnnpack(blob),
-            "cpu_int8": cpu_int8()}
+def tflite_entry(blob: bytes, x: np.ndarray, beside: bytes | None = None) -> dict:
+    """A TFLite file's speed fields: its latency grid, XNNPack's ops, the CPU's int8; with
+    `beside` (the float file of the same model) also that file's grid, timed in turn with
+    the file's (`tflite_grids`)."""
+    speed = {"xnnpack": xnnpack(blob), "cpu_int8": cpu_int8()}
+    if beside is None:
+        return {"latency_grid": tflite_grid(blob, x), **speed}
+    grid, float_grid = tflite_grids([blob, beside], x)
+    return {"latency_grid": grid, "float_latency_grid": float_grid, **speed}
 
 
 def cpu_int8(flags: str | None = None) -> str:
