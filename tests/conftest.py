@@ -33,7 +33,6 @@ def _temporary_files_under_basetemp(tmp_path_factory):
     path = tmp_path_factory.mktemp("tmp", numbered=False)
     os.environ["TMPDIR"] = str(path)
     tempfile.tempdir = None            # read TMPDIR again
-    yield
 
 
 @pytest.fixture(autouse=True)

@@ -261,10 +261,17 @@ def _float_tflite(plain, saved_model: Path, out: Path, qat: bool) -> bytes:
     if not qat:
         return convert_tflite(saved_model, "float", None)
     from tftrain.compress import quantization
-    with quantization.quantizers_bypassed():
-        source = _write_saved_model(plain, out / "tflite_float_source")
+    return _converted_within(quantization.quantizers_bypassed(), plain,
+                             out / "tflite_float_source", "float", None)
+
+
+def _converted_within(patch, plain, source: Path, mode: str, calibration, **options) -> bytes:
+    """`plain` converted to TFLite (`convert_tflite`) from a SavedModel written at `source`
+    inside `patch` (a context replacing tfmot's quantizers' computation), then removed."""
+    with patch:
+        _write_saved_model(plain, source)
     try:
-        return convert_tflite(source, "float", None)
+        return convert_tflite(source, mode, calibration, **options)
     finally:
         shutil.rmtree(source)
 
@@ -293,12 +300,9 @@ def _with_fallback(plain, out: Path, int8: bytes, entry: dict, x_val, y_val, ref
     from tftrain.export import fallback
 
     def convert(wrappers) -> bytes:         # strict QDQ, those layers' kernels float
-        with quantization.kernels_unquantized(wrappers):
-            source = _write_saved_model(plain, out / "tflite_fallback")
-        try:
-            return convert_tflite(source, "int8", calibration, qat=True, strict=True)
-        finally:
-            shutil.rmtree(source)
+        return _converted_within(quantization.kernels_unquantized(wrappers), plain,
+                                 out / "tflite_fallback", "int8", calibration, qat=True,
+                                 strict=True)
 
     return fallback.within_budget(
         plain, int8, entry, convert, lambda b: _accuracy(tflite_logits(b, x_val)[0], y_val),

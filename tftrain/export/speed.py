@@ -62,31 +62,37 @@ def onnx_runner(blob: bytes, batch: int, threads: int, like: np.ndarray, int8: b
 
 def tflite_grid(blob: bytes, x: np.ndarray, budget: float = 0.05) -> dict[str, float]:
     """`grid` for a TFLite file run by LiteRT."""
-    return {key(b, t): timed(tflite_runner(blob, b, t, x), x, b, budget) for b, t in SETTINGS}
+    return tflite_grids([blob], x, budget, rounds=1)[0]
 
 
 def tflite_grids(blobs: list[bytes], x: np.ndarray, budget: float = 0.05,
                  rounds: int = 3) -> list[dict[str, float]]:
-    """`grid` for several TFLite files timed in turn: in each setting, `rounds` rounds
-    (the order reversed every other round) of `budget / rounds` seconds a file, each
-    figure the median of its rounds, so the ratio of two files is not the noise of one
-    moment against another's (the machine's speed jumps from second to second)."""
-    grids = [{} for _ in blobs]
-    for b, t in SETTINGS:
-        runners = [tflite_runner(blob, b, t, x) for blob in blobs]
-        times = [[] for _ in blobs]
-        for r in range(rounds):
-            for i in (range(len(blobs)) if r % 2 == 0 else reversed(range(len(blobs)))):
-                times[i].append(timed(runners[i], x, b, budget / rounds))
-        for grid, seen in zip(grids, times):
-            grid[key(b, t)] = float(np.median(seen))
-    return grids
+    """`grid` for several TFLite files timed in turn (`grids`)."""
+    return grids([lambda b, t, blob=blob: tflite_runner(blob, b, t, x) for blob in blobs],
+                 x, budget, rounds)
 
 
 def onnx_grid(blob: bytes, x: np.ndarray, int8: bool, budget: float = 0.05) -> dict[str, float]:
     """`grid` for an ONNX model run by ONNX Runtime."""
-    return {key(b, t): timed(onnx_runner(blob, b, t, x, int8), x, b, budget)
-            for b, t in SETTINGS}
+    return grids([lambda b, t: onnx_runner(blob, b, t, x, int8)], x, budget, rounds=1)[0]
+
+
+def grids(makers: list, x: np.ndarray, budget: float, rounds: int) -> list[dict[str, float]]:
+    """`grid` for several files (`makers`: for each, `(batch, threads) -> runner`) timed in
+    turn: in each setting, `rounds` rounds (the order reversed every other round) of
+    `budget / rounds` seconds a file, each figure the median of its rounds, so the ratio
+    of two files is not the noise of one moment against another's (the machine's speed
+    jumps from second to second)."""
+    found = [{} for _ in makers]
+    for b, t in SETTINGS:
+        runners = [make(b, t) for make in makers]
+        times = [[] for _ in makers]
+        for r in range(rounds):
+            for i in (range(len(makers)) if r % 2 == 0 else reversed(range(len(makers)))):
+                times[i].append(timed(runners[i], x, b, budget / rounds))
+        for grid, seen in zip(found, times):
+            grid[key(b, t)] = float(np.median(seen))
+    return found
 
 
 def tflite_entry(blob: bytes, x: np.ndarray, beside: bytes | None = None) -> dict:
