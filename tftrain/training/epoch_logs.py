@@ -64,6 +64,7 @@ class InputWait(keras.callbacks.Callback):
     def __init__(self):
         super().__init__()
         self.per_epoch: list[float] = []
+        self.call_seconds: list[float] = []     # each epoch's wall time of the calls counted
         self._warned = False
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -92,6 +93,7 @@ class InputWait(keras.callbacks.Callback):
         inside = float(self.model.step_seconds.numpy()) - self._steps_before
         wait = min(1.0, max(0.0, 1.0 - inside / self._calls))
         self.per_epoch.append(wait)
+        self.call_seconds.append(self._calls)
         logs["input_wait"] = wait
         # judged on steady epochs only: a stage's first epoch also sizes the calls
         # (`steps_per_execution: auto` starts at one step per call) and warms up
