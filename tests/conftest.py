@@ -13,7 +13,16 @@ import tempfile
 
 import pytest
 
-import tftrain  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow is imported)
+# Under xdist (`-n auto`: one worker more than the CPUs, tests/conftest.py's
+# pytest_xdist_auto_num_workers) each worker's TensorFlow, and every process a test
+# starts, computes an op on one thread: with as many thread pools as workers on 2 cores,
+# Eigen's threads spun waiting for each other. Measured on the fast tier (2 cores, 3
+# workers): 208 s and 389 CPU-s with TensorFlow's default pools, 188 s and 350 CPU-s with
+# one thread an op. A run under `-n0` keeps the defaults.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
+
+import tftrain  # noqa: F401,E402  (sets TF_USE_LEGACY_KERAS before TensorFlow is imported)
 from helpers import COMPRESS, QUICKSTART, ROOT, VIRTUAL_CPUS, cli, shared_run, summary_of
 from tftrain.config import load_config
 
