@@ -38,7 +38,7 @@ def test_the_latency_grid_has_each_batch_and_thread_setting():
 def test_files_timed_in_turn_keep_their_order_of_speed():
     """Two files timed in turn (`tflite_grids`): each gets the whole grid, the one with
     thousands of times the multiply-adds is the slower in every setting, and an entry with
-    a float file beside it carries both grids."""
+    a float file beside it carries both grids and how many times as fast it runs."""
     x = np.random.default_rng(0).normal(size=(40, 6)).astype(np.float32)
     inputs = keras.Input((6,))
     h = inputs
@@ -52,7 +52,26 @@ def test_files_timed_in_turn_keep_their_order_of_speed():
     entry = speed.tflite_entry(narrow, x, beside=wide)
     assert list(entry["float_latency_grid"]) == list(entry["latency_grid"])
     assert all(entry["float_latency_grid"][k] > entry["latency_grid"][k] for k in small)
+    assert all(entry["speedup_vs_float"][k] > 1 for k in small)
     assert "float_latency_grid" not in speed.tflite_entry(narrow, x)
+
+
+def test_a_speedup_is_the_median_of_the_rounds_ratios(monkeypatch):
+    """Rounds timed in turn (`round_times`: the order reversed every other round) and the
+    speedup the median of each round's ratio: here 2.0, where the ratio of the two
+    medians (a slow moment of one file against a fast one of the other) would say 3.0."""
+    order, seen = [], {"a": iter([1.0, 3.0, 1.0]), "b": iter([2.0, 3.0, 6.0])}
+
+    def timed(run, x, batch, budget):
+        order.append(run)
+        return next(seen[run])
+    monkeypatch.setattr(speed, "SETTINGS", ((1, 1),))
+    monkeypatch.setattr(speed, "timed", timed)
+    fast, slow = speed.round_times([lambda b, t: "a", lambda b, t: "b"], None, 0.03, 3)
+    assert order == ["a", "b", "b", "a", "a", "b"]
+    assert fast == {"batch1_threads1": [1.0, 3.0, 1.0]} and slow["batch1_threads1"] == [2.0, 3.0, 6.0]
+    assert speed.speedups(slow, fast) == {"batch1_threads1": 2.0}
+    assert np.median(slow["batch1_threads1"]) / np.median(fast["batch1_threads1"]) == 3.0
 
 
 def test_the_cpus_int8_instructions_and_why_int8_can_lose():

@@ -79,10 +79,17 @@ def onnx_grid(blob: bytes, x: np.ndarray, int8: bool, budget: float = 0.05) -> d
 
 def grids(makers: list, x: np.ndarray, budget: float, rounds: int) -> list[dict[str, float]]:
     """`grid` for several files (`makers`: for each, `(batch, threads) -> runner`) timed in
-    turn: in each setting, `rounds` rounds (the order reversed every other round) of
-    `budget / rounds` seconds a file, each figure the median of its rounds, so the ratio
-    of two files is not the noise of one moment against another's (the machine's speed
-    jumps from second to second)."""
+    turn (`round_times`), each figure the median of its rounds."""
+    return [{k: float(np.median(v)) for k, v in times.items()}
+            for times in round_times(makers, x, budget, rounds)]
+
+
+def round_times(makers: list, x: np.ndarray, budget: float,
+                rounds: int) -> list[dict[str, list[float]]]:
+    """For each file, each setting's milliseconds per example in each round: in each
+    setting, `rounds` rounds (the order reversed every other round) of `budget / rounds`
+    seconds a file, so that two files' figures of one round are timed moments apart (the
+    machine's speed jumps from second to second)."""
     found = [{} for _ in makers]
     for b, t in SETTINGS:
         runners = [make(b, t) for make in makers]
@@ -91,19 +98,30 @@ def grids(makers: list, x: np.ndarray, budget: float, rounds: int) -> list[dict[
             for i in (range(len(makers)) if r % 2 == 0 else reversed(range(len(makers)))):
                 times[i].append(timed(runners[i], x, b, budget / rounds))
         for grid, seen in zip(found, times):
-            grid[key(b, t)] = float(np.median(seen))
+            grid[key(b, t)] = seen
     return found
+
+
+def speedups(slow: dict[str, list[float]], fast: dict[str, list[float]]) -> dict[str, float]:
+    """How many times as fast `fast` runs as `slow` in each setting: the median of the
+    rounds' ratios (a round's two figures were timed together; a ratio of two medians can
+    pair a fast moment of one file with a slow moment of the other)."""
+    return {k: float(np.median([a / b for a, b in zip(slow[k], fast[k])])) for k in slow}
 
 
 def tflite_entry(blob: bytes, x: np.ndarray, beside: bytes | None = None) -> dict:
     """A TFLite file's speed fields: its latency grid, XNNPack's ops, the CPU's int8; with
     `beside` (the float file of the same model) also that file's grid, timed in turn with
-    the file's (`tflite_grids`)."""
+    the file's (`round_times`, three rounds), and how many times as fast the file runs
+    (`speedups`)."""
     speed = {"xnnpack": xnnpack(blob), "cpu_int8": cpu_int8()}
     if beside is None:
         return {"latency_grid": tflite_grid(blob, x), **speed}
-    grid, float_grid = tflite_grids([blob, beside], x)
-    return {"latency_grid": grid, "float_latency_grid": float_grid, **speed}
+    times, float_times = round_times(
+        [lambda b, t, f=f: tflite_runner(f, b, t, x) for f in (blob, beside)], x, 0.05, 3)
+    median = lambda rounds: {k: float(np.median(v)) for k, v in rounds.items()}  # noqa: E731
+    return {"latency_grid": median(times), "float_latency_grid": median(float_times),
+            "speedup_vs_float": speedups(float_times, times), **speed}
 
 
 def cpu_int8(flags: str | None = None) -> str:
