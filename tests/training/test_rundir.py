@@ -64,6 +64,26 @@ def test_report_table_shows_what_each_stage_cost_and_gained():
     assert "0.012 ms/example" in table
 
 
+def test_report_table_prints_the_speedup_beside_the_float_file_or_leaves_it_out():
+    grid = {"batch1_threads1": 1.0, "batch32_threads1": 0.5, "batch1_threadsall": 0.8,
+            "batch32_threadsall": 0.4}
+    beside = {k: 3 * v for k, v in grid.items()}
+    art = {"size_bytes": 10, "gzip_bytes": 5, "accuracy": 0.97, "latency_grid": grid,
+           "float_latency_grid": beside, "speedup_vs_float": {k: 2.5 for k in grid}}
+    summary = {"status": "completed", "strategy": "mirrored", "replicas": 2,
+               "precision": "float32", "global_batch_size": 64, "epochs": 1, "steps": 3,
+               "throughput": {"examples_per_sec": 10.0}, "metrics": {"val_accuracy": 0.97},
+               "artifacts": {"tflite_int8": art}}
+    row = [l for l in report_table(summary).splitlines() if "tflite_int8 vs float" in l]
+    # the median of the rounds' ratios (2.5), not the ratio of the medians (3.0)
+    assert len(row) == 1 and "1 thread 3.000 / 1.500" in row[0]
+    assert row[0].endswith("runs 2.50x / 2.50x as fast on 1 thread (the median of rounds "
+                           "timed in turn)")
+    del art["speedup_vs_float"]            # a summary written before the field existed
+    row = [l for l in report_table(summary).splitlines() if "tflite_int8 vs float" in l]
+    assert len(row) == 1 and row[0].endswith("every core 2.400 / 1.200")
+
+
 def _cfg(tmp_path, *sets):
     return load_config(None, [f"run.dir={tmp_path}", "run.name=a", "distribute.virtual_cpus=2",
                               *sets])

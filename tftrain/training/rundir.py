@@ -266,14 +266,16 @@ def report_table(summary: dict) -> str:
                             if "xnnpack" in art else "")
                          + (f"; CPU int8: {art['cpu_int8']}" if "cpu_int8" in art else "")))
         if art.get("float_latency_grid"):
-            beside, fast = art["float_latency_grid"], art["speedup_vs_float"]
+            # a summary written before `speedup_vs_float` existed (a rerun of a completed
+            # run reports the summary it finds) has the two grids only
+            beside, fast = art["float_latency_grid"], art.get("speedup_vs_float")
             rows.append((f"  {name} vs float", "the float TFLite file of the same model, "
                          f"ms/example at batch 1 / 32: 1 thread {beside['batch1_threads1']:.3f}"
                          f" / {beside['batch32_threads1']:.3f}, every core "
                          f"{beside['batch1_threadsall']:.3f} / {beside['batch32_threadsall']:.3f}"
-                         f"; {name} runs {fast['batch1_threads1']:.2f}x / "
-                         f"{fast['batch32_threads1']:.2f}x as fast on 1 thread (the median of "
-                         "rounds timed in turn)"))
+                         + (f"; {name} runs {fast['batch1_threads1']:.2f}x / "
+                            f"{fast['batch32_threads1']:.2f}x as fast on 1 thread (the median "
+                            "of rounds timed in turn)" if fast else "")))
         if "sparse_path" in art:
             rows.append((f"  {name} sparse", f"{art['sparse_tensors']} weight tensors stored "
                          f"sparse; XNNPack's sparse path {'runs' if art['sparse_path'] else 'does not run'}"
