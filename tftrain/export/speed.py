@@ -80,8 +80,12 @@ def onnx_grid(blob: bytes, x: np.ndarray, int8: bool, budget: float = 0.05) -> d
 def grids(makers: list, x: np.ndarray, budget: float, rounds: int) -> list[dict[str, float]]:
     """`grid` for several files (`makers`: for each, `(batch, threads) -> runner`) timed in
     turn (`round_times`), each figure the median of its rounds."""
-    return [{k: float(np.median(v)) for k, v in times.items()}
-            for times in round_times(makers, x, budget, rounds)]
+    return [medians(times) for times in round_times(makers, x, budget, rounds)]
+
+
+def medians(times: dict[str, list[float]]) -> dict[str, float]:
+    """Each setting's median over its rounds."""
+    return {k: float(np.median(v)) for k, v in times.items()}
 
 
 def round_times(makers: list, x: np.ndarray, budget: float,
@@ -119,8 +123,7 @@ def tflite_entry(blob: bytes, x: np.ndarray, beside: bytes | None = None) -> dic
         return {"latency_grid": tflite_grid(blob, x), **speed}
     times, float_times = round_times(
         [lambda b, t, f=f: tflite_runner(f, b, t, x) for f in (blob, beside)], x, 0.05, 3)
-    median = lambda rounds: {k: float(np.median(v)) for k, v in rounds.items()}  # noqa: E731
-    return {"latency_grid": median(times), "float_latency_grid": median(float_times),
+    return {"latency_grid": medians(times), "float_latency_grid": medians(float_times),
             "speedup_vs_float": speedups(float_times, times), **speed}
 
 
