@@ -68,8 +68,12 @@ def tflite_grid(blob: bytes, x: np.ndarray, budget: float = 0.05) -> dict[str, f
 def tflite_grids(blobs: list[bytes], x: np.ndarray, budget: float = 0.05,
                  rounds: int = 3) -> list[dict[str, float]]:
     """`grid` for several TFLite files timed in turn (`grids`)."""
-    return grids([lambda b, t, blob=blob: tflite_runner(blob, b, t, x) for blob in blobs],
-                 x, budget, rounds)
+    return grids(tflite_makers(blobs, x), x, budget, rounds)
+
+
+def tflite_makers(blobs: list[bytes], x: np.ndarray) -> list:
+    """For each TFLite file, `(batch, threads) -> runner` (`tflite_runner`)."""
+    return [lambda b, t, blob=blob: tflite_runner(blob, b, t, x) for blob in blobs]
 
 
 def onnx_grid(blob: bytes, x: np.ndarray, int8: bool, budget: float = 0.05) -> dict[str, float]:
@@ -121,8 +125,7 @@ def tflite_entry(blob: bytes, x: np.ndarray, beside: bytes | None = None) -> dic
     speed = {"xnnpack": xnnpack(blob), "cpu_int8": cpu_int8()}
     if beside is None:
         return {"latency_grid": tflite_grid(blob, x), **speed}
-    times, float_times = round_times(
-        [lambda b, t, f=f: tflite_runner(f, b, t, x) for f in (blob, beside)], x, 0.05, 3)
+    times, float_times = round_times(tflite_makers([blob, beside], x), x, 0.05, 3)
     return {"latency_grid": medians(times), "float_latency_grid": medians(float_times),
             "speedup_vs_float": speedups(float_times, times), **speed}
 
