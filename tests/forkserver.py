@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 SERVER = r"""
-import array, json, os, runpy, selectors, signal, socket, sys, traceback
+import array, importlib.util, json, os, runpy, selectors, signal, socket, sys, traceback
 import tftrain                                   # sets TF_USE_LEGACY_KERAS first
 import tensorflow                                # noqa: F401
 from tftrain.core.keras import keras             # noqa: F401  (tf_keras)
@@ -54,14 +54,17 @@ def child(conn, request, fds):
         os.dup2(fd, target)
         os.close(fd)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    if request["session"]:
+        os.setsid()
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    sys.argv = [str(tftrain.run.__file__), *request["args"]]
-    sys.modules.pop("tftrain.run", None)         # as under `python -m`: run.py runs once
+    module = request["module"]
+    sys.argv = [importlib.util.find_spec(module).origin, *request["args"]]
+    sys.modules.pop(module, None)                # as under `python -m`: it runs once
     code = 0
     try:
-        runpy.run_module("tftrain.run", run_name="__main__", alter_sys=True)
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as stop:
         if stop.code is None or isinstance(stop.code, int):
             code = stop.code or 0
@@ -150,11 +153,13 @@ def _address() -> str:
 
 
 class ForkedRun:
-    """A `tftrain.run` child of the fork server, with the parts of `subprocess.Popen`
+    """A child of the fork server running `module` (`tftrain.run`, `tftrain.launch`,
+    `tftrain.sweep`) as `python -m` does, in a session of its own with `session`, with the parts of `subprocess.Popen`
     the tests use: `pid`, `returncode`, `stdout`/`stderr` (text, when piped), `poll`,
     `wait`, `communicate`, `send_signal`, `kill`, `terminate`."""
 
-    def __init__(self, args, cwd=None, env=None, stdout=None, stderr=None):
+    def __init__(self, args, cwd=None, env=None, stdout=None, stderr=None,
+                 module="tftrain.run", session=False):
         self.args, self.returncode = [str(a) for a in args], None
         self.stdout = self.stderr = None
         ends, mine = [], []
@@ -176,7 +181,8 @@ class ForkedRun:
         ends.append(stdin)
         out, _ = target(stdout, 1)
         err = out if stderr == subprocess.STDOUT else target(stderr, 2)[0]
-        request = {"args": self.args, "cwd": str(cwd or os.getcwd()),
+        request = {"args": self.args, "module": module, "session": session,
+                   "cwd": str(cwd or os.getcwd()),
                    "env": dict(os.environ if env is None else env)}
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._conn.connect(_address())

@@ -46,17 +46,20 @@ def cli(*args, cwd=None, timeout=600, env=None, fresh=False):
 
 
 def start_run(*args, cwd=ROOT, env=None, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-              fresh=False):
-    """Start `python -m tftrain.run ...` and return its `Popen`-like handle: forked from a
-    process that has imported TensorFlow already (`forkserver.py`), or with `fresh=True`
-    (or TFTRAIN_TEST_FRESH=1) a new interpreter, for what happens before TensorFlow is
-    imported."""
+              fresh=False, module="tftrain.run", session=False):
+    """Start `python -m MODULE ...` (`tftrain.run`, or `tftrain.launch`, `tftrain.sweep`)
+    and return its `Popen`-like handle: forked from a process that has imported
+    TensorFlow already (`forkserver.py`), or with `fresh=True` (or TFTRAIN_TEST_FRESH=1) a
+    new interpreter, for what happens before TensorFlow is imported. `session`: in a
+    session of its own (a process group to signal)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)} if env is None else env
     if fresh or FRESH:
-        return subprocess.Popen([sys.executable, "-m", "tftrain.run", *map(str, args)], cwd=cwd,
-                                env=env, stdout=stdout, stderr=stderr, text=True)
+        return subprocess.Popen([sys.executable, "-m", module, *map(str, args)], cwd=cwd,
+                                env=env, stdout=stdout, stderr=stderr, text=True,
+                                start_new_session=session)
     from forkserver import ForkedRun
-    return ForkedRun([str(a) for a in args], cwd=cwd, env=env, stdout=stdout, stderr=stderr)
+    return ForkedRun([str(a) for a in args], cwd=cwd, env=env, stdout=stdout, stderr=stderr,
+                     module=module, session=session)
 
 
 def saved_model_cli(*args, timeout=300):

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import (ROOT, model_weights, quick_config, resumed_at, shared_run,
+from helpers import (ROOT, model_weights, quick_config, resumed_at, shared_run, start_run,
                      wait_for_checkpoint)
 from tftrain.launch import _wait, cpu_sets, free_ports, gpu_sets, local_gpus, worker_env
 from tftrain.run import run
@@ -23,13 +23,14 @@ SETS = ["distribute.strategy=auto", "distribute.virtual_cpus=1",     # 1 replica
 PLANNED = EPOCHS * (1527 // 64)
 
 
-def launch(run_dir, *sets, workers=2, data_workers=0):
-    args = [sys.executable, "-m", "tftrain.launch", "--workers", str(workers),
-            "--data-workers", str(data_workers), str(QUICKSTART),
-            "--run-dir", str(run_dir), *[a for s in (*SETS, *sets) for a in ("--set", s)]]
-    return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            start_new_session=True)
+def launch(run_dir, *sets, workers=2, data_workers=0, start="auto"):
+    """`python -m tftrain.launch` in a session of its own, forked from the fork server
+    (TensorFlow imported, no op run), so it forks its workers (`--start auto` without
+    GPUs) as a launcher started fresh would after its import."""
+    args = ["--workers", str(workers), "--data-workers", str(data_workers), "--start", start,
+            str(QUICKSTART), "--run-dir", str(run_dir),
+            *[a for s in (*SETS, *sets) for a in ("--set", s)]]
+    return start_run(*args, module="tftrain.launch", session=True, stderr=subprocess.STDOUT)
 
 
 def sigkill(proc):
@@ -112,9 +113,9 @@ def test_wait_lets_preempted_workers_finish_and_stops_failed_ones():
 
 @pytest.fixture(scope="module")
 def two_workers(tmp_path_factory):
-    def build(out_dir):
+    def build(out_dir):         # workers started fresh; every other launch forks them
         code, out = finish(launch(out_dir, f"tracking.mlflow={{uri: 'sqlite:///{out_dir}/mlflow.db', "
-                                           "experiment: launch}"))
+                                           "experiment: launch}", start="fresh"))
         assert code == 0, out[-3000:]
         assert not scratch_dirs(out_dir / "quickstart")   # non-chief scratch checkpoints removed
         return out

@@ -101,7 +101,8 @@ class StageRunner:
         start = self._rebatch(stage, ckpt, optimizer) if restored else 0
         self._compile_choice(stage, model, jit)
         if restored:
-            print(f"resuming from {restored} at update {start}/{stage.updates} of stage {stage.name}")
+            print(f"resuming from {restored} at update {start}/{stage.updates} of stage {stage.name}",
+                  flush=True)
         else:
             if stage.name != "train":
                 print(f"{stage.describe(self.plan)}", flush=True)
