@@ -28,14 +28,17 @@ import threading
 import time
 from pathlib import Path
 
+from tftrain.runtime.forking import Forked
+
 ROOT = Path(__file__).resolve().parents[1]
 
 SERVER = r"""
-import array, importlib.util, json, os, runpy, selectors, signal, socket, sys, traceback
+import array, json, os, selectors, signal, socket, sys
 import tftrain                                   # sets TF_USE_LEGACY_KERAS first
 import tensorflow                                # noqa: F401
 from tftrain.core.keras import keras             # noqa: F401  (tf_keras)
 import tftrain.run                               # noqa: F401
+from tftrain.runtime.forking import run_as_main
 from tensorflow.python.eager import context
 assert context.context()._context_handle is None, "an op ran before forking"
 
@@ -59,28 +62,7 @@ def child(conn, request, fds):
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    module = request["module"]
-    sys.argv = [importlib.util.find_spec(module).origin, *request["args"]]
-    sys.modules.pop(module, None)                # as under `python -m`: it runs once
-    code = 0
-    try:
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
-    except SystemExit as stop:
-        if stop.code is None or isinstance(stop.code, int):
-            code = stop.code or 0
-        else:
-            print(stop.code, file=sys.stderr)
-            code = 1
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    try:
-        import atexit
-        atexit._run_exitfuncs()
-        sys.stdout.flush()
-        sys.stderr.flush()
-    finally:
-        os._exit(code)
+    run_as_main(request["module"], request["args"])   # as `python -m`; never returns
 
 
 def serve(conn):
@@ -152,7 +134,7 @@ def _address() -> str:
         return path
 
 
-class ForkedRun:
+class ForkedRun(Forked):
     """A child of the fork server running `module` (`tftrain.run`, `tftrain.launch`,
     `tftrain.sweep`) as `python -m` does, in a session of its own with `session`, with the parts of `subprocess.Popen`
     the tests use: `pid`, `returncode`, `stdout`/`stderr` (text, when piped), `poll`,
@@ -221,14 +203,6 @@ class ForkedRun:
                 self._conn.close()
         return self.returncode
 
-    def wait(self, timeout=None):
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(self.args, timeout)
-            time.sleep(0.02)
-        return self.returncode
-
     def communicate(self, timeout=None):
         outputs = {}
 
@@ -247,13 +221,3 @@ class ForkedRun:
                 raise subprocess.TimeoutExpired(self.args, timeout)
         self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return outputs.get("stdout"), outputs.get("stderr")
-
-    def send_signal(self, sig):
-        if self.returncode is None:
-            os.kill(self.pid, sig)
-
-    def kill(self):
-        self.send_signal(9)
-
-    def terminate(self):
-        self.send_signal(15)

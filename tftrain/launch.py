@@ -144,7 +144,7 @@ def start_data_workers(n: int, fork: bool = False) -> list[tuple[str, object]]:
         proc = forking.start("tftrain.data.service", ["--port", str(port), "--worker-port",
                                                       str(worker_port)],
                              fork=fork, env=dict(os.environ), stdout=subprocess.PIPE,
-                             setup=lambda: _worker_setup(None))
+                             setup=lambda: worker_setup(None))
         started.append((f"grpc://localhost:{port}", proc))
     return started
 
@@ -160,7 +160,7 @@ def _train(command, args, fork: bool = False, services=()) -> int:
         procs.append(forking.start("tftrain.run", command, fork=fork,
                                    env=worker_env(index, ports, gpus[index]),
                                    stdout=subprocess.PIPE,
-                                   setup=lambda c=cpus: _worker_setup(c)))
+                                   setup=lambda c=cpus: worker_setup(c)))
     # output threads only now: a fork copies the calling thread alone
     labelled = [(f"[data {k}] ", p) for k, (_, p) in enumerate(services)] + \
                [(f"[worker {i}] ", p) for i, p in enumerate(procs)]
@@ -181,9 +181,10 @@ def _train(command, args, fork: bool = False, services=()) -> int:
     return code
 
 
-def _worker_setup(cpus) -> None:
-    """In a worker before it starts: pinned to `cpus` (if any), and sent SIGTERM if the
-    launcher dies (Linux), so it saves and stops instead of training on alone."""
+def worker_setup(cpus) -> None:
+    """In a worker (or a sweep's trial) before it starts: pinned to `cpus` (if any), and
+    sent SIGTERM if its parent dies (Linux), so it saves and stops instead of training on
+    alone."""
     if cpus:
         os.sched_setaffinity(0, cpus)
     import ctypes

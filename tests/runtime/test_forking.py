@@ -82,9 +82,12 @@ def test_a_fresh_interpreter_forks_until_an_op_runs():
             "print(forking.forks('auto', []), forking.forks('auto', ['0']))\n"
             "forking.preload('tftrain.run')\n"
             "print(forking.forks('auto', []), forking.started())\n"
-            "import tensorflow as tf; tf.constant(1.0) + 1\n"
+            "import tensorflow as tf; tf.config.list_physical_devices('GPU')\n"
+            "print(forking.forks('auto', []), forking.started())\n"
+            "tf.constant(1.0) + 1\n"
             "print(forking.forks('auto', []), forking.started())\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split("\n")[:3] == ["True False", "True False", "False True"]
+    # devices listed (as configuring logical CPUs does), then an op run: no fork after either
+    assert proc.stdout.split("\n")[:4] == ["True False", "True False", "False True", "False True"]

@@ -43,21 +43,21 @@ def forks(mode: str, gpus: list) -> bool:
 
 
 def started() -> bool:
-    """Whether TensorFlow's runtime has started in this process (an op ran, or devices
-    were configured)."""
+    """Whether TensorFlow's runtime has started in this process: an op ran, or its
+    devices were listed (as configuring logical devices does; on a GPU machine that
+    initialises CUDA)."""
     if "tensorflow" not in sys.modules:
         return False
     from tensorflow.python.eager import context
-    return context.context()._context_handle is not None
+    ctx = context.context()
+    return ctx._context_handle is not None or ctx._physical_devices is not None
 
 
 def preload(module: str) -> None:
     """Import `module` (what the children run) and what it imports, running no op (so
     each child still configures its own devices). Call it before starting threads: a
     fork copies only the calling one."""
-    import tftrain                                   # noqa: F401  (sets TF_USE_LEGACY_KERAS)
-    import tensorflow                                # noqa: F401
-    from tftrain.core.keras import keras             # noqa: F401  (tf_keras)
+    from tftrain.core.keras import keras  # noqa: F401  (TF_USE_LEGACY_KERAS, TensorFlow, tf_keras)
     importlib.import_module(module)
 
 
@@ -122,7 +122,6 @@ class Forked:
 
 
 def _child(module, args, env, target, read, setup) -> None:
-    code = 1
     try:
         os.setsid()
         if setup is not None:
@@ -146,8 +145,18 @@ def _child(module, args, env, target, read, setup) -> None:
                                       line_buffering=True, write_through=raw)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)      # (the parent's may forward)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        spec = importlib.util.find_spec(module)
-        sys.argv = [spec.origin, *args]
+    except BaseException:                   # the set-up failed: no module to run
+        traceback.print_exc()
+        os._exit(1)
+    run_as_main(module, args)
+
+
+def run_as_main(module: str, args: list[str]):
+    """Run `module` as `__main__` with `args`, as `python -m` does, then end this (forked)
+    process with its exit code, after its exit functions; never returns."""
+    code = 1
+    try:
+        sys.argv = [importlib.util.find_spec(module).origin, *args]
         sys.modules.pop(module, None)       # as under `python -m`: the module runs once
         code = 0
         runpy.run_module(module, run_name="__main__", alter_sys=True)
