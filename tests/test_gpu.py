@@ -105,3 +105,23 @@ def test_gpu_memory_limit_takes_effect():
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert int(proc.stdout.strip().splitlines()[-1]) == 2**30
+
+
+@needs_two
+def test_a_launch_on_gpus_starts_its_workers_fresh_each_on_its_own_gpu(tmp_path):
+    """Workers that use GPUs are never forked (CUDA cannot be used in a child forked after
+    it was loaded): the launcher starts fresh interpreters, each seeing its own GPU."""
+    from tftrain.launch import local_gpus
+    from tftrain.runtime import forking
+
+    assert not forking.forks("auto", local_gpus())
+    sets = [a for s in ("distribute.strategy=auto", *COMMON) for a in ("--set", s)]
+    proc = subprocess.run([sys.executable, "-m", "tftrain.launch", "--workers", "2",
+                           str(QUICKSTART), "--run-dir", str(tmp_path), *sets], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "quickstart" / "summary.json").read_text())
+    assert summary["workers"] == 2 and summary["metrics"]["val_accuracy"] > 0.9
+    for worker in (0, 1):          # each worker's device table: its one GPU, as GPU:0
+        assert any(line.startswith(f"[worker {worker}]") and "device:GPU:0" in line
+                   for line in proc.stdout.splitlines()), proc.stdout[-3000:]
