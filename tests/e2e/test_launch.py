@@ -336,12 +336,13 @@ def test_a_killed_launch_on_uneven_file_shards_with_padding_and_augmentation_res
 
 
 def task(run_dir, env, *sets):
-    """One `tftrain.run` process of a cluster, started as a scheduler would with `env`."""
-    args = [sys.executable, "-m", "tftrain.run", str(QUICKSTART), "--run-dir", str(run_dir),
+    """One `tftrain.run` process of a cluster, started as a scheduler would with `env` (in
+    a session of its own; forked from the fork server: TF_CONFIG and SLURM's variables are
+    read when the run starts, not when TensorFlow is imported)."""
+    args = [str(QUICKSTART), "--run-dir", str(run_dir),
             *[a for s in (*SETS, *sets) for a in ("--set", s)]]
-    return subprocess.Popen(args, cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    return start_run(*args, env={**env, "PYTHONPATH": str(ROOT)}, session=True,
+                     stderr=subprocess.STDOUT)
 
 
 def srun(run_dir, tasks, rank, port_base, *sets):

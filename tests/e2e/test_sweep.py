@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from helpers import ROOT
+from helpers import ROOT, start_run
 
 from tftrain import sweep
 from tftrain.config import ConfigError
@@ -16,6 +16,15 @@ from tftrain.config import ConfigError
 QUICKSTART = str(ROOT / "configs" / "quickstart.yaml")
 TINY = ["train.epochs=3", "export.tflite=none", "export.saved_model=false",
         "model.params={filters: [8], dense: [16]}"]
+
+
+def run_sweep(*args) -> str:
+    """`python -m tftrain.sweep ...` forked from the fork server (TensorFlow imported, no op
+    run), so it forks its trials as a sweep started fresh does; its output."""
+    proc = start_run(*args, module="tftrain.sweep", stderr=subprocess.STDOUT)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-3000:]
+    return out
 
 
 def write_space(tmp_path, text):
@@ -55,23 +64,22 @@ def test_a_key_the_config_refuses_exits_2_before_any_trial(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_a_trial_far_below_the_median_is_pruned_and_the_best_config_written(tmp_path, capsys):
+def test_a_trial_far_below_the_median_is_pruned_and_the_best_config_written(tmp_path):
     space = write_space(tmp_path, "pruner: {warmup_epochs: 1, startup_trials: 1}\nparams:\n"
                                   "  train.optimizer.learning_rate: {low: 1.0e-7, high: 0.01, log: true}\n")
     parsed = sweep.parse_space(space)
     study = sweep.Sweep(QUICKSTART, parsed, 2, tmp_path / "space", TINY).study
     for rate in (0.003, 1e-7):                   # a good trial, then a hopeless one
         study.enqueue_trial({"train.optimizer.learning_rate": rate})
-    args = [QUICKSTART, "--space", str(space), "--trials", "2", "--dir", str(tmp_path),
-            *[a for s in TINY for a in ("--set", s)]]
-    assert sweep.main(args) == 0
+    out = run_sweep(QUICKSTART, "--space", space, "--trials", "2", "--dir", tmp_path,
+                    *[a for s in TINY for a in ("--set", s)])
     rows = list(csv.DictReader(open(tmp_path / "space" / "trials.csv")))
     assert [(r["state"], float(r["train.optimizer.learning_rate"])) for r in rows] == [
         ("complete", 0.003), ("pruned", 1e-7)]
     assert int(rows[0]["epochs"]) == 3 and int(rows[1]["epochs"]) < 3
     best = (tmp_path / "space" / "best.yaml").read_text()
     assert "learning_rate: 0.003" in best and best.startswith("# best of 1 completed trials: trial 0")
-    assert "best: trial 0, val_accuracy" in capsys.readouterr().out
+    assert "best: trial 0, val_accuracy" in out
 
 
 def _state(directory):
@@ -123,6 +131,8 @@ def first_run(directory) -> str:
 
 @pytest.mark.slow
 def test_trials_of_two_workers_run_through_the_launcher(tmp_path):
+    """In this process, which has run TensorFlow ops, the sweep starts its trial fresh (a
+    launcher, which forks its two workers)."""
     space = write_space(tmp_path, "pruner: none\nparams:\n"
                                   "  train.optimizer.learning_rate: {low: 0.001, high: 0.01, log: true}\n")
     args = [QUICKSTART, "--space", str(space), "--trials", "1", "--workers", "2", "--dir", str(tmp_path),
@@ -137,20 +147,18 @@ def test_trials_of_two_workers_run_through_the_launcher(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_value_the_builder_refuses_fails_that_trial_and_the_sweep_goes_on(tmp_path, capsys):
+def test_a_value_the_builder_refuses_fails_that_trial_and_the_sweep_goes_on(tmp_path):
     """A sampled value that passes the config schema but that the model builder refuses
     (exit 2 from the trial) ends that trial as refused, not the sweep."""
     space = write_space(tmp_path, "pruner: none\nparams:\n  model.params.pool: {choices: [max, median]}\n")
     study = sweep.Sweep(QUICKSTART, sweep.parse_space(space), 2, tmp_path / "space", TINY).study
     study.enqueue_trial({"model.params.pool": 1})         # median: cnn refuses it
     study.enqueue_trial({"model.params.pool": 0})
-    args = [QUICKSTART, "--space", str(space), "--trials", "2", "--dir", str(tmp_path),
-            *[a for s in [*TINY, "train.epochs=1"] for a in ("--set", s)]]
-    assert sweep.main(args) == 0
+    out = run_sweep(QUICKSTART, "--space", space, "--trials", "2", "--dir", tmp_path,
+                    *[a for s in [*TINY, "train.epochs=1"] for a in ("--set", s)])
     rows = _state(tmp_path / "space")
     assert [(r["state"], r["model.params.pool"]) for r in rows] == [("refused", "median"),
                                                                       ("complete", "max")]
-    out = capsys.readouterr().out
     assert "trial 0 refused its values (model.params.pool=\"median\"): " in out
     assert "model.params: cnn rejected" in out
 
