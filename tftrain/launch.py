@@ -128,7 +128,7 @@ def main(argv=None) -> int:
     command = [args.config, *[a for s in sets for a in ("--set", s)],
                *(["--run-dir", args.run_dir] if args.run_dir else [])]
     try:
-        return _train(command, args, fork, services)
+        return _train(command, args, gpus, fork, services)
     finally:
         for _, proc in services:
             proc.terminate()
@@ -143,22 +143,22 @@ def start_data_workers(n: int, fork: bool = False) -> list[tuple[str, object]]:
         port, worker_port = free_ports(2)
         proc = forking.start("tftrain.data.service", ["--port", str(port), "--worker-port",
                                                       str(worker_port)],
-                             fork=fork, env=dict(os.environ), stdout=subprocess.PIPE,
+                             fork=fork, stdout=subprocess.PIPE,
                              setup=lambda: worker_setup(None))
         started.append((f"grpc://localhost:{port}", proc))
     return started
 
 
-def _train(command, args, fork: bool = False, services=()) -> int:
+def _train(command, args, gpus: list[str], fork: bool = False, services=()) -> int:
     ports = free_ports(args.workers)
     procs = []
-    gpus = gpu_sets(args.workers, local_gpus())
+    shares = gpu_sets(args.workers, gpus)
     for index, cpus in enumerate(cpu_sets(args.workers, args.cpus_per_worker)):
         # Each worker in a session of its own: a Ctrl-C at the terminal reaches the
         # launcher alone, which forwards it once (a worker that got the terminal's SIGINT
         # and the forwarded one would take the second as "stop now", with no checkpoint).
         procs.append(forking.start("tftrain.run", command, fork=fork,
-                                   env=worker_env(index, ports, gpus[index]),
+                                   env=worker_env(index, ports, shares[index]),
                                    stdout=subprocess.PIPE,
                                    setup=lambda c=cpus: worker_setup(c)))
     # output threads only now: a fork copies the calling thread alone

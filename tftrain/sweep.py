@@ -3,9 +3,9 @@
 Each trial is a `tftrain.run` process of its own (a strategy cannot be created twice in
 one process) with the trial's values as `--set` overrides, or a `tftrain.launch` of
 several workers (`--workers K`); where no GPU is visible it is forked from the sweep,
-which imports TensorFlow once (`tftrain.runtime.forking`). Optuna samples with TPE and prunes with the median rule on the
-per-epoch validation metric the trial writes to its metrics.csv (a pruned trial gets
-SIGTERM and stops at a safe point). The study lives in `DIR/NAME/study.db`: rerunning
+which imports TensorFlow once (`tftrain.runtime.forking`). Optuna samples with TPE and
+prunes with the median rule on the per-epoch validation metric the trial writes to its
+metrics.csv (a pruned trial gets SIGTERM and stops at a safe point). The study lives in `DIR/NAME/study.db`: rerunning
 the same command resumes the sweep, never rerunning a finished trial; a trial the
 interruption cut short runs again with the same values, resuming its own checkpoints.
 
@@ -40,7 +40,7 @@ import yaml
 
 from tftrain.core.config_types import ConfigError
 from tftrain.core.extras import missing
-from tftrain.launch import worker_setup, local_gpus
+from tftrain.launch import local_gpus, worker_setup
 from tftrain.runtime import forking
 
 EXIT_CONFIG = 2
@@ -107,10 +107,6 @@ def _trial_name(values: dict) -> str:
 class Sweep:
     def __init__(self, config: str, space: dict, trials: int, directory: Path, sets: list[str],
                  workers: int = 1):
-        # trials forked from here where no GPU is visible (`tftrain.runtime.forking`)
-        self.fork = forking.forks("auto", local_gpus())
-        if self.fork:
-            forking.preload("tftrain.run")
         import optuna
 
         self.config, self.space, self.trials, self.sets = config, space, trials, sets
@@ -136,6 +132,10 @@ class Sweep:
         import optuna
         from optuna.trial import TrialState
 
+        # trials forked from here where no GPU is visible (`tftrain.runtime.forking`)
+        self.fork = forking.forks("auto", local_gpus())
+        if self.fork:
+            forking.preload("tftrain.run")
         for cut in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             if _alive(cut):
                 continue                       # another sweep's, running now
@@ -227,7 +227,7 @@ class Sweep:
         print(f"trial {trial.number}: {' '.join(overrides(values))}", flush=True)
         log = open(self.directory / f"{name}.log", "a")
         module, args = self.command(values)
-        proc = forking.start(module, args, fork=self.fork, env=dict(os.environ), stdout=log,
+        proc = forking.start(module, args, fork=self.fork, stdout=log,
                              setup=lambda: worker_setup(None))
         reported = -1
         while True:

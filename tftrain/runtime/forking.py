@@ -12,7 +12,8 @@ shared with its siblings until written.
 Only where no GPU is visible, from a process that has run no TensorFlow op: a CUDA
 driver initialised before a fork cannot be used in the child (and TensorFlow gives no way
 to know that importing it left the driver alone), and a started runtime's threads and
-devices would be the child's. Otherwise (or with `start="fresh"`) workers are fresh interpreters (`subprocess.Popen`).
+devices would be the child's. Otherwise (or with `start="fresh"`) workers are fresh
+interpreters (`subprocess.Popen`).
 """
 from __future__ import annotations
 
@@ -57,17 +58,20 @@ def preload(module: str) -> None:
     """Import `module` (what the children run) and what it imports, running no op (so
     each child still configures its own devices). Call it before starting threads: a
     fork copies only the calling one."""
-    from tftrain.core.keras import keras  # noqa: F401  (TF_USE_LEGACY_KERAS, TensorFlow, tf_keras)
+    # TF_USE_LEGACY_KERAS set, then TensorFlow and tf_keras imported
+    from tftrain.core.keras import keras  # noqa: F401
     importlib.import_module(module)
 
 
-def start(module: str, args: list[str], *, fork: bool, env: dict, stdout=None,
-          setup=None):
-    """`python -m module *args` in a new session, with `env`, output to `stdout` (a file,
+def start(module: str, args: list[str], *, fork: bool, env: dict | None = None,
+          stdout=None, setup=None):
+    """`python -m module *args` in a new session, with `env` (default: this process's
+    environment), output to `stdout` (a file,
     or `subprocess.PIPE`: a text stream on the handle), stderr with it, stdin empty, and
     `setup()` run in the child before the module: a `subprocess.Popen`, or (`fork`) a
     `Forked` with the same `pid`, `stdout`, `returncode`, `poll`, `wait`, `send_signal`,
     `terminate` and `kill`."""
+    env = dict(os.environ if env is None else env)
     if not fork:
         return subprocess.Popen([sys.executable, "-m", module, *args], env=env,
                                 stdin=subprocess.DEVNULL, stdout=stdout,
