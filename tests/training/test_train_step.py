@@ -397,3 +397,31 @@ def test_several_steps_per_call_trace_the_step_once_and_equal_one_step_per_call(
     for key in ours[1]:
         np.testing.assert_allclose(ours[1][key], keras_own[1][key], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(ours[2], keras_own[2], rtol=1e-5, atol=1e-6)
+
+
+def test_calls_resized_after_the_first_validation_still_evaluate_every_batch():
+    """`steps_per_execution: auto` may resize the calls after a first validation ran at
+    one step per call (a stage resumed near an epoch's end measures in the next epoch):
+    later validations, evaluations and predictions still cover every batch (Keras'
+    one-step test function, made first, ran one batch per call of five)."""
+    x, y = _data(7 * 32)
+    keras.utils.set_random_seed(1)
+    with mirrored().scope():
+        net = TrainModel.wrap(MODELS.get("mlp")(SPEC))
+        net.resizable_calls = True
+        net.compile(keras.optimizers.SGD(0.1), build_loss("sparse_categorical_crossentropy"),
+                    metrics=["accuracy"], steps_per_execution=1)
+    val = tf.data.Dataset.from_tensor_slices((x[:160], y[:160])).batch(32)
+    train = tf.data.Dataset.from_tensor_slices((x, y)).batch(32).repeat()
+
+    class Resize(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            self.model.steps_per_execution.assign(5)       # after the first validation
+
+    net.fit(train, epochs=2, steps_per_epoch=7, validation_data=val, callbacks=[Resize()],
+            verbose=0)
+    assert int(net.steps_per_execution.numpy()) == 5
+    logits = net(x[:160], training=False).numpy()
+    expected = float(np.mean(np.argmax(logits, -1) == y[:160]))
+    assert net.evaluate(val, return_dict=True, verbose=0)["accuracy"] == pytest.approx(expected)
+    assert net.predict(val, verbose=0).shape == (160, 10)

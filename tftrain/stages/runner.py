@@ -67,16 +67,22 @@ class StageRunner:
         `previous` (the last stage's model), fitted, evaluated and finalized."""
         import tensorflow as tf
 
+        from tftrain import data
         from tftrain.training import callbacks as cb
         from tftrain.optim import rates
 
         cfg = self.cfg
         self.stop.rearm()
         self.stop.check("before stage " + stage.name, self.agree)
+        labels = data.train_dataset(self.plan.source, self.plan.batches, cfg.data,
+                                    cfg.run.seed).element_spec[1]
         with self.strat.scope():
             built = stage.build(previous, self.plan)
             model, optimizer = stage.compile(built, self.plan)
             generators = cb.random_generators(model)
+            model.build_metrics(labels)     # before the step is traced (traced once), and
+            # checkpointed: a stage resumed mid-epoch continues the epoch's running metrics
+            metrics = cb.metric_variables(model)
         position = tf.Variable(0, dtype=tf.int64, trainable=False)   # training batches done
         jit = tf.Variable(xla.UNDECIDED, dtype=tf.int64, trainable=False)   # kept on resume
         # the examples per update the position counts (a checkpoint from before it: as now)
@@ -85,20 +91,25 @@ class StageRunner:
                                    position=position, jit_compile=jit, global_batch=per_update,
                                    learning_rate=rates.learning_rate_state(optimizer),
                                    callbacks=[c.state for c in built.stateful],
-                                   average=built.average.variables if built.average else {})
+                                   average=built.average.variables if built.average else {},
+                                   epoch_metrics=metrics)
         scale = getattr(optimizer, "_loss_scale", None)      # a LossScaleOptimizer's, dynamic
         self.loss_scale = [scale.current_loss_scale, scale.counter] \
             if hasattr(scale, "counter") else []
         directory = stage.checkpoint_dir(self.run.checkpoints)
         save_dir = directory if self.chief else self.scratch / stage.name
         manager = tf.train.CheckpointManager(ckpt, str(save_dir), cfg.train.checkpoint.keep)
-        restored = self._restore(ckpt, directory)
+        restored = self._restore(ckpt, directory, optional=list(metrics.values()))
         missing = stage.name not in self.results   # a stage that ended (early or not) is done
         if not (self.agree(missing) if self.agree else missing):    # on every worker
             result = self.results[stage.name]
             self._settle(stage, built)
             return stage.finalize(built, result, self.plan), result
         start = self._rebatch(stage, ckpt, optimizer) if restored else 0
+        # the epoch's running sums as the checkpoint holds them (mid-epoch: the batches
+        # trained since the epoch began; read before `fit` resets them, put back after)
+        carried = cb.CarriedMetrics(model, self.strat, restored and start % self.steps_per_epoch
+                                    and not self._batch_changed(stage))
         self._compile_choice(stage, model, jit)
         if restored:
             print(f"resuming from {restored} at update {start}/{stage.updates} of stage {stage.name}",
@@ -110,18 +121,23 @@ class StageRunner:
                 self.auto_batches() if n is None else n))
             if begun:
                 print(f"stage {stage.name}: {begun}", flush=True)
-        result = self._fit(stage, built, model, optimizer, ckpt, manager, directory, start)
+        result = self._fit(stage, built, model, optimizer, ckpt, manager, directory, start,
+                           carried)
         net = stage.finalize(built, result, self.plan)
         self._record(stage, result)
         return net, result
 
-    def _restore(self, ckpt, directory) -> str | None:
+    def _batch_changed(self, stage) -> bool:
+        return any(change["stage"] == stage.name for change in self.batch_changes)
+
+    def _restore(self, ckpt, directory, optional=()) -> str | None:
         """Restore the stage's newest readable checkpoint; in a cluster the chief chooses
-        it and the others load the same one (one small all-reduce tells them which)."""
+        it and the others load the same one (one small all-reduce tells them which).
+        `optional`: what a checkpoint of an earlier version may lack."""
         from tftrain.training import callbacks as cb
 
         workers = self.plan.parallel.info.workers
-        optional = [ckpt.global_batch]
+        optional = [ckpt.global_batch, *optional]
         if workers == 1 or self.plan.parallel.mean is None:
             return cb.restore_latest(ckpt, directory, self.loss_scale, optional)
         mine = cb.restore_latest(ckpt, directory, self.loss_scale, optional) if self.chief else None
@@ -195,7 +211,8 @@ class StageRunner:
         if setting == "auto":
             print(f"XLA ({stage.name}): {decision.reason}", flush=True)
 
-    def _fit(self, stage, built, model, optimizer, ckpt, manager, directory, start) -> dict:
+    def _fit(self, stage, built, model, optimizer, ckpt, manager, directory, start,
+             carried) -> dict:
         from tftrain.training import callbacks as cb
         from tftrain import data
         from tftrain.optim import rates
@@ -216,7 +233,7 @@ class StageRunner:
         # The global metrics first (Keras appends its history and progress bar after
         # these), and the checkpointer after every callback whose state it saves at an
         # epoch's end (and after the tracker: an epoch is logged before it is saved).
-        callbacks = [epoch_logs.GlobalMetrics(), throughput, waiting, flops,
+        callbacks = [carried, epoch_logs.GlobalMetrics(), throughput, waiting, flops,
                      *([sizer] if sizer else []), epoch_logs.LearningRateLogger(), *built.callbacks,
                      *built.stateful, *([tracked] if tracked else []), checkpointer]
         if self.chief:
@@ -230,10 +247,6 @@ class StageRunner:
         if cfg.train.on_nan == "rollback" and start == 0:
             manager.save(checkpoint_number=0)            # something to roll back to
         began = time.perf_counter()
-        labels = data.train_dataset(self.plan.source, self.plan.batches, cfg.data,
-                                    cfg.run.seed).element_spec[1]
-        with self.strat.scope():
-            model.build_metrics(labels)          # before the step is traced: traced once
         for attempt in range(cfg.train.nan_retries + 1):
             try:
                 fit(model, data.distribute(self.strat, self.plan.source, self.plan.batches,

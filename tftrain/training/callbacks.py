@@ -147,6 +147,36 @@ class ResumePoint:
         return divmod(self.start_update, steps_per_epoch)
 
 
+def metric_variables(model) -> dict:
+    """The variables of the model's compiled loss and metrics (their running sums and
+    counts), by a stable name: what a checkpoint keeps of an epoch in progress."""
+    return {f"{i}_{metric.name}_{j}": variable
+            for i, metric in enumerate(model.metrics)
+            for j, variable in enumerate(metric.variables)}
+
+
+class CarriedMetrics(keras.callbacks.Callback):
+    """Carries an epoch's running training metrics across a restart: a stage resumed
+    mid-epoch (`carry`) restored, with its checkpoint, the sums and counts of the epoch's
+    batches trained before it; Keras resets the metrics when the epoch begins again, and
+    this puts them back, so the epoch's logs cover the whole epoch, as an uninterrupted
+    run's do. Read once here, on every worker (a cluster-wide sum), before `fit` resets
+    them; the sums are split over this run's replicas again when put back."""
+
+    def __init__(self, model, strategy, carry: bool):
+        super().__init__()
+        self.values = []
+        if carry:
+            with strategy.scope():
+                self.values = [(v, v.read_value().numpy())
+                               for v in metric_variables(model).values()]
+
+    def on_epoch_begin(self, epoch, logs=None):
+        for variable, value in self.values:
+            variable.assign(value)
+        self.values = []
+
+
 class Checkpointer(keras.callbacks.Callback):
     """Saves every `every` training batches, when a stop is asked for (then stops training)
     and at the end; never saves non-finite weights or optimizer state. It also makes the

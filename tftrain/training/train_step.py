@@ -158,7 +158,11 @@ class TrainModel(keras.Model):
     def make_test_function(self, force=False):
         if self.test_function is not None and not force:
             return self.test_function
-        if not self._traced_once(False):
+        # calls resized during training (`steps_per_execution: auto`) need the multi-step
+        # function from the start: Keras' one-step function, made while calls were still
+        # one step, runs one batch per call however many the loop counts (validation
+        # after a mid-epoch resume then evaluated one batch in five)
+        if not self._traced_once(self.resizable_calls):
             return super().make_test_function(force)
         calls = self._calls(self.test_step, self._test_counter, self.get_metrics_result)
 
@@ -167,6 +171,16 @@ class TrainModel(keras.Model):
         self.test_function = self.test_tf_function = tf.function(
             test_function, reduce_retracing=True, autograph=False)
         return self.test_function
+
+    def make_predict_function(self, force=False):
+        # Keras' predict function runs one step per call when it was made at one step per
+        # call; made again once the calls are resized (`steps_per_execution: auto`)
+        spe = self._steps_per_execution
+        several = spe is not None and spe.numpy().item() > 1
+        if self.predict_function is not None and self.__dict__.get("_predict_several") != several:
+            force = True
+        self.__dict__["_predict_several"] = several
+        return super().make_predict_function(force)
 
     def _traced_once(self, resizable: bool) -> bool:
         """Whether `_calls` replaces Keras' multi-step function (several steps per call,
