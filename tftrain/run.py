@@ -85,12 +85,31 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False,
     """Run the pipeline for `cfg`; returns the summary (None for a dry run). `stop`: the
     flag SIGTERM/SIGINT set (`with Preemption() as stop`); the run raises `Preempted` at
     the next safe point after it is set; by default one is installed for the run."""
+    from tftrain.training import rundir
+
+    done = None if dry_run else rundir.completed(cfg, smoke)   # files only: no TensorFlow yet
+    if done is not None:
+        return _completed(cfg, smoke, done)
     from tftrain.plan import process_settings_kept
     with process_settings_kept():         # the caller's process is as it was afterwards
         if stop is None:
             with Preemption() as stop:
                 return _pipeline(cfg, dry_run, smoke, stop, profile)
         return _pipeline(cfg, dry_run, smoke, stop, profile)
+
+
+def _completed(cfg: Config, smoke: bool, done: dict) -> dict:
+    """A completed run, given its own config again: reported, not retrained."""
+    from tftrain.runtime.cluster import current_task
+    from tftrain.training import rundir
+
+    path = rundir.run_path(cfg, smoke)
+    print(f"{path} already completed; use another run.name to train again")
+    if cfg.tracking.mlflow is not None:          # what the tracker missed, logged now
+        from tftrain.training import tracking
+        tracking.finish_pending(cfg, path, done, current_task().chief)
+    print(rundir.report_table(done))
+    return done
 
 
 def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
@@ -113,12 +132,6 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
         return None
 
     # -- run directory -----------------------------------------------------------------------
-    done = rundir.read_summary(rundir.run_path(cfg, smoke))
-    if done is not None:
-        print(f"{rundir.run_path(cfg, smoke)} already completed; use another run.name to train again")
-        tracking.finish_pending(cfg, rundir.run_path(cfg, smoke), done, plan.chief)
-        print(rundir.report_table(done))
-        return done
     topology = plan.topology()
     run = rundir.open_run_dir(cfg, smoke, write=plan.chief, topology=topology)
     if run.previous is not None and run.previous != topology:

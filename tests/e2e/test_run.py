@@ -1,6 +1,7 @@
 """The CLI end to end: exit codes, run directory contract, resume after a kill."""
 import csv
 import json
+import os
 import re
 import signal
 import subprocess
@@ -229,6 +230,31 @@ def test_rerun_of_completed_run_reports_it(quickstart_run, tmp_path):
     assert proc.returncode == 0
     assert "already completed" in proc.stdout
     assert (path / "summary.json").read_text() == before
+
+
+@pytest.mark.slow
+def test_a_changed_config_on_a_completed_run_exits_2_naming_the_keys_before_tensorflow_loads(
+        quickstart_run, tmp_path):
+    """A completed 15-epoch run given train.epochs=4 and another optimizer: exit 2, the
+    keys that differ named with both values, before TensorFlow is imported (a fresh
+    interpreter says which modules it loaded), nothing written."""
+    path = _copy(quickstart_run[0], tmp_path)
+    before = {p: p.stat().st_mtime_ns for p in path.rglob("*")}
+    probe = ("import sys; from tftrain.run import main; code = main(sys.argv[1:]); "
+             "print('tensorflow loaded' if 'tensorflow' in sys.modules else 'no tensorflow'); "
+             "sys.exit(code)")
+    proc = subprocess.run([sys.executable, "-c", probe, str(QUICKSTART), "--run-dir",
+                           str(path.parent), "--set", "train.epochs=4", "--set",
+                           "train.optimizer.learning_rate=0.01"], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "no tensorflow"
+    line, = proc.stderr.strip().splitlines()
+    assert line == (f"tftrain: config error: run.name: {path} is a completed run with a "
+                    "different config: train.epochs (15 -> 4), train.optimizer.learning_rate "
+                    "(0.003 -> 0.01); its results are not this config's. Use another run.name "
+                    f"or --run-dir, or delete {path} to train again")
+    assert {p: p.stat().st_mtime_ns for p in path.rglob("*")} == before
 
 
 @pytest.mark.slow

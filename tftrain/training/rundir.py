@@ -74,6 +74,45 @@ def read_summary(path: Path) -> dict | None:
     return summary if summary.get("status") == "completed" else None
 
 
+def completed(cfg: Config, smoke: bool = False) -> dict | None:
+    """The summary of the completed run the config names, if there is one (None: not
+    completed). A completed run given another config is a ConfigError naming the keys
+    that differ: its results are not what this config asks for. Reads files only (no
+    TensorFlow), so it answers before any planning."""
+    path = run_path(cfg, smoke)
+    done = read_summary(path)
+    if done is None:
+        return None
+    try:
+        old = yaml.safe_load((path / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return done
+    differ = [f"{key} ({_short(a)} -> {_short(b)})"
+              for key, (a, b) in changed_keys(old, yaml.safe_load(dump_config(cfg))).items()
+              if key != "run.dir"]
+    if differ:
+        raise ConfigError(
+            f"run.name: {path} is a completed run with a different config: "
+            f"{', '.join(differ[:6])}{' ...' if len(differ) > 6 else ''}; its results are not "
+            f"this config's. Use another run.name or --run-dir, or delete {path} to train again")
+    return done
+
+
+def changed_keys(old, new, prefix: str = "") -> dict[str, tuple]:
+    """{dotted key: (old value, new value)} of the leaves that differ between two configs."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        found = {}
+        for key in list(old) + [k for k in new if k not in old]:
+            found.update(changed_keys(old.get(key), new.get(key), f"{prefix}{key}."))
+        return found
+    return {} if old == new else {prefix.rstrip("."): (old, new)}
+
+
+def _short(value) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else value
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def open_run_dir(cfg: Config, smoke: bool = False, write: bool = True,
                  topology: dict | None = None) -> RunDir:
     """Create the run directory, or reopen an interrupted one with the same config, or
