@@ -254,13 +254,15 @@ def test_small_floats_in_overrides_and_files_are_numbers(tmp_path):
     """`1e-05` (how json.dumps and a sweep write it) is a float, not the string YAML 1.1
     makes of it: free-form params would otherwise pass it on as text."""
     cfg = load_config(write(tmp_path, "train:\n  optimizer: {name: adam, params: {epsilon: 1e-07}}\n"),
-                      ["model.params={dropout: 5e-1, weight: 1E-05, count: 3}",
+                      ["model={name: 'nowhere.models:build', params: {dropout: 5e-1, "
+                       "weight: 1E-05, count: 3}}",
                        "train.optimizer.learning_rate=3e-4"])
     assert cfg.train.optimizer.params == {"epsilon": 1e-07}
     assert cfg.model.params == {"dropout": 0.5, "weight": 1e-05, "count": 3}
     assert isinstance(cfg.model.params["count"], int) and cfg.train.optimizer.learning_rate == 3e-4
     from tftrain.sweep import overrides
-    again = load_config(None, overrides({"model.params.weight": 1e-05}))
+    again = load_config(None, overrides({"model.name": "nowhere.models:build",
+                                         "model.params.weight": 1e-05}))
     assert again.model.params == {"weight": 1e-05}
 
 

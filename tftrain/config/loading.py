@@ -221,10 +221,14 @@ def _format_error(source: str, err: dict) -> str:
 
 def validate(data: dict, source: str = "config") -> Config:
     """Validate a plain dict against the schema."""
+    from tftrain.config import builders
+
     try:
-        return Config.model_validate(data)
+        cfg = Config.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(*[_format_error(source, e) for e in exc.errors()]) from None
+    builders.check(cfg)          # the builder's parameters, read from its source
+    return cfg
 
 
 def load_config(path: Union[str, Path, None] = None, overrides: Optional[list[str]] = None) -> Config:
