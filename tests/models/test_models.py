@@ -67,8 +67,13 @@ def test_a_bug_in_a_user_builder_is_not_a_config_error(monkeypatch):
 
 
 def test_unknown_param_and_transformer_needs_tokens():
+    from tftrain.config import ModelConfig
+    with pytest.raises(ConfigError, match=r"model\.params\.widht: unknown parameter of resnet in "
+                                          r"tftrain/models/resnet\.py; did you mean width\?"):
+        mcfg("model.name=resnet", "model.params={widht: 3}")       # read from its source
+    # built from a config made in Python (not loaded): checked against the builder itself
     with pytest.raises(ConfigError, match=r"model\.params\.widht: unknown parameter; did you mean width\?"):
-        build_model(mcfg("model.name=resnet", "model.params={widht: 3}"), IMAGES)
+        build_model(ModelConfig(name="resnet", params={"widht": 3}), IMAGES)
     with pytest.raises(ConfigError, match="transformer needs token inputs"):
         build_model(mcfg("model.name=transformer"), IMAGES)
 
