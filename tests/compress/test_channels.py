@@ -130,6 +130,28 @@ def test_flatten_concatenate_and_conv1d_are_followed():
     agree(narrow, wide, speech.shape)
 
 
+def test_a_layer_with_a_built_in_softmax_keeps_all_its_channels():
+    """A convolution or dense layer with activation="softmax" normalizes across its
+    channels: removing some would change the others, so its group keeps every channel
+    (as after a softmax Activation layer), while the groups before it still narrow."""
+    inputs = keras.Input((8, 8, 2))
+    h = keras.layers.Conv2D(16, 3, padding="same", activation="relu", name="a")(inputs)
+    h = keras.layers.Conv2D(12, 1, activation="softmax", name="attention")(h)
+    h = keras.layers.Conv2D(16, 3, padding="same", activation="relu", name="b")(h)
+    h = keras.layers.GlobalAveragePooling2D(name="gp")(h)
+    net = keras.Model(inputs, keras.layers.Dense(10, name="logits")(h))
+    graph = channels.ChannelGraph(net)
+    attention = graph.group(graph.spaces["attention"][0][0])
+    assert attention.fixed == "attention (Conv2D) applies a softmax across its channels"
+    prunable = graph.prunable()
+    assert graph.root(graph.spaces["attention"][0][0]) not in prunable
+    assert graph.root(graph.spaces["a"][0][0]) in prunable
+    _, plan, keep, narrow, wide = narrowed_and_masked(net)
+    assert narrow.get_layer("attention").kernel.shape[-1] == 12
+    assert narrow.get_layer("a").kernel.shape[-1] < 16
+    agree(narrow, wide, (8, 8, 2))
+
+
 def test_widths_keep_one_share_of_every_group_for_the_flops_target():
     net = MODELS.get("cnn")(IMAGES, filters=[32, 64], dense=[128])
     graph = channels.ChannelGraph(net)

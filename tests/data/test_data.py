@@ -66,6 +66,18 @@ def test_epoch_layout_drop_and_pad():
     assert EpochLayout((30, 10), 2, 8, pad=False).steps() == 2
 
 
+def test_a_global_batch_the_file_streams_do_not_divide_is_refused():
+    """A run that began on 2 workers reads its files as 2 streams; resumed with another
+    global batch (run.allow_batch_change), 63 examples per update cannot take the same
+    number from each stream (it took 31 of each: an example every update dropped)."""
+    with pytest.raises(ConfigError, match=r"train\.global_batch_size: 63 examples per update do "
+                                          r"not split evenly over the 2 file streams .* use a "
+                                          r"multiple of 2"):
+        EpochLayout((30, 40), 1, 63, pad=False)
+    assert EpochLayout((30, 40), 1, 62, pad=False).chunk == 31
+    assert EpochLayout((70,), 1, 63, pad=False).steps() == 1      # one stream: any batch
+
+
 def test_digits_split():
     source = load_source(cfg().data, seed=42)
     assert (source.num_train, source.num_val) == (1527, 270)
@@ -238,6 +250,27 @@ def test_an_example_is_augmented_alike_whatever_the_number_of_workers(augment):
         np.testing.assert_array_equal(np.concatenate([one[2 * u], one[2 * u + 1]]),
                                       np.concatenate([two[0][u], two[1][u]]))
     assert not np.array_equal(one[0], one[22])             # augmented anew each epoch
+
+
+@pytest.mark.parametrize("op", ["{mixup: {alpha: 0.4}}", "{cutmix: {alpha: 1.0}}"])
+def test_batch_augmentation_pairs_within_micro_batches_alike_on_replicas_or_accumulating(op):
+    """Two replicas of 8 and one device accumulating two micro-batches of 8 mix the same
+    pairs with the same draws (pairs and draws belong to a micro-batch), so a mirrored
+    step equals one device's accumulated step and a resume may move between them; a
+    micro-batch's last example is paired with its first, not with the next micro-batch's."""
+    data = cfg(f"data.augment=[{op}]", "data.params={image_size: 8, channels: 3}").data
+    source = load_source(data, 0)
+    mirrored = [b for b in train_dataset(source, BatchPlan(8, 2, 1), data, 5).take(6)]
+    accumulated = [b for b in train_dataset(source, BatchPlan(8, 1, 2), data, 5).take(3)]
+    for u in range(3):
+        for part in (0, 1):            # inputs, soft labels
+            np.testing.assert_array_equal(
+                np.concatenate([mirrored[2 * u][part], mirrored[2 * u + 1][part]]),
+                accumulated[u][part].numpy())
+    plain = cfg("data.params={image_size: 8, channels: 3}").data
+    x, _ = next(iter(train_dataset(source, BatchPlan(8, 1, 2), plain, 5)))
+    mixed = accumulated[0][0].numpy()
+    assert not np.array_equal(mixed[:8], x[:8]) and not np.array_equal(mixed[8:], x[8:])
 
 
 def test_training_batches_resume_at_any_update():

@@ -17,6 +17,8 @@ DRIVER = textwrap.dedent("""
     fork = sys.argv[1] == "fork"
     setup_mark = sys.argv[2]
     env = {**os.environ, "PROBE": "from the caller"}
+    import atexit        # the launcher's own exit functions are not its workers'
+    atexit.register(lambda: open(f"{setup_mark}.exit-{os.getpid()}", "w").close())
     def setup():
         open(setup_mark, "w").write(str(os.getpid()))
     results = {}
@@ -31,6 +33,7 @@ DRIVER = textwrap.dedent("""
     sleeper.terminate()
     results["terminated"] = sleeper.wait(timeout=60)
     results["forked"] = type(proc).__name__
+    results["driver_pid"] = os.getpid()
     print(json.dumps(results))
 """)
 
@@ -42,6 +45,8 @@ PROBE = textwrap.dedent("""
     print("main:", __name__, sys.argv[1:], os.environ["PROBE"])
     print("stdin:", repr(sys.stdin.read()), "session leader:", os.getsid(0) == os.getpid())
     print("to stderr", file=sys.stderr)
+    import atexit
+    atexit.register(lambda: print("the module's exit function ran", flush=True))
     raise SystemExit(int(sys.argv[1]))
 """)
 
@@ -60,6 +65,14 @@ def test_a_worker_runs_its_module_as_python_m_does(how, tmp_path):
     lines = got["output"].splitlines()
     assert "main: __main__ ['3', 'b c'] from the caller" in lines
     assert "stdin: '' session leader: True" in lines and "to stderr" in lines
+    assert "the module's exit function ran" in lines
+    # the caller's exit function ran once, in the caller, not in its forked worker
+    assert sorted(p.name for p in tmp_path.glob("setup.exit-*")) == [f"setup.exit-{proc_pid(got)}"]
+
+
+def proc_pid(results) -> int:
+    """The driver's own pid (the parent of the worker whose set-up reported `setup_pid`)."""
+    return results["driver_pid"]
 
 
 def test_workers_are_forked_only_without_gpus_and_before_any_op():

@@ -124,6 +124,8 @@ class ChannelGraph:
                 raise ConfigError(f"{KEY}: channels cannot follow {layer.name} ({kind} with "
                                   f"groups={layer.groups}); use structure: unstructured")
             gid = self._new(width)
+            if _mixes(layer):          # a softmax over the channels it produces
+                self._fix(gid, f"{layer.name} ({kind}) applies a softmax across its channels")
             self.groups[gid].producers.append(layer.name)
             self.spaces[layer.name] = [(gid, width)]
         elif kind in FOLLOWERS and not _mixes(layer):
@@ -182,9 +184,10 @@ class ChannelGraph:
 
 
 def _mixes(layer) -> bool:
-    """An activation over the channel axis (softmax) rather than channel by channel."""
+    """An activation over the channel axis (softmax) rather than channel by channel: an
+    Activation layer's, or one built into a convolution or dense layer."""
     name = getattr(getattr(layer, "activation", None), "__name__", "")
-    return type(layer).__name__ == "Activation" and name in ("softmax", "log_softmax")
+    return name in ("softmax", "log_softmax")
 
 
 def _last(shape) -> int:

@@ -87,6 +87,19 @@ class PruningConfig(Strict):
         if self.structure == "channels" and self.layers:
             raise ValueError("compression.pruning.layers: channel pruning narrows every group "
                              "of channels the model can lose (by target_flops); remove layers")
+        weights_only = ("final_sparsity", "initial_sparsity", "schedule", "begin", "end",
+                        "frequency", "power", "block", "block_pooling")
+        channels_only = ("target_flops", "importance", "min_channels", "channel_multiple")
+        ignored = weights_only if self.structure == "channels" else channels_only
+        for key in ignored:        # a value other than the default would be ignored
+            if getattr(self, key) != type(self).model_fields[key].default:
+                raise ValueError(
+                    f"compression.pruning.{key}: has no effect with structure: "
+                    f"{self.structure} (" + ("channel pruning narrows the model to "
+                                             "target_flops" if self.structure == "channels"
+                                             else "only structure: channels uses it")
+                    + f"); remove {key}" + (" or set structure: channels"
+                                            if self.structure != "channels" else ""))
         if self.initial_sparsity > self.final_sparsity:
             raise ValueError("compression.pruning.initial_sparsity: must not exceed "
                              "final_sparsity")

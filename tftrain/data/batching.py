@@ -87,6 +87,12 @@ class EpochLayout:
                 f"sharding over the {streams} workers it began with), which {workers} workers "
                 f"cannot split evenly; resume on a number of workers that divides {streams} "
                 f"or is a multiple of it")
+        if streams > 1 and self.global_batch % streams:
+            raise ConfigError(
+                f"train.global_batch_size: {self.global_batch} examples per update do not split "
+                f"evenly over the {streams} file streams the run's files are read as (FILE "
+                f"sharding over the {streams} workers it began with), so each update would "
+                f"drop {self.global_batch % streams} of them; use a multiple of {streams}")
 
     @property
     def share(self) -> int:

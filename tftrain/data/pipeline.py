@@ -73,11 +73,25 @@ def train_dataset(source: Source, plan: BatchPlan, cfg: DataConfig, seed: int,
         s = example_seed(seed, e, layout.slot_key(worker, j)) if seeded else None
         return x, tf.one_hot(y, classes) if batch_ops else y, w, s
 
+    micro = plan.per_replica        # the examples one forward pass of the step takes
+
     def finish(x, y, w, s):
         if batch_ops and w is None:
             w = tf.ones([b])          # pairs are never padding without data.remainder: pad
-        for i, op in enumerate(batch_ops):
-            x, y, w = op.fn(x, y, w, tf.random.experimental.stateless_fold_in(s[0], 100 + i))
+        if batch_ops:
+            # batch ops (mixup, cutmix) pair examples within each micro-batch, seeded by its
+            # first example's place in the epoch: the same pairs and draws on any number of
+            # replicas or workers with the same micro-batch (a mirrored step and one device
+            # accumulating its replicas' micro-batches; an elastic resume)
+            parts = []
+            for k in range(b // micro):
+                part = slice(k * micro, (k + 1) * micro)
+                px, py, pw = x[part], y[part], w[part]
+                for i, op in enumerate(batch_ops):
+                    px, py, pw = op.fn(px, py, pw, tf.random.experimental.stateless_fold_in(
+                        s[k * micro], 100 + i))
+                parts.append((px, py, pw))
+            x, y, w = (tf.concat(t, 0) for t in zip(*parts))
         return (x, y, w) if pad else (x, y)
 
     def epoch(e, start, part, parts):

@@ -158,6 +158,9 @@ def _child(module, args, env, target, read, setup) -> None:
 def run_as_main(module: str, args: list[str]):
     """Run `module` as `__main__` with `args`, as `python -m` does, then end this (forked)
     process with its exit code, after its exit functions; never returns."""
+    import atexit
+
+    atexit._clear()      # the parent's exit functions (a launcher's, a test's) are not ours
     code = 1
     try:
         sys.argv = [importlib.util.find_spec(module).origin, *args]
