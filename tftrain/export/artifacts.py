@@ -17,6 +17,8 @@ import numpy as np
 import tensorflow as tf
 
 from tftrain.core.keras import keras
+from tftrain.export.measures import (accuracy, against, dir_bytes, input_kind,
+                                     signature_latency, signature_logits, sizes)
 
 
 def inference_model(model):
@@ -37,6 +39,22 @@ def _float32_layer(layer):
     if "dtype" in config:
         config["dtype"] = "float32"
     return layer.__class__.from_config(config)
+
+
+def refusal(model, cfg, qat: bool) -> str | None:
+    """Why the export `cfg` asks for cannot be made from `model` (None: it can): a
+    post-training int8 or dynamic-range TFLite file of a model with an audio feature
+    layer quantizes that layer's DFT and mel matrices as 8-bit weights, and the features
+    come out as noise (the logits of an untrained DS-CNN -1.3 dB above their error)."""
+    if qat or cfg.tflite not in ("int8", "dynamic"):
+        return None
+    features = [layer.name for layer in model.layers if type(layer).__name__ == "AudioFeatures"]
+    if not features:
+        return None
+    return (f"post-training {cfg.tflite} quantization makes 8-bit weights of the DFT and mel "
+            f"matrices of layer {features[0]} (the audio features), and the features come out "
+            "as noise; quantize with QAT (compression.quantization: {enabled: true}), which "
+            "keeps the feature layer float, or export tflite: float16")
 
 
 def save_saved_model(model, path: Path) -> Path:
@@ -81,7 +99,7 @@ def saved_model_variables_gzip(model) -> int:
     with tempfile.TemporaryDirectory(prefix="tftrain-size-") as tmp:
         checkpoint = tf.train.Checkpoint(variables_=list(model.variables))
         checkpoint.write(str(Path(tmp) / "variables" / "variables"))
-        return len(gzip.compress(_dir_bytes(Path(tmp) / "variables"), 9))
+        return len(gzip.compress(dir_bytes(Path(tmp) / "variables"), 9))
 
 
 def convert_tflite(saved_model: Path, mode: str, calibration: np.ndarray,
@@ -148,28 +166,19 @@ def tflite_weights(flatbuffer: bytes, min_size: int = 64) -> dict[str, np.ndarra
     return found
 
 
-def _sizes(blob: bytes) -> dict:
-    return {"size_bytes": len(blob), "gzip_bytes": len(gzip.compress(blob, 9))}
-
-
-def _dir_bytes(path: Path) -> bytes:
-    return b"".join(p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file())
-
-
-def _accuracy(logits, y) -> float:
-    return float(np.mean(np.argmax(logits, axis=-1) == y))
-
-
 def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
-               layers: bool = True) -> dict:
+               layers: bool = True, by_labels: bool = True) -> dict:
     """Write and verify every configured artifact; returns their report entries.
     `qat`: the model was quantization-aware trained (int8 uses its learned ranges).
     `layers`: compare int8 artifacts with the model layer by layer (`export.fidelity`) and
     time each file (`export.speed`); not for the export preflight's untrained model.
     Artifacts take validation's input (decoded, resized and the deterministic steps of
-    `data.augment`, e.g. normalize), checked on the validation set."""
+    `data.augment`, e.g. normalize), checked on the validation set; `by_labels: False`
+    checks reduced-precision ones against the model's logits instead of by accuracy (an
+    untrained or smoke-trained model, whose accuracy is noise: `verification.verify`)."""
     from tftrain.data import BatchPlan, preprocess, val_dataset
     from tftrain.export import verification
+    from tftrain.export.errors import making
 
     report = {}
     if not (cfg.saved_model or cfg.saved_model_int8 or cfg.tflite != "none"
@@ -183,24 +192,25 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
     reference = signature_logits(
         lambda inputs: {"logits": tf.cast(plain(inputs, training=False), tf.float32)}, x_val)
     serving = source.spec.serving
-    saved = _write_saved_model(plain, out / "saved_model", serving)
-    loaded = tf.saved_model.load(str(saved)).signatures["serving_default"]
     raw = x_val if serving is None else serving.validation
-    logits = signature_logits(loaded, raw)
-    saved_logits = logits
-    report["saved_model"] = {**_sizes(_dir_bytes(saved)), "accuracy": _accuracy(logits, y_val),
-                             "max_abs_logit_diff": float(np.max(np.abs(logits - reference))),
-                             "latency_ms": _signature_latency(loaded, raw) * 1e3,
-                             "input": _input_kind(plain, serving)}
+    with making("saved_model"):
+        saved = _write_saved_model(plain, out / "saved_model", serving)
+        loaded = tf.saved_model.load(str(saved)).signatures["serving_default"]
+        saved_logits = logits = signature_logits(loaded, raw)
+        report["saved_model"] = {**sizes(dir_bytes(saved)), "accuracy": accuracy(logits, y_val),
+                                 **against(logits, reference),
+                                 "latency_ms": signature_latency(loaded, raw) * 1e3,
+                                 "input": input_kind(plain, serving)}
     calibration = None
     if cfg.saved_model_int8 or cfg.tflite != "none" or (cfg.onnx and qat):
         examples = preprocess(source.calibration(cfg.calibration_examples), data_cfg)
         calibration = np.concatenate([x for x, _ in examples.batch(256).as_numpy_iterator()])
     if cfg.saved_model_int8:
-        report["saved_model_int8"] = {**_int8_saved_model(plain, out / "saved_model_int8", serving,
-                                                          raw, y_val, reference, qat,
-                                                          calibration, cfg, layers),
-                                      "input": _input_kind(plain, serving)}
+        with making("saved_model_int8"):
+            report["saved_model_int8"] = {
+                **_int8_saved_model(plain, out / "saved_model_int8", serving, raw, y_val,
+                                    reference, qat, calibration, cfg, layers),
+                "input": input_kind(plain, serving)}
     if serving is not None and hasattr(serving.layer, "get_vocabulary"):
         (out / "vocabulary.txt").write_text(
             "\n".join(serving.layer.get_vocabulary()) + "\n", encoding="utf-8")
@@ -208,50 +218,64 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
     # the float TFLite file of the same model, timed beside a reduced-precision or sparse
     # one (not written): what the smaller file is faster or slower than
     beside = None
+    tflite = f"tflite_{cfg.tflite}" if cfg.tflite != "none" else "onnx_int8"
     if cfg.tflite != "none" or (cfg.onnx and qat):
         mode = "int8" if qat else cfg.tflite
-        # TFLite takes the model's own input (token ids for text): convert a plain copy
-        source_dir = saved if serving is None else _write_saved_model(plain, out / "tflite_source")
-        blob = convert_tflite(source_dir, mode, calibration, qat=qat)
-        if layers and (cfg.tflite not in ("none", "float") or cfg.tflite_sparse):
-            beside = blob if mode == "float" else _float_tflite(plain, source_dir, out, qat)
-        if serving is not None:
-            shutil.rmtree(source_dir)
+        with making(tflite):
+            # TFLite takes the model's own input (token ids for text): convert a plain copy
+            source_dir = saved if serving is None else _write_saved_model(plain,
+                                                                          out / "tflite_source")
+            blob = convert_tflite(source_dir, mode, calibration, qat=qat)
+            if layers and (cfg.tflite not in ("none", "float") or cfg.tflite_sparse):
+                beside = blob if mode == "float" else _float_tflite(plain, source_dir, out, qat)
+            if serving is not None:
+                shutil.rmtree(source_dir)
         int8 = blob if mode == "int8" else None
     elif layers and cfg.tflite_sparse:
-        beside = _float_tflite(plain, saved, out, qat)
+        with making("tflite_sparse"):
+            beside = _float_tflite(plain, saved, out, qat)
     int8_logits = None
     if cfg.tflite != "none":
-        entry = _tflite_entry(blob, plain, x_val, y_val, reference, int8 is not None and layers,
-                              calibration, cfg, timed=layers,
-                              beside=None if cfg.tflite == "float" else beside)
-        if qat and cfg.int8_fallback == "auto" and layers and \
-                _accuracy(reference, y_val) - entry["accuracy"] > cfg.max_accuracy_drop + 1e-9:
-            blob, entry = _with_fallback(plain, out, blob, entry, x_val, y_val, reference,
-                                         calibration, cfg, beside)
-            int8 = blob
+        with making(tflite):
+            entry = _tflite_entry(blob, plain, x_val, y_val, reference,
+                                  int8 is not None and layers, calibration, cfg, timed=layers,
+                                  beside=None if cfg.tflite == "float" else beside)
+            if qat and cfg.int8_fallback == "auto" and layers and \
+                    accuracy(reference, y_val) - entry["accuracy"] > cfg.max_accuracy_drop + 1e-9:
+                blob, entry = _with_fallback(plain, out, blob, entry, x_val, y_val, reference,
+                                             calibration, cfg, beside)
+                int8 = blob
         (out / "model.tflite").write_bytes(blob)
         logits = entry.pop("logits")
         int8_logits = logits if int8 is not None else None
-        report[f"tflite_{cfg.tflite}"] = entry
+        report[tflite] = entry
     if cfg.tflite_sparse:                # float, its pruned weights stored sparse
-        from tftrain.export import sparse
-        blob = sparse.convert(saved)
-        (out / "model_sparse.tflite").write_bytes(blob)
-        entry = _tflite_entry(blob, plain, x_val, y_val, reference, False, calibration, cfg, layers,
-                              beside)
-        entry.pop("logits")
-        report["tflite_sparse"] = {**entry, **(sparse.report(blob, entry["xnnpack"]) if layers
-                                               else {})}
+        with making("tflite_sparse"):
+            report["tflite_sparse"] = _sparse_entry(saved, plain, out, x_val, y_val, reference,
+                                                    calibration, cfg, layers, beside)
     if cfg.onnx:
         if int8 is not None and int8_logits is None:   # a QAT model without a TFLite file
             int8_logits = tflite_logits(int8, x_val)[0]
-        report.update(_onnx(plain, out, x_val, y_val, reference, int8, int8_logits, qat,
-                            saved_logits, calibration, cfg, layers))
+        from tftrain.export import onnx_artifacts
+        report.update(onnx_artifacts.entries(plain, out, x_val, y_val, reference, int8, int8_logits,
+                                          qat, saved_logits, calibration, cfg, layers))
     if not cfg.saved_model:   # it was only the conversion's source
         shutil.rmtree(saved)
         del report["saved_model"]
-    return verification.verify(report, cfg, _accuracy(reference, y_val), qat)
+    return verification.verify(report, cfg, accuracy(reference, y_val), qat, by_labels)
+
+
+def _sparse_entry(saved: Path, plain, out: Path, x_val, y_val, reference, calibration, cfg,
+                  layers: bool, beside) -> dict:
+    """`model_sparse.tflite` (float, its pruned weights stored sparse) and its entry."""
+    from tftrain.export import sparse
+
+    blob = sparse.convert(saved)
+    (out / "model_sparse.tflite").write_bytes(blob)
+    entry = _tflite_entry(blob, plain, x_val, y_val, reference, False, calibration, cfg, layers,
+                          beside)
+    entry.pop("logits")
+    return {**entry, **(sparse.report(blob, entry["xnnpack"]) if layers else {})}
 
 
 def _float_tflite(plain, saved_model: Path, out: Path, qat: bool) -> bytes:
@@ -283,9 +307,9 @@ def _tflite_entry(blob: bytes, plain, x_val, y_val, reference, layers: bool, cal
     from tftrain.export import speed
 
     logits, latency = tflite_logits(blob, x_val)
-    entry = {**_sizes(blob), "accuracy": _accuracy(logits, y_val),
-             "max_abs_logit_diff": float(np.max(np.abs(logits - reference))),
-             "latency_ms": latency * 1e3, "input": _input_kind(plain, None), "logits": logits,
+    entry = {**sizes(blob), "accuracy": accuracy(logits, y_val),
+             **against(logits, reference),
+             "latency_ms": latency * 1e3, "input": input_kind(plain, None), "logits": logits,
              **(speed.tflite_entry(blob, x_val, beside) if timed else {})}
     if layers:
         from tftrain.export import fidelity
@@ -305,10 +329,10 @@ def _with_fallback(plain, out: Path, int8: bytes, entry: dict, x_val, y_val, ref
                                  strict=True)
 
     return fallback.within_budget(
-        plain, int8, entry, convert, lambda b: _accuracy(tflite_logits(b, x_val)[0], y_val),
+        plain, int8, entry, convert, lambda b: accuracy(tflite_logits(b, x_val)[0], y_val),
         lambda b: _tflite_entry(b, plain, x_val, y_val, reference, True, calibration, cfg,
                                 beside=beside),
-        _accuracy(reference, y_val), cfg)
+        accuracy(reference, y_val), cfg)
 
 
 def _int8_saved_model(model, path: Path, serving, raw, y_val, reference, qat: bool,
@@ -322,11 +346,11 @@ def _int8_saved_model(model, path: Path, serving, raw, y_val, reference, qat: bo
     loaded = tf.saved_model.load(str(path)).signatures["serving_default"]
     logits = signature_logits(loaded, raw)
     zeros = [entry["zero_fraction"] for entry in layers.values()]
-    return {**_sizes(_dir_bytes(path)),
-            "variables_gzip_bytes": len(gzip.compress(_dir_bytes(path / "variables"), 9)),
-            "accuracy": _accuracy(logits, y_val),
-            "max_abs_logit_diff": float(np.max(np.abs(logits - reference))),
-            "latency_ms": _signature_latency(loaded, raw) * 1e3,
+    return {**sizes(dir_bytes(path)),
+            "variables_gzip_bytes": len(gzip.compress(dir_bytes(path / "variables"), 9)),
+            "accuracy": accuracy(logits, y_val),
+            **against(logits, reference),
+            "latency_ms": signature_latency(loaded, raw) * 1e3,
             "kernels": "int8 codes x per-channel scale from " + (
                 "the QAT ranges" if qat else "post-training weight-only quantization"),
             "int8_layers": len(layers),
@@ -334,65 +358,3 @@ def _int8_saved_model(model, path: Path, serving, raw, y_val, reference, qat: bo
             "int8_zero_fraction": float(np.mean(zeros)) if zeros else 0.0,
             **(fidelity.saved_model_int8_entry(model, quantized, layers, calibration, cfg)
                if layers_too else {})}
-
-
-def _onnx(plain, out: Path, x_val, y_val, reference, int8: bytes | None, int8_logits,
-          qat: bool, saved_model_logits, calibration, cfg, layers: bool) -> dict:
-    """`model.onnx` (float32; not for a QAT model, whose float graph holds fake-quant
-    ops) and, where there is an int8 TFLite model, `model_int8.onnx` (QDQ); each run with
-    ONNX Runtime on the validation set."""
-    from tftrain.export import onnx_export, speed
-
-    entries = {}
-    layout = onnx_export.int8_format() if cfg.onnx_int8_layout == "auto" else cfg.onnx_int8_layout
-    files = ([] if qat else [("onnx", "model.onnx", onnx_export.float_onnx(plain), False)]) \
-        + ([] if int8 is None else [("onnx_int8", "model_int8.onnx",
-                                     onnx_export.int8_onnx(int8, layout), True)])
-    for name, filename, blob, quantized in files:
-        (out / filename).write_bytes(blob)
-        sess = onnx_export.session(blob, int8=quantized)
-        logits = onnx_export.logits(sess, x_val)
-        entries[name] = {**_sizes(blob), "accuracy": _accuracy(logits, y_val),
-                         "max_abs_logit_diff": float(np.max(np.abs(logits - reference))),
-                         "max_abs_diff_vs_saved_model": float(np.max(np.abs(
-                             logits - saved_model_logits))),
-                         "latency_ms": onnx_export.latency(sess, x_val) * 1e3,
-                         "input": _input_kind(plain, None), **(
-                             {"latency_grid": speed.onnx_grid(blob, x_val, quantized)} if layers else {})}
-        if quantized:
-            entries[name]["max_abs_diff_vs_tflite_int8"] = float(np.max(np.abs(
-                logits - int8_logits)))
-            graph = onnx_export.optimized_graph(blob)
-            entries[name]["int8_kernels"] = onnx_export.int8_kernels(graph)
-            entries[name]["session_config"] = dict(onnx_export.INT8_SESSION_CONFIG)
-            entries[name]["layout"] = layout
-            if layers:
-                from tftrain.export import fidelity
-                entries[name].update(fidelity.onnx_entry(blob, onnx_export.float_ops(graph),
-                                                         plain, calibration, cfg))
-    return entries
-
-
-def signature_logits(signature, raw, batch: int = 64) -> np.ndarray:
-    """A loaded signature's logits for every example of `raw`, `batch` at a time (the
-    whole validation split in one call is gigabytes of activations for an ImageNet-sized
-    model)."""
-    return np.concatenate([signature(inputs=tf.constant(raw[i:i + batch]))["logits"].numpy()
-                           for i in range(0, len(raw), batch)])
-
-
-def _signature_latency(signature, raw, examples: int = 100) -> float:
-    """Seconds per example of a loaded signature called on one example at a time."""
-    rows = [tf.constant(raw[i:i + 1]) for i in range(min(examples, len(raw)))]
-    signature(inputs=rows[0])
-    start = time.perf_counter()
-    for row in rows:
-        signature(inputs=row)
-    return (time.perf_counter() - start) / max(len(rows), 1)
-
-
-def _input_kind(plain, serving) -> str:
-    """What an artifact takes, for the report (e.g. "raw strings", "int32 [256]")."""
-    if serving is not None:
-        return serving.kind
-    return f"{plain.inputs[0].dtype.name} {list(plain.input_shape[1:])}"

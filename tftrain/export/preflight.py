@@ -4,9 +4,13 @@ A conversion that fails (an op TFLite or ONNX has no form for, a layer tfmot can
 quantize, a runtime that refuses the converted file) used to fail after all of training.
 Here the model the export will get is built as planned, untrained, outside any strategy;
 each requested artifact is converted from it (one calibration batch; the int8 ones through
-a throwaway QAT copy when QAT is enabled) and loaded and run once by its runtime. A
-failure is a config error naming the artifact, the op or layer, and what to do; nothing is
-written. `export.preflight: false` turns it off.
+a throwaway QAT copy when QAT is enabled), loaded and run by its runtime, and checked as
+after training (float artifacts give the model's logits; reduced-precision ones agree
+with it). A converter or runtime refusing the model (known from where the exception was
+raised, `errors.refused`) is a config error naming the artifact (known from which one was
+being made, `errors.making`), the op or layer, and what to do; nothing is written.
+Anything else raised is a bug in tftrain: exit 1 with its traceback and a line saying so.
+`export.preflight: false` turns it off.
 """
 from __future__ import annotations
 
@@ -33,30 +37,55 @@ class Preflight:
 
 def wanted(cfg) -> bool:
     e = cfg.export
-    return e.preflight and (e.saved_model or e.saved_model_int8 or e.tflite != "none" or e.onnx)
+    return e.preflight and (e.saved_model or e.saved_model_int8 or e.tflite != "none" or e.onnx
+                            or e.tflite_sparse)
 
 
 def run(cfg, net, source, qat: bool) -> Preflight | None:
     """Convert every export `cfg` asks for from a fresh copy of `net` (the model the last
-    stage will hand to the export, as planned); a ConfigError when one fails."""
+    stage will hand to the export, as planned), load and run each artifact, and check
+    what it computes. A converter or runtime refusing the model, or an artifact that
+    does not compute the model, is a ConfigError naming the artifact (the model or the
+    config must change); anything else is a bug in tftrain: a RuntimeError saying so,
+    its traceback kept."""
     if not wanted(cfg):
         return None
-    from tftrain.export import artifacts
+    from tftrain.export import artifacts, verification
+    from tftrain.export.errors import ArtifactError, making
 
     began = time.perf_counter()
     model = _copy(net)
-    if qat:
-        from tftrain.compress import quantization
-        model = quantization.quantize_configured(model, cfg)
     with tempfile.TemporaryDirectory(prefix="tftrain-preflight-") as tmp:
         try:
+            if qat:
+                from tftrain.compress import quantization
+                with making("compression.quantization"):
+                    model = quantization.quantize_configured(model, cfg)
             report = artifacts.export_all(model, cfg.export, Path(tmp), _Sample(source), qat=qat,
-                                          data_cfg=cfg.data, layers=False)
-        except ConfigError:
-            raise
-        except Exception as err:      # a converter or runtime refusing the model
-            raise ConfigError(refusal(cfg, err)) from None
+                                          data_cfg=cfg.data, layers=False, by_labels=False)
+        except ArtifactError as err:
+            raise _classified(cfg, err) from err.error
+    failed = verification.failures(report)
+    if failed:
+        first = failed[0].split(":", 1)[0]
+        raise ConfigError(f"{setting(cfg, first)[0]}: the untrained model's {first} does not "
+                          f"compute the model: {'; '.join(failed)}; {setting(cfg, first)[1]}, "
+                          "or set export.preflight: false to find out after training")
     return Preflight(time.perf_counter() - began, tuple(report))
+
+
+def _classified(cfg, err) -> Exception:
+    """A ConfigError when a converter or runtime refused the model (`errors.refused`),
+    else a RuntimeError saying it is a bug in tftrain."""
+    from tftrain.export.errors import refused
+
+    library = refused(err.error)
+    if library is None:
+        return RuntimeError(
+            f"export preflight, making {err.artifact}: {type(err.error).__name__}: {err.error}; "
+            "this is a bug in tftrain, not a problem of your config or model: please report "
+            "it with the traceback above (export.preflight: false skips the preflight)")
+    return ConfigError(refusal(cfg, err.artifact, err.error, library))
 
 
 def _copy(net):
@@ -94,41 +123,47 @@ _OPS = (re.compile(r"'tf\.(\w+)' op is neither a custom op nor a flex op"),     
         re.compile(r"\b(\w+) is not supported\b"))
 
 
-def refusal(cfg, err: Exception) -> str:
-    """One config-error line for a conversion that failed: which export, which op and
-    layer (when the converter names them) and the settings that avoid it."""
+def refusal(cfg, artifact: str, err: Exception, library: str) -> str:
+    """One config-error line for an artifact whose conversion `library` refused: which
+    export, which op and layer (when the converter names them) and the settings that
+    avoid it."""
     text = str(err)
     op = next((m.group(1) for m in (p.search(text) for p in _OPS) if m), None)
-    what, target, fix = _artifact(cfg, text)
+    key, fix = setting(cfg, artifact)
     if op:
         layer = re.search(rf'fused\["{op}:", "[^/"]+/([^/"]+)/', text)
         found = f"op {op}" + (f" (layer {layer.group(1)})" if layer else "") + \
-            f" has no {target} form"
+            f" has no {_target(artifact)} form"
     else:
         # the first line that says something (TensorFlow's own start "in user code:")
         lines = [line.strip() for line in text.splitlines()
                  if line.strip() and line.strip() != "in user code:"]
-        found = (lines[0] if lines else type(err).__name__)[:300]
-    return (f"{what}: the untrained model does not convert: {found}; {fix}, or set "
+        found = f"{library}: " + (lines[0] if lines else type(err).__name__)[:300]
+    return (f"{key}: the untrained model does not convert: {found}; {fix}, or set "
             "export.preflight: false to find out after training")
 
 
-def _artifact(cfg, text: str) -> tuple[str, str, str]:
-    """(the export's key, what it converts to, the setting that avoids it)."""
+def setting(cfg, artifact: str) -> tuple[str, str]:
+    """(the config key that asks for `artifact`, the setting that avoids it)."""
     e = cfg.export
-    lowered = text.lower()
-    if e.onnx and ("onnx" in lowered or "opset" in lowered):
-        return ("export.onnx", f"ONNX opset {_opset()}",
-                "replace the layer or set export.onnx: false")
-    if e.tflite != "none" and ("tflite" in lowered or "flatbuffer" in lowered
-                               or "converter" in lowered or "custom op" in lowered):
-        return (f"export.tflite ({e.tflite})", "TFLite builtin",
-                "replace the layer or set export.tflite: none")
-    if e.saved_model_int8:
-        return "export.saved_model_int8", "int8 SavedModel", "set export.saved_model_int8: false"
-    return "export", "exported", "change the export settings"
+    if artifact.startswith("tflite_sparse"):
+        return "export.tflite_sparse", "set export.tflite_sparse: false"
+    if artifact.startswith("tflite"):
+        return f"export.tflite ({e.tflite})", "replace the layer or set export.tflite: none"
+    if artifact.startswith("onnx"):
+        return "export.onnx", "replace the layer or set export.onnx: false"
+    if artifact == "saved_model_int8":
+        return "export.saved_model_int8", "set export.saved_model_int8: false"
+    if artifact == "compression.quantization":
+        return artifact, ("leave the layer out of QAT (compression.quantization.layers, or "
+                          "skip_unsupported: true) or disable compression.quantization")
+    return "export.saved_model", "replace the layer"
 
 
-def _opset() -> int:
-    from tftrain.export.onnx_export import OPSET
-    return OPSET
+def _target(artifact: str) -> str:
+    if artifact.startswith("onnx"):
+        from tftrain.export.onnx_export import OPSET
+        return f"ONNX opset {OPSET}"
+    if artifact.startswith("tflite"):
+        return "TFLite builtin"
+    return "exported"

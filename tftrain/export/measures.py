@@ -1,0 +1,65 @@
+"""What every artifact's report entry measures: sizes, accuracy, logits and latency of a
+loaded signature, and what the artifact takes as input."""
+from __future__ import annotations
+
+import gzip
+import time
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+
+def sizes(blob: bytes) -> dict:
+    """A file's bytes and its gzip size (what a download or an app bundle costs)."""
+    return {"size_bytes": len(blob), "gzip_bytes": len(gzip.compress(blob, 9))}
+
+
+def dir_bytes(path: Path) -> bytes:
+    """Every file under `path`, concatenated in sorted order (a SavedModel's bytes)."""
+    return b"".join(p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file())
+
+
+def accuracy(logits, y) -> float:
+    """Top-1 accuracy of `logits` against integer labels `y`."""
+    return float(np.mean(np.argmax(logits, axis=-1) == y))
+
+
+def against(logits: np.ndarray, reference: np.ndarray) -> dict:
+    """How an artifact's logits compare with the model's on the same examples: the largest
+    difference, the signal-to-noise ratio of the logits (dB: the model's logits against
+    the artifact's departure from them, after removing each example's mean, which a
+    softmax ignores) and the fraction of examples whose top class agrees."""
+    diff = logits - reference
+    centred = reference - reference.mean(axis=-1, keepdims=True)
+    noise = diff - diff.mean(axis=-1, keepdims=True)
+    signal, error = float(np.sum(centred ** 2)), float(np.sum(noise ** 2))
+    sqnr = 10 * np.log10(signal / error) if error > 0 else float("inf")
+    return {"max_abs_logit_diff": float(np.max(np.abs(diff))),
+            "logit_sqnr_db": float(min(sqnr, 200.0)),
+            "top1_agreement": float(np.mean(np.argmax(logits, -1) == np.argmax(reference, -1)))}
+
+
+def signature_logits(signature, raw, batch: int = 64) -> np.ndarray:
+    """A loaded signature's logits for every example of `raw`, `batch` at a time (the
+    whole validation split in one call is gigabytes of activations for an ImageNet-sized
+    model)."""
+    return np.concatenate([signature(inputs=tf.constant(raw[i:i + batch]))["logits"].numpy()
+                           for i in range(0, len(raw), batch)])
+
+
+def signature_latency(signature, raw, examples: int = 100) -> float:
+    """Seconds per example of a loaded signature called on one example at a time."""
+    rows = [tf.constant(raw[i:i + 1]) for i in range(min(examples, len(raw)))]
+    signature(inputs=rows[0])
+    start = time.perf_counter()
+    for row in rows:
+        signature(inputs=row)
+    return (time.perf_counter() - start) / max(len(rows), 1)
+
+
+def input_kind(plain, serving) -> str:
+    """What an artifact takes, for the report (e.g. "raw strings", "int32 [256]")."""
+    if serving is not None:
+        return serving.kind
+    return f"{plain.inputs[0].dtype.name} {list(plain.input_shape[1:])}"
