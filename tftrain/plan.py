@@ -60,7 +60,21 @@ class RunPlan:
                 # several streams (FILE sharding: one per worker the run began with)
                 "streams": self.layout.streams,
                 "precision": self.precision.policy, "all_reduce": wire.dtype,
-                "loss_scaled": wire.loss_scaled}
+                "loss_scaled": wire.loss_scaled,
+                # what computes over a micro-batch rather than per example: a resume on
+                # another per-replica batch would change what the updates compute
+                "micro_batch_bound": self.micro_batch_bound()}
+
+    def micro_batch_bound(self) -> list[str]:
+        """What makes an update depend on how its examples are grouped into micro-batches
+        (batch-norm statistics, batch augmentations that pair examples)."""
+        from tftrain.data import augment
+
+        found = [f"batch norm ({layer.name})" for layer in self.model.submodules
+                 if "BatchNormalization" in type(layer).__name__][:1]
+        found += [f"data.augment {op.name}" for op in augment.build(self.cfg.data.augment)
+                  if op.batch]
+        return found
 
     def describe(self) -> str:
         from tftrain import data
@@ -114,9 +128,9 @@ def make(cfg: Config, *, smoke: bool, stop) -> RunPlan:
     # MultiWorkerMirroredStrategy (a cluster, or one worker under TF_CONFIG) configures
     # the collectives, which must come before any op runs: built first, planned around
     multi_worker = strategy.resolve_kind(cfg.distribute, devices=[]) == "multi_worker"
-    planned_here = not (smoke or multi_worker)
+    planned_here = not multi_worker
     if not planned_here:                             # then the collectives, before all else
-        strat = strategy.build_strategy(cfg, force_one_device=smoke)
+        strat = strategy.build_strategy(cfg)
         stop.rearm()                                 # (the collectives' own SIGTERM handler)
     keras.backend.experimental.enable_tf_random_generator()   # RNG state checkpointable
     if cfg.run.deterministic:
@@ -166,6 +180,10 @@ def make(cfg: Config, *, smoke: bool, stop) -> RunPlan:
                else sparse.refusal(net, cfg.compression.pruning))
         if why:
             raise ConfigError(f"export.tflite_sparse: {why}")
+    from tftrain.export.artifacts import refusal
+    why = refusal(net, cfg.export, qat=plan.stages[-1].quantization_aware)
+    if why:
+        raise ConfigError(f"export.tflite: {why}")
     plan.flops_per_example = sum(c.flops for c in layer_costs(plan.model))
     # every export converted once from the model the last stage hands on, before any update
     plan.preflight = preflight.run(cfg, net, source, qat=plan.stages[-1].quantization_aware)

@@ -98,7 +98,7 @@ def test_bad_audio_exits_2_naming_the_file(tmp_path, capsys, case, pattern):
     root = tmp_path / "audio"
     _bad(root, case)
     runs = tmp_path / "runs"
-    sets = ["data.name=audio_folder", f"data.params={{path: {root}}}", "model.name=ds_cnn"]
+    sets = ["data.name=audio_folder", f"data.params={{path: {root}}}", "model={name: ds_cnn}"]
     assert main([str(QUICKSTART), "--run-dir", str(runs), *[a for s in sets for a in ("--set", s)]]) == 2
     err = capsys.readouterr().err
     assert __import__("re").search(pattern, err), err

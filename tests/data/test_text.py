@@ -77,7 +77,7 @@ def test_bad_text_exits_2_naming_the_file_or_key(tmp_path, capsys, case, pattern
         path = tmp_path / "t.csv"
         path.write_text("text,label\nhello world,a\nbye world,\n")
     runs = tmp_path / "runs"
-    sets = ["data.name=text", f"data.params={{path: {path}}}", "model.name=embedding_bag"]
+    sets = ["data.name=text", f"data.params={{path: {path}}}", "model={name: embedding_bag}"]
     assert main([str(QUICKSTART), "--run-dir", str(runs), *[a for s in sets for a in ("--set", s)]]) == 2
     err = capsys.readouterr().err
     assert re.search(pattern, err), err

@@ -1,25 +1,40 @@
-"""The pairwise feature matrix: every pair of values of nine feature dimensions in at
-least one config, each run with `--smoke`. Each either completes with every exported
-artifact verified, or is refused with exit 2 before anything is written, with a line
-naming what cannot go together. Nothing may fail after training has begun.
+"""The pairwise feature matrix: every pair of values of ten feature dimensions in at
+least one config, each run with `--smoke` (a few updates per stage) with the strategy it
+names. Each either completes with every exported artifact verified, or is refused with
+exit 2 before anything is written, with a line naming what cannot go together. Nothing
+may fail after training has begun.
 
 Some values cannot meet: token ids take no float augmentation (`normalize`, a crop,
 `mixup`), a quantization-aware trained model exports as int8 only (no dynamic-range
 or float16 TFLite), an embedding bag has no channels channel pruning could remove
-(its table's width reaches the output through a mean), and no bundled model follows
-XNNPack's sparse-inference rules (`export.tflite_sparse`: a 3x3 stride-2 first
-convolution padded equally on an odd input, and so on). The covering array is built over the combinations that can run, and the pairs
+(its table's width reaches the output through a mean), a speech model's audio feature
+layer cannot be quantized after training (post-training int8 or dynamic-range TFLite;
+QAT keeps it float), and no bundled model follows XNNPack's sparse-inference rules
+(`export.tflite_sparse`: a 3x3 stride-2 first convolution padded equally on an odd input,
+and so on). The covering array is built over the combinations that can run, and the pairs
 that cannot are rows of their own (`REFUSED`) that must be refused at plan time. For
 waveforms the crop of `normalize+crop` is `time_shift` (a random crop in time).
 
+Each row runs what it names: a `mirrored` row on this worker's 2 virtual CPUs (2
+replicas); a `multi_worker` row through `python -m tftrain.launch`, every other one as 2
+worker processes of 1 replica each, the rest as a 1-worker cluster of 2 replicas;
+`summary.json` must say so. And each row's first stage is held against a reference: the
+same row on one device, accumulating its replicas' micro-batches (the same examples in
+the same micro-batches, so the same batch-norm statistics and mixup pairs), without the
+later stages and exports. Their training losses (the running mean Keras logs, after
+each of the first updates: `updates.csv`) agree within a tolerance set by the compute
+precision's rounding (`LOSS_RTOL`); a strategy that scales, reduces or batches the
+gradients wrongly moves the second update's loss. The optimizer is a dimension: SGD's
+update follows the gradient's scale (Adam's normalizes it away).
+
+Exported artifacts are checked as every `--smoke` run checks them: float ones give the
+model's logits to `export.max_logit_diff`; reduced-precision ones, whose accuracy after
+three updates is noise, are held against the model they came from (their logits' SNR
+above their precision's floor, `export.verification.SQNR_FLOOR_DB`). No row loosens a
+check.
+
 The `channels+qat` stages narrow the model with distillation from the wide one
 (`compression.pruning.distill`), then run QAT.
-
-`--smoke` runs a few batches per stage on one device, so the strategy values are met at
-plan time (their checks and refusals); whole runs of each strategy are in test_run.py and
-test_launch.py. Artifacts are verified as every run verifies them, except that a smoke
-model's accuracy is noise: `export.max_accuracy_drop` is 1 here (the float artifacts must
-still give the model's logits to `export.max_logit_diff`).
 
 The export preflight is a dimension of its own: with it on, an export that would fail is
 refused before training (which only `REFUSED` rows may be); with it off, the run must
@@ -28,13 +43,16 @@ rows without it skip its second conversion of each artifact.
 """
 from __future__ import annotations
 
+import csv
 import itertools
+import json
 import math
 import random
+import subprocess
 
 import pytest
 
-from helpers import QUICKSTART
+from helpers import QUICKSTART, start_run
 
 SEED, MIN_CONFIGS = 2026, 60
 
@@ -42,6 +60,7 @@ DIMENSIONS = {
     "strategy": ["one_device", "mirrored", "multi_worker"],
     "precision": ["float32", "mixed_bfloat16", "mixed_float16"],
     "accumulation": [1, 3],
+    "optimizer": ["adam", "sgd"],
     "model": ["cnn", "resnet", "ds_cnn", "conv1d", "embedding_bag", "transformer",
               "keras_applications:MobileNetV2"],
     "augment": ["none", "normalize+crop", "mixup"],
@@ -54,6 +73,7 @@ DIMENSIONS = {
 
 
 TEXT = ("embedding_bag", "transformer")
+SPEECH = ("ds_cnn", "conv1d")
 
 
 def refusal(row: dict) -> str | None:
@@ -66,6 +86,9 @@ def refusal(row: dict) -> str | None:
         return "export.tflite: a quantization-aware trained model exports as int8"
     if row["stages"] == "channels+qat" and row["model"] == "embedding_bag":
         return "compression.pruning.structure: channels found no group of channels"
+    if row["model"] in SPEECH and row["export"] in ("tflite_int8", "tflite_dynamic") \
+            and not row["stages"].endswith("+qat"):
+        return "export.tflite: post-training"
     return None
 
 
@@ -156,8 +179,12 @@ REFUSED = [{**ROWS[i], "model": model, "augment": augment} for i, (model, augmen
                ["prune+qat", "channels+qat"], ["tflite_dynamic", "tflite_float16"]))] + \
           [{**ROWS[8], "model": "embedding_bag", "augment": "none", "stages": "channels+qat",
             "export": "tflite_int8"}] + \
+          [{**ROWS[9 + i], "model": model, "augment": "none", "stages": "train",
+            "export": export} for i, (model, export) in enumerate(
+                zip(SPEECH, ["tflite_int8", "tflite_dynamic"]))] + \
           [{"strategy": DIMENSIONS["strategy"][i % 3], "precision": DIMENSIONS["precision"][i % 3],
-            "accumulation": DIMENSIONS["accumulation"][i % 2], "model": model,
+            "accumulation": DIMENSIONS["accumulation"][i % 2],
+            "optimizer": DIMENSIONS["optimizer"][i % 2], "model": model,
             "augment": "none" if model in TEXT else DIMENSIONS["augment"][i % 3],
             "remainder": DIMENSIONS["remainder"][i % 2], "stages": DIMENSIONS["stages"][i],
             "export": "tflite_sparse", "preflight": DIMENSIONS["preflight"][i % 2]}
@@ -180,38 +207,42 @@ def test_the_matrix_covers_every_pair():
 
 
 def overrides(row: dict, speech, text) -> list[str]:
-    """The row as `--set` overrides of the quickstart config."""
+    """The row as `--set` overrides of the quickstart config. Models take no dropout (a
+    replica's masks are not one device's: the reference could not agree)."""
     model = row["model"]
     sets = [f"distribute.strategy={row['strategy']}", f"precision.policy={row['precision']}",
             f"train.accumulation_steps={row['accumulation']}", "data.per_replica_batch_size=12",
             f"data.remainder={row['remainder']}", "train.jit_compile=false", "train.verbose=0",
-            "export.max_accuracy_drop=1", f"export.preflight={row['preflight'] == 'on'}"]
-    if model in ("ds_cnn", "conv1d"):
+            f"export.preflight={row['preflight'] == 'on'}",
+            {"adam": "train.optimizer={name: adam, learning_rate: 0.003}",
+             "sgd": "train.optimizer={name: sgd, learning_rate: 0.05, params: {momentum: 0.9}}"}[
+                row["optimizer"]]]
+    if model in SPEECH:
         sets += ["data.name=audio_folder",
                  f"data.params={{path: {speech}, sample_rate: 16000, duration: 1.0}}",
                  "data.validation_fraction=0.25",
-                 f"model={{name: {model}, params: {{filters: 16}}}}" if model == "ds_cnn" else
-                 f"model={{name: {model}, params: {{filters: [16, 16]}}}}"]
-    elif model in ("embedding_bag", "transformer"):
+                 f"model={{name: {model}, params: {{filters: 16, dropout: 0.0}}}}" if model == "ds_cnn"
+                 else f"model={{name: {model}, params: {{filters: [16, 16], dropout: 0.0}}}}"]
+    elif model in TEXT:
         sets += ["data.name=text", f"data.params={{path: {text}, vocab_size: 2000}}",
                  f"model={{name: {model}, params: {{embed_dim: 16}}}}" if model == "embedding_bag"
                  else f"model={{name: {model}, params: {{embed_dim: 16, num_heads: 2, "
                       "num_layers: 1, mlp_dim: 32}}"]
     elif model.startswith("keras_applications"):
         sets += ["data.params={image_size: 32, channels: 3}",
-                 f"model={{name: '{model}', params: {{weights: null, alpha: 0.35}}}}"]
+                 f"model={{name: '{model}', params: {{weights: null, alpha: 0.35, dropout: 0.0}}}}"]
     else:
         sets += [f"model={{name: {model}, params: {{}}}}" if model == "cnn" else
                  f"model={{name: {model}, params: {{depth: 8, width: 8}}}}"]
-    audio = model in ("ds_cnn", "conv1d")
     sets += {"none": [],
              "normalize+crop": ["data.augment=[{normalize: {mean: 0.5, std: 2.0}}, " +
-                                ("{time_shift: 0.1}]" if audio else "{random_crop: {padding: 1}}]")],
+                                ("{time_shift: 0.1}]" if model in SPEECH
+                                 else "{random_crop: {padding: 1}}]")],
              "mixup": ["data.augment=[{mixup: {alpha: 0.2}}]"]}[row["augment"]]
     sets += {"train": [],
              "freeze": ["train.freeze={epochs: 1}"],
              "distill": [f"compression.distillation={{enabled: true, epochs: 1, student: "
-                         f"{{name: {'embedding_bag' if model in ('embedding_bag', 'transformer') else 'mlp'}}}}}"],
+                         f"{{name: {'embedding_bag' if model in TEXT else 'mlp'}}}}}"],
              "ema": ["train.ema={decay: 0.9, recalibrate_batches: 2}"],
              "prune": ["compression.pruning={enabled: true, epochs: 1, final_sparsity: 0.5}"],
              "prune+qat": ["compression.pruning={enabled: true, epochs: 1, final_sparsity: 0.5}",
@@ -231,30 +262,103 @@ def overrides(row: dict, speech, text) -> list[str]:
     return sets
 
 
+def workers(row: dict, index: int) -> int:
+    """Worker processes of a row (0: the row runs in this process): every other
+    multi_worker row of the matrix has 2, the rest 1 (a cluster of one)."""
+    if row["strategy"] != "multi_worker":
+        return 0
+    before = sum(r["strategy"] == "multi_worker" for r in (ROWS + REFUSED)[:index])
+    return 2 if before % 2 == 0 else 1
+
+
+# the training losses of a row and of its one-device reference agree to this relative
+# tolerance: the compute dtype's unit roundoff (float32 2^-24, bfloat16 2^-8, float16
+# 2^-11) times 100, for the sums taken in another order (a replica's gradients summed by the
+# all-reduce instead of in the accumulation loop) and for a weight that the update leaves
+# on the other side of a rounding edge of the compute dtype. Measured (whole matrix): at
+# most MEASURED of it.
+LOSS_RTOL = {"float32": 100 * 2.0 ** -24, "mixed_bfloat16": 100 * 2.0 ** -8,
+             "mixed_float16": 100 * 2.0 ** -11}
+
+
 def _id(row):
     return "-".join(str(v) for v in row.values()).replace("keras_applications:", "")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("row", ROWS + REFUSED, ids=[_id(row) for row in ROWS + REFUSED])
-def test_every_combination_works_or_is_refused_before_training(row, tmp_path, capsys,
-                                                              spoken_digits, fortunes):
+def _run(row: dict, index: int, sets: list[str], tmp_path, capsys) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of the row: in this process, or launched."""
+    args = [str(QUICKSTART), "--run-dir", str(tmp_path), "--smoke",
+            *[a for s in sets for a in ("--set", s)]]
+    n = workers(row, index)
+    if not n:
+        from tftrain.run import main
+        code = main(args)
+        out, err = capsys.readouterr()
+        return code, out, err
+    cpus = "distribute.virtual_cpus=" + ("1" if n == 2 else "2")    # 2 replicas either way
+    proc = start_run("--workers", str(n), *args, "--set", cpus, module="tftrain.launch",
+                     session=True, stderr=subprocess.STDOUT)
+    try:
+        out, _ = proc.communicate(timeout=900)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    return proc.returncode, out, out
+
+
+def first_stage_losses(run_path, row: dict) -> dict[int, float]:
+    """{update: training loss} of the first stage's `updates.csv`."""
+    name = "updates-frozen.csv" if row["stages"] == "freeze" else "updates.csv"
+    with open(run_path / name) as f:
+        return {int(r["update"]): float(r["loss"]) for r in csv.DictReader(f)}
+
+
+def reference_losses(row: dict, sets: list[str], tmp_path, capsys) -> dict[int, float]:
+    """The row's first stage on one device, accumulating both replicas' micro-batches,
+    without the later stages and exports."""
     from tftrain.run import main
-    sets = overrides(row, spoken_digits, fortunes)
-    code = main([str(QUICKSTART), "--run-dir", str(tmp_path), "--smoke",
-                 *[a for s in sets for a in ("--set", s)]])
+    keep = [s for s in sets if not s.startswith(("distribute.strategy=", "train.accumulation_steps=",
+                                                 "compression.", "export."))]
+    keep += ["distribute.strategy=one_device", f"train.accumulation_steps={2 * row['accumulation']}",
+             "export.tflite=none", "export.saved_model=false", "export.preflight=false"]
+    code = main([str(QUICKSTART), "--run-dir", str(tmp_path / "reference"), "--smoke",
+                 *[a for s in keep for a in ("--set", s)]])
     out, err = capsys.readouterr()
+    assert code == 0, err[-4000:]
+    return first_stage_losses(tmp_path / "reference" / "quickstart-smoke", row)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index,row", list(enumerate(ROWS + REFUSED)),
+                         ids=[_id(row) for row in ROWS + REFUSED])
+def test_every_combination_works_or_is_refused_before_training(index, row, tmp_path, capsys,
+                                                              spoken_digits, fortunes):
+    sets = overrides(row, spoken_digits, fortunes)
+    code, out, err = _run(row, index, sets, tmp_path, capsys)
     run = tmp_path / "quickstart-smoke"
     if not runs(row):                   # refused: at plan time, one line, nothing written
         assert code == 2, err[-4000:]
-        lines = [line for line in err.splitlines() if line.startswith("tftrain: config error: ")]
+        lines = [line.split("] ", 1)[-1] for line in err.splitlines()
+                 if "tftrain: config error: " in line]
         assert lines and "Traceback" not in err, err[-3000:]
         assert refusal(row) in lines[0], lines[0]
         assert not run.exists() and "training:" not in out, out[-2000:]
         return
     assert code == 0, err[-4000:]
-    import json
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["artifacts"]
+    assert summary["strategy"] == row["strategy"]
+    assert summary["replicas"] == (1 if row["strategy"] == "one_device" else 2)
+    assert summary.get("workers", 1) == max(1, workers(row, index))
     for name, artifact in summary["artifacts"].items():
         assert artifact["verified"], (name, artifact.get("check"))
+    if row["strategy"] == "one_device":
+        return
+    ours = first_stage_losses(run, row)
+    theirs = reference_losses(row, sets, tmp_path, capsys)
+    common = sorted(set(ours) & set(theirs))
+    assert common[:2] == [1, 2], (ours, theirs)
+    rtol = LOSS_RTOL[row["precision"]]
+    worst = max(abs(ours[u] - theirs[u]) / abs(theirs[u]) for u in common)
+    print(f"matrix loss agreement: {row['precision']} {worst / rtol:.3g} of the tolerance")
+    assert worst <= rtol, {u: (ours[u], theirs[u]) for u in common}

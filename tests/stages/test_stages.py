@@ -126,7 +126,7 @@ def test_a_short_qat_stage_keeps_the_accuracy_of_the_model_before_it(tmp_path):
 def test_batch_norm_is_re_estimated_at_the_end_of_every_stage(tmp_path):
     from helpers import quick_config
     from tftrain.run import run
-    from tftrain.stages.runner import _generalisation_gap
+    from tftrain.training.epoch_logs import generalisation_gap
     summary = run(quick_config(
         tmp_path, "run.name=bn", "model.params={filters: [8, 16], dense: [32], batch_norm: true}",
         "train.epochs=1", "train.recalibrate_batch_norm=4",
@@ -143,8 +143,8 @@ def test_batch_norm_is_re_estimated_at_the_end_of_every_stage(tmp_path):
 
     class Trained:
         history = type("H", (), {"history": {"accuracy": [0.5, 0.94]}})()
-    assert "batch-norm moving statistics" in _generalisation_gap(Trained(), {"val_accuracy": 0.09})
-    assert _generalisation_gap(Trained(), {"val_accuracy": 0.9}) == ""
+    assert "batch-norm moving statistics" in generalisation_gap(Trained(), {"val_accuracy": 0.09})
+    assert generalisation_gap(Trained(), {"val_accuracy": 0.9}) == ""
 
 
 def test_auto_recalibration_uses_about_2048_examples_at_most_an_epoch():

@@ -160,6 +160,9 @@ class TrainConfig(Strict):
     # the run's checks (non-finite loss, stop signal; one small all-reduce in a cluster)
     # at the first call's end at or after every N updates
     check_every: int = Field(1, ge=1)
+    # training metrics and the learning rate every N updates, into updates.csv and
+    # TensorBoard: auto about 100 points a stage (every update under --smoke)
+    log_every: Union[Literal["auto"], Annotated[int, Field(ge=1)]] = "auto"
     optimizer: OptimizerConfig = OptimizerConfig()
     schedule: ScheduleConfig = ConstantSchedule()
     loss: str = "sparse_categorical_crossentropy"

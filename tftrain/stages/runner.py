@@ -236,8 +236,17 @@ class StageRunner:
         callbacks = [carried, epoch_logs.GlobalMetrics(), throughput, waiting, flops,
                      *([sizer] if sizer else []), epoch_logs.LearningRateLogger(), *built.callbacks,
                      *built.stateful, *([tracked] if tracked else []), checkpointer]
+        csv, logs = stage.log_names()
+        every = cfg.train.log_every if cfg.train.log_every != "auto" else \
+            1 if self.smoke else max(1, stage.updates // 100)
+        callbacks.insert(1, epoch_logs.UpdateLog(        # after the carried metrics are back
+            every, spe, start, **({"path": self.run.path / csv.replace("metrics", "updates"),
+                                   "tensorboard": self.run.path / "tensorboard" / logs / "updates"}
+                                  if self.chief else {})))
         if self.chief:
-            csv, logs = stage.log_names()
+            # a resumed stage trains its last epoch again from the checkpoint: its row, if
+            # the kill came after it was written, is written again
+            epoch_logs.keep_rows(self.run.path / csv, lambda row: int(row["epoch"]) < start // spe)
             callbacks += [keras.callbacks.CSVLogger(str(self.run.path / csv), append=start > 0),
                           epoch_logs.EpochTensorBoard(str(self.run.path / "tensorboard" / logs))]
             if self.profile and stage is self.plan.stages[0]:
@@ -280,14 +289,14 @@ class StageRunner:
                   "model_flops_per_sec": flops.rate(throughput.steady_rate()),
                   "mfu": flops.utilisation(throughput.steady_rate()),
                   "input_wait": waiting.fraction(),
-                  "host": host_figures(model, checkpointer, sizer),
+                  "host": epoch_logs.host_figures(model, checkpointer, sizer),
                   "jit_compile": self.jit.get(stage.name),
                   "seconds": time.perf_counter() - began}    # of this session of the stage
         settled = self._settle(stage, built)
         if settled:               # evaluated again, beside the weights as trained
             result["raw_metrics"], result["metrics"] = result["metrics"], self._evaluate(model)
             result["settled"] = settled
-        gap = _generalisation_gap(model, result["metrics"])
+        gap = epoch_logs.generalisation_gap(model, result["metrics"])
         if gap:
             print(f"tftrain: warning: stage {stage.name}: {gap}", flush=True)
         return result
@@ -350,36 +359,6 @@ class StageRunner:
     def clean_up(self) -> None:
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
-
-
-def _generalisation_gap(model, metrics: dict, margin: float = 0.3) -> str:
-    """A warning when the last epoch's training accuracy exceeds validation accuracy by
-    more than `margin` ("": none)."""
-    history = getattr(getattr(model, "history", None), "history", {}) or {}
-    train = history.get("accuracy", [None])[-1]
-    val = metrics.get("val_accuracy")
-    if train is None or val is None or train - val <= margin:
-        return ""
-    return (f"training accuracy {train:.2f} but validation accuracy {val:.2f}; batch-norm "
-            "moving statistics that lag the weights are the usual cause (set "
-            "train.recalibrate_batch_norm: auto, or lower the batch-norm momentum)")
-
-
-def host_figures(model, checkpointer, sizer) -> dict:
-    """What the host did besides the steps: steps per call, training calls, checks made
-    (each one small all-reduce in a cluster), the collectives inside the compiled step (a
-    cluster's should be its gradient all-reduce alone) and, when `auto` sized the calls,
-    the host seconds per call and the step time it measured."""
-    from tftrain.runtime.strategy import graph_collectives
-
-    traced = getattr(model, "train_tf_function", None)
-    figures = {"steps_per_execution": int(model.steps_per_execution.numpy()),
-               "calls": checkpointer.calls, "checks": checkpointer.checks,
-               "step_collectives": graph_collectives(traced) if traced is not None else []}
-    if sizer is not None and sizer.chosen is not None:
-        figures.update(host_seconds_per_call=sizer.host_seconds,
-                       step_seconds=sizer.step_seconds)
-    return figures
 
 
 def fit(model, train, val, start, epochs, steps_per_epoch, callbacks, cfg, smoke) -> None:

@@ -252,3 +252,126 @@ class LearningRateLogger(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:
             logs["lr"] = current_lr(self.model.optimizer)
+
+
+class UpdateLog(keras.callbacks.Callback):
+    """Every `every` updates (at the first call's end at or after each multiple), the
+    training metrics over all replicas (running means since the epoch began, as Keras
+    shows them) and `lr` (the rate of the next update), as a row of `path` (a CSV file:
+    `update`, then the values) and as TensorBoard scalars in `tensorboard` (a directory),
+    on the chief; every worker reads the values (a synchronised read), so all call it at
+    the same batches. A resumed stage (`start` > 0) drops the rows after its checkpoint,
+    which it trains again."""
+
+    _supports_tf_logs = True
+
+    def __init__(self, every: int, steps_per_epoch: int, start: int = 0, path=None,
+                 tensorboard=None):
+        super().__init__()
+        self.every, self.steps_per_epoch = max(1, every), steps_per_epoch
+        self.last, self.path = start, path
+        self.writer = None
+        if tensorboard is not None:
+            import tensorflow as tf
+            self.writer = tf.summary.create_file_writer(str(tensorboard))
+        if path is not None:
+            keep_rows(path, lambda row: int(row["update"]) <= start)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        update = self._epoch * self.steps_per_epoch + batch + 1
+        if update // self.every <= self.last // self.every:
+            return
+        self.last = update
+        values = {}
+        for metric in self.model.metrics:
+            value = metric.result()                  # a synchronised read: every worker
+            values.update({k: float(v) for k, v in value.items()} if isinstance(value, dict)
+                          else {metric.name: float(value)})
+        values["lr"] = current_lr(self.model.optimizer)
+        if self.path is not None:
+            _append_row(self.path, {"update": update, **values})
+        if self.writer is not None:
+            import tensorflow as tf
+            with self.writer.as_default(step=update):
+                for name, value in values.items():
+                    tf.summary.scalar(name, value)
+
+    def on_train_end(self, logs=None):
+        if self.writer is not None:
+            self.writer.flush()
+
+
+def keep_rows(path, keep) -> None:
+    """Rewrite the CSV file at `path` (if it exists) with only the rows `keep(row)` accepts,
+    and none cut short by a kill (a row with empty fields)."""
+    import os
+    if os.path.exists(path):
+        _write_rows(path, [row for row in _read_rows(path)
+                           if None not in row.values() and keep(row)])
+
+
+def _read_rows(path) -> list[dict]:
+    import csv
+    try:
+        with open(path, newline="") as f:
+            return list(csv.DictReader(f))
+    except OSError:
+        return []
+
+
+def _write_rows(path, rows: list[dict]) -> None:
+    import csv
+    import io
+
+    from tftrain.training.rundir import atomic_write
+    text = io.StringIO()
+    if rows:
+        writer = csv.DictWriter(text, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    atomic_write(path, text.getvalue())
+
+
+def _append_row(path, row: dict) -> None:
+    import csv
+    import os
+
+    new = not os.path.exists(path) or os.path.getsize(path) == 0
+    with open(path, "a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(row), lineterminator="\n")
+        if new:
+            writer.writeheader()
+        writer.writerow(row)
+
+
+def generalisation_gap(model, metrics: dict, margin: float = 0.3) -> str:
+    """A warning when the last epoch's training accuracy exceeds validation accuracy by
+    more than `margin` ("": none)."""
+    history = getattr(getattr(model, "history", None), "history", {}) or {}
+    train = history.get("accuracy", [None])[-1]
+    val = metrics.get("val_accuracy")
+    if train is None or val is None or train - val <= margin:
+        return ""
+    return (f"training accuracy {train:.2f} but validation accuracy {val:.2f}; batch-norm "
+            "moving statistics that lag the weights are the usual cause (set "
+            "train.recalibrate_batch_norm: auto, or lower the batch-norm momentum)")
+
+
+def host_figures(model, checkpointer, sizer) -> dict:
+    """What the host did besides the steps: steps per call, training calls, checks made
+    (each one small all-reduce in a cluster), the collectives inside the compiled step (a
+    cluster's should be its gradient all-reduce alone) and, when `auto` sized the calls,
+    the host seconds per call and the step time it measured."""
+    from tftrain.runtime.strategy import graph_collectives
+
+    traced = getattr(model, "train_tf_function", None)
+    figures = {"steps_per_execution": int(model.steps_per_execution.numpy()),
+               "calls": checkpointer.calls, "checks": checkpointer.checks,
+               "step_collectives": graph_collectives(traced) if traced is not None else []}
+    if sizer is not None and sizer.chosen is not None:
+        figures.update(host_seconds_per_call=sizer.host_seconds,
+                       step_seconds=sizer.step_seconds)
+    return figures

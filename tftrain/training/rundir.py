@@ -177,6 +177,15 @@ def _check_resumable(path: Path, previous: dict, topology: dict, allow_batch_cha
             "derived from it) or the old data.per_replica_batch_size and "
             "train.accumulation_steps; or set run.allow_batch_change: true to continue with "
             "the learning rate scaled to the new batch (not the same result)")
+    bound = topology.get("micro_batch_bound") or previous.get("micro_batch_bound")
+    if bound and previous.get("per_replica_batch") != topology["per_replica_batch"] \
+            and not allow_batch_change:
+        raise ConfigError(
+            f"resuming {path} would compute each update over micro-batches of "
+            f"{topology['per_replica_batch']} examples, not {previous['per_replica_batch']}, and "
+            f"{', '.join(bound)} computes over a micro-batch (not the same result); keep "
+            f"data.per_replica_batch_size: {previous['per_replica_batch']} (with replicas x "
+            "accumulation steps making the global batch), or set run.allow_batch_change: true")
     if streams_of(previous) != topology["streams"]:
         raise ConfigError(
             f"resuming {path} would read its files as {topology['streams']} stream(s), not "
