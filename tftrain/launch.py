@@ -105,6 +105,9 @@ def parse_args(argv):
     p.add_argument("config")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--run-dir")
+    p.add_argument("--smoke", action="store_true",
+                   help="each worker runs tftrain.run --smoke (a few batches per stage)")
+    p.add_argument("--dry-run", action="store_true", help="each worker prints the plan and exits")
     return p.parse_args(argv)
 
 
@@ -126,7 +129,8 @@ def main(argv=None) -> int:
     if services:
         sets.append("data.service={dispatchers: [%s]}" % ", ".join(a for a, _ in services))
     command = [args.config, *[a for s in sets for a in ("--set", s)],
-               *(["--run-dir", args.run_dir] if args.run_dir else [])]
+               *(["--run-dir", args.run_dir] if args.run_dir else []),
+               *(["--smoke"] if args.smoke else []), *(["--dry-run"] if args.dry_run else [])]
     try:
         return _train(command, args, gpus, fork, services)
     finally:

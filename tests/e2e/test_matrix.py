@@ -272,13 +272,16 @@ def workers(row: dict, index: int) -> int:
 
 
 # the training losses of a row and of its one-device reference agree to this relative
-# tolerance: the compute dtype's unit roundoff (float32 2^-24, bfloat16 2^-8, float16
-# 2^-11) times 100, for the sums taken in another order (a replica's gradients summed by the
-# all-reduce instead of in the accumulation loop) and for a weight that the update leaves
-# on the other side of a rounding edge of the compute dtype. Measured (whole matrix): at
-# most MEASURED of it.
-LOSS_RTOL = {"float32": 100 * 2.0 ** -24, "mixed_bfloat16": 100 * 2.0 ** -8,
-             "mixed_float16": 100 * 2.0 ** -11}
+# tolerance. float32: 100 units of roundoff (2^-24), for sums taken in another order (a
+# replica's gradients summed by the all-reduce rather than the accumulation loop).
+# bfloat16 and float16: a tenth of the compute dtype's unit roundoff (2^-8, 2^-11): both
+# sides compute the same micro-batches in the same dtype, and the float32 weights they
+# update differ by float32 rounding, which moves a weight's bfloat16 or float16 value only
+# where it lies on a rounding edge. Measured over the whole matrix (2026-12-04): float32
+# rows at most 0.04 of their tolerance, bfloat16 8e-5, float16 2e-6; a replica's
+# gradients not divided by the replica count moves the second update's loss by 0.1-1%.
+LOSS_RTOL = {"float32": 100 * 2.0 ** -24, "mixed_bfloat16": 2.0 ** -8 / 10,
+             "mixed_float16": 2.0 ** -11 / 10}
 
 
 def _id(row):
@@ -357,7 +360,9 @@ def test_every_combination_works_or_is_refused_before_training(index, row, tmp_p
     ours = first_stage_losses(run, row)
     theirs = reference_losses(row, sets, tmp_path, capsys)
     common = sorted(set(ours) & set(theirs))
-    assert common[:2] == [1, 2], (ours, theirs)
+    # updates 1 and 2 each end a call of their own (the calls are sized after them); a
+    # stage of one update (an epoch of one, under --smoke) has only the first
+    assert common[:2] == [1, 2] or common == [1] == sorted(ours), (ours, theirs)
     rtol = LOSS_RTOL[row["precision"]]
     worst = max(abs(ours[u] - theirs[u]) / abs(theirs[u]) for u in common)
     print(f"matrix loss agreement: {row['precision']} {worst / rtol:.3g} of the tolerance")

@@ -167,11 +167,12 @@ def tflite_weights(flatbuffer: bytes, min_size: int = 64) -> dict[str, np.ndarra
 
 
 def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
-               layers: bool = True, by_labels: bool = True) -> dict:
+               layers: bool = True, by_labels: bool = True, timed: bool | None = None) -> dict:
     """Write and verify every configured artifact; returns their report entries.
     `qat`: the model was quantization-aware trained (int8 uses its learned ranges).
-    `layers`: compare int8 artifacts with the model layer by layer (`export.fidelity`) and
-    time each file (`export.speed`); not for the export preflight's untrained model.
+    `layers`: compare int8 artifacts with the model layer by layer (`export.fidelity`);
+    `timed` (default: as `layers`): time each file (`export.speed`), not for the export
+    preflight.
     Artifacts take validation's input (decoded, resized and the deterministic steps of
     `data.augment`, e.g. normalize), checked on the validation set; `by_labels: False`
     checks reduced-precision ones against the model's logits instead of by accuracy (an
@@ -180,6 +181,7 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
     from tftrain.export import verification
     from tftrain.export.errors import making
 
+    timed = layers if timed is None else timed
     report = {}
     if not (cfg.saved_model or cfg.saved_model_int8 or cfg.tflite != "none"
             or cfg.tflite_sparse or cfg.onnx):
@@ -226,21 +228,21 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
             source_dir = saved if serving is None else _write_saved_model(plain,
                                                                           out / "tflite_source")
             blob = convert_tflite(source_dir, mode, calibration, qat=qat)
-            if layers and (cfg.tflite not in ("none", "float") or cfg.tflite_sparse):
+            if timed and (cfg.tflite not in ("none", "float") or cfg.tflite_sparse):
                 beside = blob if mode == "float" else _float_tflite(plain, source_dir, out, qat)
             if serving is not None:
                 shutil.rmtree(source_dir)
         int8 = blob if mode == "int8" else None
-    elif layers and cfg.tflite_sparse:
+    elif timed and cfg.tflite_sparse:
         with making("tflite_sparse"):
             beside = _float_tflite(plain, saved, out, qat)
     int8_logits = None
     if cfg.tflite != "none":
         with making(tflite):
             entry = _tflite_entry(blob, plain, x_val, y_val, reference,
-                                  int8 is not None and layers, calibration, cfg, timed=layers,
+                                  int8 is not None and layers, calibration, cfg, timed=timed,
                                   beside=None if cfg.tflite == "float" else beside)
-            if qat and cfg.int8_fallback == "auto" and layers and \
+            if qat and cfg.int8_fallback == "auto" and timed and by_labels and \
                     accuracy(reference, y_val) - entry["accuracy"] > cfg.max_accuracy_drop + 1e-9:
                 blob, entry = _with_fallback(plain, out, blob, entry, x_val, y_val, reference,
                                              calibration, cfg, beside)
@@ -252,13 +254,13 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
     if cfg.tflite_sparse:                # float, its pruned weights stored sparse
         with making("tflite_sparse"):
             report["tflite_sparse"] = _sparse_entry(saved, plain, out, x_val, y_val, reference,
-                                                    calibration, cfg, layers, beside)
+                                                    calibration, cfg, timed, beside)
     if cfg.onnx:
         if int8 is not None and int8_logits is None:   # a QAT model without a TFLite file
             int8_logits = tflite_logits(int8, x_val)[0]
         from tftrain.export import onnx_artifacts
         report.update(onnx_artifacts.entries(plain, out, x_val, y_val, reference, int8, int8_logits,
-                                          qat, saved_logits, calibration, cfg, layers))
+                                          qat, saved_logits, calibration, cfg, layers, timed))
     if not cfg.saved_model:   # it was only the conversion's source
         shutil.rmtree(saved)
         del report["saved_model"]
@@ -266,16 +268,16 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
 
 
 def _sparse_entry(saved: Path, plain, out: Path, x_val, y_val, reference, calibration, cfg,
-                  layers: bool, beside) -> dict:
+                  timed: bool, beside) -> dict:
     """`model_sparse.tflite` (float, its pruned weights stored sparse) and its entry."""
     from tftrain.export import sparse
 
     blob = sparse.convert(saved)
     (out / "model_sparse.tflite").write_bytes(blob)
-    entry = _tflite_entry(blob, plain, x_val, y_val, reference, False, calibration, cfg, layers,
+    entry = _tflite_entry(blob, plain, x_val, y_val, reference, False, calibration, cfg, timed,
                           beside)
     entry.pop("logits")
-    return {**entry, **(sparse.report(blob, entry["xnnpack"]) if layers else {})}
+    return {**entry, **(sparse.report(blob, entry["xnnpack"]) if timed else {})}
 
 
 def _float_tflite(plain, saved_model: Path, out: Path, qat: bool) -> bytes:

@@ -13,7 +13,7 @@ from tftrain.export.onnx_export import (INT8_SESSION_CONFIG, float_onnx, float_o
 
 
 def entries(plain, out: Path, x_val, y_val, reference, int8: bytes | None, int8_logits,
-          qat: bool, saved_model_logits, calibration, cfg, layers: bool) -> dict:
+          qat: bool, saved_model_logits, calibration, cfg, layers: bool, timed: bool) -> dict:
     """`model.onnx` (float32; not for a QAT model, whose float graph holds fake-quant
     ops) and, where there is an int8 TFLite model, `model_int8.onnx` (QDQ); each run with
     ONNX Runtime on the validation set."""
@@ -37,7 +37,7 @@ def entries(plain, out: Path, x_val, y_val, reference, int8: bytes | None, int8_
                 **against(out_logits, reference),
                 "max_abs_diff_vs_saved_model": float(np.max(np.abs(out_logits - saved_model_logits))),
                 "latency_ms": latency(sess, x_val) * 1e3, "input": input_kind(plain, None),
-                **({"latency_grid": speed.onnx_grid(blob, x_val, quantized)} if layers else {})}
+                **({"latency_grid": speed.onnx_grid(blob, x_val, quantized)} if timed else {})}
             if quantized:
                 entry["max_abs_diff_vs_tflite_int8"] = float(np.max(np.abs(out_logits - int8_logits)))
                 graph = optimized_graph(blob)

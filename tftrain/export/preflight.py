@@ -62,7 +62,7 @@ def run(cfg, net, source, qat: bool) -> Preflight | None:
                 with making("compression.quantization"):
                     model = quantization.quantize_configured(model, cfg)
             report = artifacts.export_all(model, cfg.export, Path(tmp), _Sample(source), qat=qat,
-                                          data_cfg=cfg.data, layers=False, by_labels=False)
+                                          data_cfg=cfg.data, by_labels=False, timed=False)
         except ArtifactError as err:
             raise _classified(cfg, err) from err.error
     failed = verification.failures(report)

@@ -1,0 +1,175 @@
+"""Plant realistic faults in tftrain, one at a time, and name the tests that catch each.
+
+Each fault is an edit of one source line, of the kind a refactoring could make by
+mistake. For each, the tree is copied to a temporary directory, the edit applied there
+(the original text must be found exactly once, so a fault that no longer applies fails
+loudly), and the tests listed for it are run against the copy; a fault is caught when at
+least one of them fails. Prints a table (markdown) and exits 1 if a fault went uncaught.
+
+    python scripts/plant_faults.py                    # every fault (about 20 minutes)
+    python scripts/plant_faults.py --fault accumulation_short
+    python scripts/plant_faults.py --list
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    what: str
+    path: str             # the file edited
+    old: str              # the text replaced (exactly once)
+    new: str
+    tests: tuple[str, ...]
+
+
+FAULTS = [
+    Fault("gradients_not_divided_by_replicas",
+          "gradients not divided by the replica count (each replica's loss scaled back up)",
+          "tftrain/training/train_step.py",
+          "loss = self.compute_loss(x, y, y_pred, sample_weight) / self.accumulation_steps",
+          "loss = self.compute_loss(x, y, y_pred, sample_weight) / self.accumulation_steps"
+          " * tf.distribute.get_replica_context().num_replicas_in_sync",
+          ("tests/training/test_train_step.py::test_mirrored_two_replicas_equals_one_device_double_batch",
+           "tests/e2e/test_matrix.py::test_every_combination_works_or_is_refused_before_training"
+           "[mirrored-float32-1-sgd-conv1d-mixup-drop-prune-onnx-on]")),
+    Fault("accumulation_short",
+          "gradient accumulation one micro-batch short",
+          "tftrain/training/train_step.py",
+          "_, grads = tf.while_loop(lambda i, _: i < n, accumulate, start, parallel_iterations=1)",
+          "_, grads = tf.while_loop(lambda i, _: i < n - 1, accumulate, start, parallel_iterations=1)",
+          ("tests/training/test_train_step.py::test_accumulation_equals_large_batch",)),
+    Fault("padding_in_metrics",
+          "padding slots counted in the metrics (plain metrics instead of weighted ones)",
+          "tftrain/training/train_step.py",
+          "self.compile(optimizer=optimizer, loss=loss, weighted_metrics=list(metrics),",
+          "self.compile(optimizer=optimizer, loss=loss, metrics=list(metrics),",
+          ("tests/training/test_train_step.py::test_training_metrics_leave_out_the_padding_slots",)),
+    Fault("int8_scale_x8",
+          "one layer's int8 kernel scale 8x too large in the int8 SavedModel",
+          "tftrain/export/int8_saved_model.py",
+          'getattr(target, f"{attr}_scale").assign(codes.scale)',
+          'getattr(target, f"{attr}_scale").assign(codes.scale * (8 if not described else 1))',
+          ("tests/export/test_int8_saved_model.py",)),
+    Fault("batch_norm_not_re_estimated",
+          "batch-norm re-estimation skipped at a stage's end",
+          "tftrain/stages/runner.py",
+          "        if stage.recalibrates and n and has_batch_norm(built.net):",
+          "        if False and stage.recalibrates and n and has_batch_norm(built.net):",
+          ("tests/stages/test_stages.py",)),
+    Fault("resume_one_batch_off",
+          "a resumed run's data one batch ahead of its checkpoint",
+          "tftrain/stages/runner.py",
+          "cfg.data, cfg.run.seed, start, self.plan.layout.streams),",
+          "cfg.data, cfg.run.seed, start + (start > 0), self.plan.layout.streams),",
+          ("tests/e2e/test_run.py::test_killed_augmented_run_resumes_exactly",)),
+    Fault("validation_subset_after_resume",
+          "validation on one batch per call once the calls are resized (Keras' one-step "
+          "test function kept)",
+          "tftrain/training/train_step.py",
+          "        if not self._traced_once(self.resizable_calls):\n            return super().make_test_function(force)",
+          "        if not self._traced_once(False):\n            return super().make_test_function(force)",
+          ("tests/training/test_train_step.py::test_calls_resized_after_the_first_validation_still_evaluate_every_batch",)),
+    Fault("epoch_metrics_lost_on_resume",
+          "an epoch's running training metrics not carried across a mid-epoch resume",
+          "tftrain/training/callbacks.py",
+          "        for variable, value in self.values:\n            variable.assign(value)",
+          "        for variable, value in self.values:\n            pass",
+          ("tests/e2e/test_elastic.py::test_a_run_resumed_on_another_topology_reports_what_the_uninterrupted_run_reports",)),
+    Fault("skipped_update_counted",
+          "an update skipped by float16 loss scaling counted as one",
+          "tftrain/training/train_step.py",
+          "            optimizer.iterations.assign_sub(tf.cast(skipped, tf.int64))",
+          "            optimizer.iterations.assign_sub(tf.cast(skipped, tf.int64) * 0)",
+          ("tests/training/test_train_step.py::test_an_update_skipped_at_the_loss_scale_floor_is_not_counted",)),
+    Fault("learning_rate_step_after_resume",
+          "the schedule one update ahead after a resume",
+          "tftrain/stages/runner.py",
+          "        start = self._rebatch(stage, ckpt, optimizer) if restored else 0\n",
+          "        start = self._rebatch(stage, ckpt, optimizer) if restored else 0\n"
+          "        if restored:\n            optimizer.iterations.assign_add(1)\n",
+          ("tests/e2e/test_run.py::test_killed_augmented_run_resumes_exactly",)),
+    Fault("wrong_channels_kept",
+          "channel pruning keeps the least important channels",
+          "tftrain/compress/channels.py",
+          "np.argsort(-scores[g], kind=\"stable\")",
+          "np.argsort(scores[g], kind=\"stable\")",
+          ("tests/compress/test_channels.py",)),
+    Fault("mixup_across_micro_batches",
+          "mixup pairs examples across the replica batch, not within each micro-batch",
+          "tftrain/data/pipeline.py",
+          "            for k in range(b // micro):",
+          "            micro = b\n            for k in range(b // micro):",
+          ("tests/data/test_data.py::test_batch_augmentation_pairs_within_micro_batches_alike_on_replicas_or_accumulating",)),
+]
+
+
+def planted(fault: Fault, tmp: Path) -> Path:
+    """A copy of the tree in `tmp` with `fault` applied."""
+    copy = tmp / "tree"
+    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "runs", "__pycache__", ".pytest_cache", "*.egg-info", "data"))
+    target = copy / fault.path
+    text = target.read_text()
+    if text.count(fault.old) != 1:
+        raise SystemExit(f"fault {fault.name}: the text it edits is in {fault.path} "
+                         f"{text.count(fault.old)} times (expected once): update the fault")
+    target.write_text(text.replace(fault.old, fault.new))
+    return copy
+
+
+def run(fault: Fault) -> tuple[list[str], float]:
+    """The tests that failed with `fault` planted, and the seconds it took."""
+    began = time.time()
+    with tempfile.TemporaryDirectory(prefix="tftrain-fault-") as tmp:
+        copy = planted(fault, Path(tmp))
+        env = {**os.environ, "PYTHONPATH": str(copy)}
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                               "-o", "addopts=", "-n", "2", "-rf", *fault.tests], cwd=copy,
+                              env=env, capture_output=True, text=True, timeout=3600)
+        failed = sorted(set(re.findall(r"^FAILED (\S+)", proc.stdout, re.M)))
+        if proc.returncode not in (0, 1):
+            failed.append(f"(pytest exit {proc.returncode}: {proc.stdout[-300:]!r})")
+    return failed, time.time() - began
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--fault", action="append", help="plant only this fault (repeatable)")
+    p.add_argument("--list", action="store_true", help="list the faults")
+    args = p.parse_args(argv)
+    chosen = [f for f in FAULTS if not args.fault or f.name in args.fault]
+    if args.list:
+        for f in FAULTS:
+            print(f"{f.name}: {f.what} ({f.path})")
+        return 0
+    rows, missed = [], []
+    for fault in chosen:
+        failed, seconds = run(fault)
+        print(f"{fault.name}: {len(failed)} failing test(s) in {seconds:.0f} s", flush=True)
+        rows.append(f"| `{fault.name}` | {fault.what} | `{fault.path}` | "
+                    + ("<br>".join(f"`{t}`" for t in failed) or "**none**") + " |")
+        if not failed:
+            missed.append(fault.name)
+    print("\n| fault | what | file | tests that fail |\n|---|---|---|---|")
+    print("\n".join(rows))
+    if missed:
+        print(f"\nnot caught: {', '.join(missed)}")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
