@@ -70,3 +70,22 @@ def test_contributings_layout_map_is_the_trees():
     text = (ROOT / "CONTRIBUTING.md").read_text()
     current = text.split("<!-- layout:begin -->")[1].split("<!-- layout:end -->")[0].strip()
     assert current == printed, "run python scripts/layout_map.py"
+
+
+def test_the_docs_state_the_matrix_and_the_test_counts_as_they_are():
+    """CONTRIBUTING's matrix figures are the matrix's, and every test count README
+    states is one CONTRIBUTING's tier table states (they disagreed: 548 against 541)."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.spec_from_file_location("matrix", ROOT / "tests" / "e2e" / "test_matrix.py")
+    matrix = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(matrix)
+    contributing = (ROOT / "CONTRIBUTING.md").read_text()
+    assert f"{len(matrix.ROWS)} configs covering every pair" in contributing
+    assert f"The {len(matrix.REFUSED)} combinations that cannot run" in contributing
+    table = "\n".join(line for line in contributing.splitlines() if line.startswith("| "))
+    stated = {int(n.replace(",", "")) for n in re.findall(r"\| (\d[\d,]*)(?: \(| \|)", table)}
+    readme = (ROOT / "README.md").read_text()
+    for count in re.findall(r"(\d[\d,]*) tests\b", readme):
+        assert int(count.replace(",", "")) in stated, count
