@@ -93,3 +93,51 @@ def test_onnx_of_the_transformer_and_speech_models_exports_or_is_refused_in_pref
     assert code == 0, err[-3000:]
     summary = json.loads((tmp_path / "quickstart-smoke" / "summary.json").read_text())
     assert summary["artifacts"]["onnx_int8"]["verified"]
+
+
+def test_a_bug_in_tftrain_during_the_preflight_exits_1_with_its_traceback(tmp_path, capsys,
+                                                                       monkeypatch):
+    """An exception from tftrain's own code while an artifact is made is not a config
+    error: exit 1, the traceback, the artifact and a line saying it is a bug."""
+    from tftrain.export import artifacts
+
+    def broken(blob):
+        raise KeyError("size_bytes")
+    monkeypatch.setattr(artifacts, "sizes", broken)
+    code = main(args(tmp_path, "export.tflite=float", flags=["--dry-run"]))
+    err = capsys.readouterr().err
+    assert code == 1, err[-3000:]
+    assert "Traceback" in err and "in broken" in err
+    assert ("tftrain: error: RuntimeError: export preflight, making saved_model: KeyError: "
+            "'size_bytes'; this is a bug in tftrain, not a problem of your config or model") in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_op_onnx_runtime_cannot_run_is_refused_naming_the_onnx_export(tmp_path, capsys):
+    """tf2onnx writes the Bessel function's op, ONNX Runtime has no kernel for it: the
+    refusal names export.onnx (the artifact being made when ONNX Runtime raised)."""
+    code = main(args(tmp_path, "model={name: 'test_preflight:unconvertible'}", "export.tflite=none",
+                     "export.onnx=true"))
+    err = capsys.readouterr().err
+    assert code == 2, err[-3000:]
+    line, = [x for x in err.splitlines() if x.startswith("tftrain: config error: ")]
+    assert line.startswith("tftrain: config error: export.onnx: the untrained model does not "
+                           "convert: ") and "BesselI1e" in line, line
+    assert "Traceback" not in err and list(tmp_path.iterdir()) == []
+
+
+def test_a_sparse_only_export_goes_through_the_preflight(tmp_path, capsys, monkeypatch):
+    import sys
+    import types
+
+    from test_sparse import sparse_net
+    module = types.ModuleType("sparse_models")
+    module.net = lambda spec: sparse_net(size=spec.shape[0])
+    monkeypatch.setitem(sys.modules, "sparse_models", module)
+    assert main(args(tmp_path, "data.params={image_size: 9, channels: 3}",
+                     "model={name: 'sparse_models:net', params: {}}",
+                     "compression.pruning={enabled: true, final_sparsity: 0.7, epochs: 1}",
+                     "export.tflite=none", "export.saved_model=false", "export.tflite_sparse=true",
+                     flags=["--dry-run"])) == 0
+    line, = [x for x in capsys.readouterr().out.splitlines() if x.startswith("export preflight: ")]
+    assert line.startswith("export preflight: tflite_sparse converted and run"), line
