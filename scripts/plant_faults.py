@@ -120,8 +120,10 @@ FAULTS = [
 def planted(fault: Fault, tmp: Path) -> Path:
     """A copy of the tree in `tmp` with `fault` applied."""
     copy = tmp / "tree"
-    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "runs", "__pycache__", ".pytest_cache", "*.egg-info", "data"))
+    skipped = shutil.ignore_patterns(".git", ".venv", "__pycache__", ".pytest_cache",
+                                     "*.egg-info")
+    shutil.copytree(ROOT, copy, ignore=lambda where, names: set(skipped(where, names)) | (
+        {"runs", "data", "sweeps", "mlruns"} & set(names) if Path(where) == ROOT else set()))
     target = copy / fault.path
     text = target.read_text()
     if text.count(fault.old) != 1:

@@ -70,6 +70,10 @@ def assert_reports_equal(ours, reference, rtol=1e-5):
         np.testing.assert_allclose(a[name], b[name], rtol=0, atol=1e-5, err_msg=name)
     for table, keys in (("metrics.csv", METRICS), ("updates.csv", ("loss", "accuracy", "lr"))):
         mine, theirs = rows(ours / table), rows(reference / table)
+        if table == "updates.csv":      # the updates where calls ended in both runs
+            shared = {r["update"] for r in mine} & {r["update"] for r in theirs}
+            assert mine[-1]["update"] == theirs[-1]["update"] and len(shared) >= 10, shared
+            mine, theirs = ([r for r in t if r["update"] in shared] for t in (mine, theirs))
         assert [r.get("epoch", r.get("update")) for r in mine] == \
             [r.get("epoch", r.get("update")) for r in theirs], table
         for x, y in zip(mine, theirs):
@@ -100,7 +104,8 @@ def test_a_run_resumed_on_another_topology_reports_what_the_uninterrupted_run_re
     reference = start(tmp_path / "reference", REPRO)
     killed = start(tmp_path / "a", REPRO, kill="update:20")
     out = killed.communicate(timeout=900)[0]
-    assert killed.returncode == -9 and killed_at(out) == ["after update 20"], out[-3000:]
+    (where,) = killed_at(out)          # at the end of the call that reached update 20
+    assert killed.returncode == -9 and int(where.split()[-1]) >= 20, out[-3000:]
     printed = reference.communicate(timeout=900)[0]
     assert reference.returncode == 0, printed[-3000:]
     shutil.copytree(tmp_path / "a", tmp_path / "b")
@@ -109,7 +114,7 @@ def test_a_run_resumed_on_another_topology_reports_what_the_uninterrupted_run_re
         proc = start(tmp_path / name, [*REPRO, *sets])
         out = proc.communicate(timeout=900)[0]
         assert proc.returncode == 0, out[-3000:]
-        assert "resuming on a different topology" in out and resumed_at(out) <= 20
+        assert "resuming on a different topology" in out and resumed_at(out) <= int(where.split()[-1])
         assert_reports_equal(tmp_path / name / "quickstart", tmp_path / "reference" / "quickstart")
 
 

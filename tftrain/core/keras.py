@@ -12,7 +12,14 @@ import tf_keras as keras  # noqa: E402
 # how Keras' train and test functions reduce a step's per-replica outputs
 from tf_keras.src.engine.training import reduce_per_replica  # noqa: E402
 
-__all__ = ["keras", "ensure_tf_keras_model", "reduce_per_replica"]
+__all__ = ["keras", "keras3", "ensure_tf_keras_model", "reduce_per_replica"]
+
+
+def keras3():
+    """Keras 3 (`import keras`, installed with TensorFlow), for models that come in as
+    Keras 3 (`tftrain.models.keras3` converts them); imported only when one does."""
+    import keras as k3
+    return k3
 
 
 def ensure_tf_keras_model(model, what: str = "model"):

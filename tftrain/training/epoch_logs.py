@@ -261,7 +261,9 @@ class UpdateLog(keras.callbacks.Callback):
     `update`, then the values) and as TensorBoard scalars in `tensorboard` (a directory),
     on the chief; every worker reads the values (a synchronised read), so all call it at
     the same batches. A resumed stage (`start` > 0) drops the rows after its checkpoint,
-    which it trains again."""
+    which it trains again. Which updates are logged depends on where calls end
+    (`train.steps_per_execution`), so two runs share the updates logged at each epoch's
+    end and at every multiple of `every` that ends a call in both."""
 
     _supports_tf_logs = True
 
@@ -269,7 +271,7 @@ class UpdateLog(keras.callbacks.Callback):
                  tensorboard=None):
         super().__init__()
         self.every, self.steps_per_epoch = max(1, every), steps_per_epoch
-        self.last, self.path = start, path
+        self.last, self.path, self.pending = start, path, []
         self.writer = None
         if tensorboard is not None:
             import tensorflow as tf
@@ -291,16 +293,25 @@ class UpdateLog(keras.callbacks.Callback):
             values.update({k: float(v) for k, v in value.items()} if isinstance(value, dict)
                           else {metric.name: float(value)})
         values["lr"] = current_lr(self.model.optimizer)
-        if self.path is not None:
+        if self.path is not None:        # a line now: what a kill leaves is the rows so far
             _append_row(self.path, {"update": update, **values})
-        if self.writer is not None:
-            import tensorflow as tf
-            with self.writer.as_default(step=update):
-                for name, value in values.items():
-                    tf.summary.scalar(name, value)
+        self.pending.append({"update": update, **values})
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._write()        # summaries per epoch: no summary op between steps
 
     def on_train_end(self, logs=None):
-        if self.writer is not None:
+        self._write()
+
+    def _write(self) -> None:
+        rows, self.pending = self.pending, []
+        if self.writer is not None and rows:
+            import tensorflow as tf
+            with self.writer.as_default():
+                for row in rows:
+                    for name, value in row.items():
+                        if name != "update":
+                            tf.summary.scalar(name, value, step=row["update"])
             self.writer.flush()
 
 

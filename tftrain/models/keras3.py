@@ -1,0 +1,259 @@
+"""Keras 3 models converted to tf_keras, layer by layer, weights included (and back).
+
+tfmot's pruning and QAT work on tf_keras models only, and `import keras` is Keras 3 since
+TensorFlow 2.16. A Keras 3 functional or Sequential model made of built-in layers is
+rebuilt here as the same tf_keras graph: each layer from its config (settings Keras 3
+has and tf_keras lacks must be at their defaults; Keras 3's serialized initializers,
+regularizers and constraints become tf_keras's), called on the converted inputs as the
+Keras 3 layer was, then given the Keras 3 layer's weights. `refusal` names, before
+anything is built, what cannot be converted (a custom layer, an op applied to tensors
+outside a layer, a subclassed model), and `register_converter` adds a converter for a
+layer class of your own. `to_keras3` rebuilds a tf_keras model as Keras 3 the same way,
+to hand a trained model back in the format it came in.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Callable
+
+from tftrain.core.keras import keras, keras3
+
+# the built-in layers converted by their config (one class name in both Kerases)
+LAYERS = frozenset("""
+    InputLayer Dense EinsumDense Conv1D Conv2D Conv3D DepthwiseConv1D DepthwiseConv2D
+    SeparableConv1D SeparableConv2D Conv1DTranspose Conv2DTranspose BatchNormalization
+    LayerNormalization GroupNormalization UnitNormalization Embedding MultiHeadAttention
+    MaxPooling1D MaxPooling2D AveragePooling1D AveragePooling2D GlobalMaxPooling1D
+    GlobalMaxPooling2D GlobalAveragePooling1D GlobalAveragePooling2D Activation ReLU
+    Softmax LeakyReLU ELU PReLU Dropout SpatialDropout1D SpatialDropout2D GaussianNoise
+    Add Subtract Multiply Average Maximum Minimum Concatenate Dot Reshape Flatten
+    Permute RepeatVector Cropping1D Cropping2D ZeroPadding1D ZeroPadding2D
+    UpSampling1D UpSampling2D Rescaling Normalization Resizing CenterCrop Identity
+""".split())
+# settings named differently: {class: {Keras 3 name: tf_keras name}}
+RENAMES = {"LeakyReLU": {"negative_slope": "alpha"}}
+_BASE = {"name", "trainable", "dtype"}
+_CONVERTERS: dict[str, Callable] = {}
+
+
+def register_converter(class_name: str, converter: Callable) -> None:
+    """Convert Keras 3 layers of class `class_name` with `converter(layer) -> tf_keras
+    layer` (unbuilt: it is called on the converted inputs, then given `layer`'s weights
+    with `set_weights`). For a layer class of your own, or one tftrain does not know."""
+    _CONVERTERS[class_name] = converter
+
+
+def is_keras3(model) -> bool:
+    """Whether `model` is a Keras 3 object (not a tf_keras one)."""
+    return type(model).__module__.split(".")[0] == "keras"
+
+
+def refusal(model) -> list[str]:
+    """Why `model` (Keras 3) cannot be converted, one line per layer ([] if it can)."""
+    k3 = keras3()
+    graph = getattr(model, "_functional", None) or model
+    if not isinstance(model, k3.Model) or not hasattr(graph, "_nodes_by_depth"):
+        return [f"{type(model).__name__} is a subclassed Keras 3 model: only functional and "
+                "Sequential models have a graph of layers to convert; build it with the "
+                "functional API, or with tf_keras directly (import tf_keras as keras)"]
+    problems = []
+    for node in _nodes(model):
+        op = node.operation
+        kind = type(op).__name__
+        if not isinstance(op, k3.layers.Layer):
+            problems.append(f"{op.name} is a Keras op ({kind}) applied to tensors, not a layer; "
+                            "use the layer form (e.g. keras.layers.Add) or register a converter")
+        elif kind not in LAYERS and kind not in _CONVERTERS:
+            problems.append(f"layer {op.name} ({kind}, from {type(op).__module__}) has no tf_keras "
+                            "form tftrain knows; rewrite it with tf_keras, or register a converter "
+                            "(tftrain.models.keras3.register_converter)")
+        elif kind not in _CONVERTERS and kind != "InputLayer":
+            problems += [f"layer {op.name} ({kind}): {why}" for why in _unmapped(op)]
+    return list(dict.fromkeys(problems))
+
+
+def to_tf_keras(model):
+    """The tf_keras form of a Keras 3 functional or Sequential model, weights included."""
+    problems = refusal(model)
+    if problems:
+        raise ValueError("; ".join(problems))
+    return _rebuild(model, _nodes(model), _to_tf_keras_layer, keras.Input, keras.Model,
+                    lambda t: t._keras_history.operation, lambda t: t._keras_history.node_index)
+
+
+def to_keras3(model):
+    """The Keras 3 form of a tf_keras functional model (tfmot wrappers stripped first)."""
+    k3 = keras3()
+    nodes = [node for depth in sorted(model._nodes_by_depth, reverse=True)
+             for node in model._nodes_by_depth[depth]]
+    return _rebuild(model, nodes, _to_keras3_layer, k3.Input, k3.Model,
+                    lambda t: t._keras_history.layer, lambda t: t._keras_history.node_index)
+
+
+def _nodes(model) -> list:
+    """The nodes of a Keras 3 functional model (a Sequential's own graph), inputs first."""
+    graph = getattr(model, "_functional", None) or model
+    return [node for depth in sorted(graph._nodes_by_depth, reverse=True)
+            for node in graph._nodes_by_depth[depth]]
+
+
+def _rebuild(model, nodes, convert, make_input, make_model, owner, node_index):
+    """`model`'s graph rebuilt layer by layer with `convert(layer)`, weights copied."""
+    import tensorflow as tf
+
+    made, outputs = {}, {}       # layer name -> new layer; (layer name, node) -> tensors
+    for node in nodes:
+        layer = getattr(node, "operation", None) or node.layer
+        if type(layer).__name__ == "InputLayer":
+            spec = layer.output if hasattr(layer, "output") else layer.output_tensor
+            outputs[(layer.name, 0)] = [make_input(
+                shape=tuple(spec.shape[1:]), dtype=spec.dtype, name=layer.name)]
+            continue
+        if layer.name not in made:
+            made[layer.name] = convert(layer)
+        args, kwargs = _arguments(node)
+        lookup = lambda t: outputs[(owner(t).name, node_index(t))][_tensor_index(t)]  # noqa: E731
+        args = tf.nest.map_structure(lambda v: lookup(v) if _is_tensor(v) else v, args)
+        kwargs = {k: tf.nest.map_structure(lambda v: lookup(v) if _is_tensor(v) else v, v)
+                  for k, v in kwargs.items() if v is not None}
+        result = made[layer.name](*args, **kwargs)
+        index = _index_of(layer, node)
+        outputs[(layer.name, index)] = tf.nest.flatten(result)
+    ins = [outputs[(owner(t).name, node_index(t))][_tensor_index(t)] for t in model.inputs]
+    outs = [outputs[(owner(t).name, node_index(t))][_tensor_index(t)] for t in model.outputs]
+    new = make_model(ins if len(ins) > 1 else ins[0], outs if len(outs) > 1 else outs[0],
+                     name=model.name)
+    for name, layer in made.items():
+        _copy_weights(model.get_layer(name), layer)
+    return new
+
+
+def _arguments(node):
+    if hasattr(node, "arguments"):                       # Keras 3
+        return list(node.arguments.args), dict(node.arguments.kwargs)
+    return list(node.call_args), dict(node.call_kwargs)  # tf_keras
+
+
+def _index_of(layer, node) -> int:
+    return next(i for i, n in enumerate(layer._inbound_nodes) if n is node)
+
+
+def _tensor_index(tensor) -> int:
+    return tensor._keras_history.tensor_index
+
+
+def _is_tensor(value) -> bool:
+    return hasattr(value, "_keras_history")
+
+
+def _copy_weights(source, target) -> None:
+    weights = source.get_weights()
+    shapes = [tuple(w.shape) for w in weights]
+    wanted = [tuple(w.shape) for w in target.get_weights()]
+    if shapes != wanted:
+        raise ValueError(f"layer {source.name} ({type(source).__name__}): its weights "
+                         f"{shapes} do not fit the converted layer's {wanted}")
+    target.set_weights(weights)
+
+
+# -- one layer ----------------------------------------------------------------------------
+def _to_tf_keras_layer(layer):
+    kind = type(layer).__name__
+    if kind in _CONVERTERS:
+        return _CONVERTERS[kind](layer)
+    cls = getattr(keras.layers, kind)
+    config = _mapped(layer)
+    config["dtype"] = layer.dtype_policy.name
+    return cls(**{k: _to_tf_keras_value(k, v) for k, v in config.items()})
+
+
+def _mapped(layer) -> dict:
+    """`layer`'s config as the tf_keras class takes it (renamed, unknown keys dropped)."""
+    kind = type(layer).__name__
+    renames = RENAMES.get(kind, {})
+    accepted = _parameters(getattr(keras.layers, kind)) | _BASE
+    config = {renames.get(k, k): v for k, v in layer.get_config().items()}
+    return {k: v for k, v in config.items() if k in accepted}
+
+
+def _unmapped(layer) -> list[str]:
+    """Settings of a Keras 3 layer that tf_keras's class does not take, set to other than
+    their default (the converted layer would compute something else)."""
+    kind = type(layer).__name__
+    renames = RENAMES.get(kind, {})
+    accepted = _parameters(getattr(keras.layers, kind)) | _BASE
+    defaults = {k: p.default for k, p in inspect.signature(type(layer).__init__).parameters.items()}
+    found = []
+    for key, value in layer.get_config().items():
+        if renames.get(key, key) in accepted or key in ("seed", "flash_attention"):
+            continue
+        if key in defaults and defaults[key] == value or value in (None, False):
+            continue
+        found.append(f"{key}={value!r} has no tf_keras form")
+    return found
+
+
+def _parameters(cls) -> set[str]:
+    names = set()
+    for klass in cls.__mro__:
+        if "__init__" in vars(klass):
+            names |= set(inspect.signature(klass.__init__).parameters) - {"self", "kwargs", "args"}
+        if klass.__name__ == "Layer":
+            break
+    return names
+
+
+_OBJECTS = {"initializer": "initializers", "regularizer": "regularizers",
+            "constraint": "constraints"}
+
+
+def _to_tf_keras_value(key: str, value):
+    """Keras 3's serialized initializer/regularizer/constraint as tf_keras's (its config
+    reduced to what the tf_keras class takes); anything else as it is."""
+    if not (isinstance(value, dict) and "class_name" in value and "module" in value):
+        return value
+    kind = next((v for k, v in _OBJECTS.items() if key.endswith(k)), None)
+    if kind is None:
+        return value
+    cls = getattr(getattr(keras, kind), value["class_name"], None)
+    if cls is None:
+        return None                        # the tf_keras default
+    accepted = _parameters(cls) if "__init__" in vars(cls) else set(value["config"])
+    return {"class_name": value["class_name"],
+            "config": {k: v for k, v in value["config"].items() if k in accepted}}
+
+
+def _plain(value):
+    """tf_keras's tracked lists and dicts (ListWrapper, _DictWrapper) as plain ones."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) and not isinstance(value, str):
+        return type(value)(_plain(v) for v in value) if isinstance(value, tuple) else \
+            [_plain(v) for v in value]
+    return value
+
+
+def _to_keras3_layer(layer):
+    k3 = keras3()
+    kind = type(layer).__name__
+    cls = getattr(k3.layers, kind, None)
+    if cls is None:
+        raise ValueError(f"layer {layer.name} ({kind}) has no Keras 3 form")
+    back = {v: k for k, v in RENAMES.get(kind, {}).items()}
+    config = {back.get(k, k): v for k, v in layer.get_config().items()}
+    accepted = set()
+    for klass in cls.__mro__:
+        if "__init__" in vars(klass):
+            accepted |= set(inspect.signature(klass.__init__).parameters) - {"self", "kwargs"}
+        if klass.__name__ == "Layer":
+            break
+    config = {k: _plain(v) for k, v in config.items() if k in accepted | _BASE}
+    if kind == "BatchNormalization" and isinstance(config.get("axis"), list):
+        config["axis"] = config["axis"][0]      # tf_keras keeps a list, Keras 3 an int
+    for key, value in list(config.items()):
+        if isinstance(value, dict) and "class_name" in value and "module" not in value:
+            config[key] = k3.saving.deserialize_keras_object(
+                {"module": f"keras.{next((v for k2, v in _OBJECTS.items() if key.endswith(k2)), 'layers')}",
+                 "class_name": value["class_name"], "config": value.get("config", {}),
+                 "registered_name": None})
+    return cls(**config)
