@@ -78,6 +78,7 @@ class RunPlan:
 
     def describe(self) -> str:
         from tftrain import data
+        from tftrain.models.files import origin as model_origin
         from tftrain.runtime.strategy import device_table
 
         b, source, model = self.batches, self.source, self.model
@@ -91,6 +92,7 @@ class RunPlan:
             f"{b.accumulation} accumulation steps = global batch {b.global_batch}",
             self.stages[0].describe(self),
             f"model: {model.name}, {model.count_params():,} parameters",
+            *([origin.describe()] if (origin := model_origin(self.cfg.model.name)) else []),
             *(stage.describe(self) for stage in self.stages[1:]),
         ]
         if b.accumulation > 1 and any("BatchNormalization" in type(layer).__name__

@@ -120,7 +120,8 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
     from tftrain import plan as planning
     from tftrain.core import extras
     from tftrain.export import artifacts as exporting
-    from tftrain.export import fidelity, verification
+    from tftrain import models
+    from tftrain.export import fidelity, keras3_file, verification
     from tftrain.training import rundir, tracking
     from tftrain.stages import StageRunner
 
@@ -143,9 +144,10 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
     runner = StageRunner(plan=plan, run=run, stop=stop, profile=profile, tracker=tracker)
     try:
         # -- stages: train -> prune (+ fine-tune) -> QAT, each checkpointed and resumable ----
-        net, results = None, {}
+        net, results, float_net = None, {}, None
         for stage in plan.stages:          # each gets the model the one before finished with
             net, results[stage.name] = runner.run_stage(stage, net)
+            float_net = net if not stage.quantization_aware else float_net
 
         # -- export, verify, report --------------------------------------------------------
         stop.check("after the last stage", runner.agree)
@@ -153,6 +155,11 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
         artifacts = exporting.export_all(   # a smoke run's accuracy is noise: by its logits
             net, cfg.export, run.export, plan.source, data_cfg=cfg.data,
             qat=plan.stages[-1].quantization_aware, by_labels=not smoke) if plan.chief else {}
+        if models.came_in_as_keras3(cfg.model.name):    # handed back in the form it came in
+            float_net = plan.parallel.detach(float_net)          # (every worker joins)
+            if plan.chief:
+                artifacts.update(verification.verify({keras3_file.NAME: keras3_file.write(
+                    float_net, run.export, plan.source, cfg.data)}, cfg.export, 0.0))
         if plan.chief:              # each int8 artifact's layers, as curves and a table
             fidelity.write_tensorboard(run.path / "tensorboard" / "export", artifacts)
         stop.check("after the export (the rerun exports again and reports)", runner.agree)

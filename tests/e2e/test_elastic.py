@@ -61,13 +61,13 @@ def rows(path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def assert_reports_equal(ours, reference, rtol=1e-5):
-    """Weights within 1e-5; metrics.csv (every epoch's loss, accuracy, validation and
+def assert_reports_equal(ours, reference, rtol=1e-5, atol=1e-5):
+    """Weights within `atol`; metrics.csv (every epoch's loss, accuracy, validation and
     learning rate), updates.csv and summary.json's metrics within `rtol` relative."""
     a, b = model_weights(ours), model_weights(reference)
     assert a.keys() == b.keys() and a
     for name in a:
-        np.testing.assert_allclose(a[name], b[name], rtol=0, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(a[name], b[name], rtol=0, atol=atol, err_msg=name)
     for table, keys in (("metrics.csv", METRICS), ("updates.csv", ("loss", "accuracy", "lr"))):
         mine, theirs = rows(ours / table), rows(reference / table)
         if table == "updates.csv":      # the updates where calls ended in both runs
@@ -115,7 +115,10 @@ def test_a_run_resumed_on_another_topology_reports_what_the_uninterrupted_run_re
         out = proc.communicate(timeout=900)[0]
         assert proc.returncode == 0, out[-3000:]
         assert "resuming on a different topology" in out and resumed_at(out) <= int(where.split()[-1])
-        assert_reports_equal(tmp_path / name / "quickstart", tmp_path / "reference" / "quickstart")
+        # max pooling: a near tie may break the other way on another topology (see the
+        # module's docstring), so the issue's 1e-4 here; the tests below use 1e-5
+        assert_reports_equal(tmp_path / name / "quickstart", tmp_path / "reference" / "quickstart",
+                             rtol=1e-4, atol=1e-4)
 
 
 # --- deliberate kill points across three topologies ------------------------------------
@@ -163,11 +166,18 @@ def test_a_run_killed_at_chosen_points_on_three_topologies_ends_as_the_uninterru
             assert code == 0, out[-3000:]
         else:
             assert code != 0 and killed_at(out), out[-3000:]
+            kind, at = kill.split(":")
             expected = {"update": "after update ", "step": "during the step of update ",
                         "validation": "during validation after epoch ",
-                        "checkpoint": "writing checkpoint "}[kill.split(":")[0]]
-            assert all(k.startswith(expected + kill.split(":")[1]) for k in killed_at(out)), \
+                        "checkpoint": "writing checkpoint "}[kind]
+            # at the first call's end (or start) at or after the point: exactly there with
+            # one update per call
+            landed = [int(k[len(expected):].split(",")[0].split()[0]) for k in killed_at(out)
+                      if k.startswith(expected)]
+            assert landed and len(landed) == len(killed_at(out)) and min(landed) >= int(at), \
                 killed_at(out)
+            if "train.steps_per_execution=1" in sets:
+                assert set(landed) == {int(at)}, killed_at(out)
         if i:
             assert f"resuming on a different topology: {last} worker(s)" in out, out[-3000:]
         last = workers

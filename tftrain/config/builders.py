@@ -59,6 +59,8 @@ def find(name: str) -> Signature | None:
     without running code."""
     if name.startswith("keras_applications:"):
         return None
+    if name.startswith("file:"):                # a saved model: it takes no parameters
+        return Signature(f"the model in {name[len('file:'):]}", (), False)
     if ":" not in name:
         return _registered(name)
     module, _, function = name.partition(":")

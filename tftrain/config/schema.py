@@ -149,7 +149,9 @@ class FreezeConfig(Strict):
 
 
 class TrainConfig(Strict):
-    epochs: int = Field(10, ge=1)
+    # 0: no training; the model as built or loaded (model.name: file:PATH) is evaluated,
+    # its batch-norm statistics re-estimated if asked, and handed to the later stages
+    epochs: int = Field(10, ge=0)
     accumulation_steps: int = Field(1, ge=1)
     global_batch_size: Optional[int] = Field(None, ge=1)
     # steps per tf.function call: auto sizes it after a few steps so that host work per

@@ -62,7 +62,8 @@ def run(cfg, net, source, qat: bool) -> Preflight | None:
                 with making("compression.quantization"):
                     model = quantization.quantize_configured(model, cfg)
             report = artifacts.export_all(model, cfg.export, Path(tmp), _Sample(source), qat=qat,
-                                          data_cfg=cfg.data, by_labels=False, timed=False)
+                                          data_cfg=cfg.data, by_labels=False, timed=False,
+                                          layers=not qat)   # (QAT: checked at the logits)
         except ArtifactError as err:
             raise _classified(cfg, err) from err.error
     failed = verification.failures(report)

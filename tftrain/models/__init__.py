@@ -5,8 +5,9 @@ compression: those wrap them from outside.
 
 May import: `tftrain.core`, `tftrain.config`.
 """
-from tftrain.models.registry import (APPLICATIONS, MODELS, build_model, layer_parents,
-                                     resolve_builder)
+from tftrain.models.registry import (APPLICATIONS, MODELS, build_model, came_in_as_keras3,
+                                     layer_parents, resolve_builder)
 from tftrain.models import audio, cnn, mlp, resnet, text, transformer  # noqa: E402,F401  (registers)
 
-__all__ = ["APPLICATIONS", "MODELS", "build_model", "layer_parents", "resolve_builder"]
+__all__ = ["APPLICATIONS", "MODELS", "build_model", "came_in_as_keras3", "layer_parents",
+           "resolve_builder"]

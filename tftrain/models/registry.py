@@ -6,15 +6,20 @@ from __future__ import annotations
 from tftrain.core.keras import ensure_tf_keras_model
 from tftrain.config import ConfigError, ModelConfig
 from tftrain.core.registry import Registry, check_params, import_function
+from tftrain.models import keras3
 
 MODELS = Registry("model", "model.name")
 APPLICATIONS = "keras_applications:"      # + a keras.applications model name
+FILE = "file:"                            # + a .keras, .h5 or SavedModel path
 
 
 def resolve_builder(name: str, key: str = "model.name"):
     """A registered builder, or `package.module:function`; errors name `key`."""
     if ":" not in name:
         return MODELS.get(name, key)
+    if name.startswith(FILE):
+        from tftrain.models.files import builder
+        return builder(name[len(FILE):])
     if name.startswith(APPLICATIONS):
         from tftrain.models.applications import application
         try:
@@ -29,13 +34,41 @@ def build_model(cfg: ModelConfig, spec, section: str = "model"):
     name the config `section` it came from (e.g. a distillation student's)."""
     builder = resolve_builder(cfg.name, f"{section}.name")
     check_params(builder, cfg.params, f"{section}.params", skip=1)
-    if ":" in cfg.name and not cfg.name.startswith(APPLICATIONS):   # user code: whatever it raises is a bug in it (exit 1, traceback)
-        return ensure_tf_keras_model(builder(spec, **cfg.params), f"model '{cfg.name}'")
+    if ":" in cfg.name and not cfg.name.startswith((APPLICATIONS, FILE)):
+        # user code: whatever it raises is a bug in it (exit 1, traceback)
+        built = builder(spec, **cfg.params)
+        if keras3.is_keras3(built):
+            _KERAS3.add(cfg.name)
+        return tf_keras_model(built, f"model '{cfg.name}'", section)
     try:
         model = builder(spec, **cfg.params)
     except ValueError as err:     # the bundled builders' own checks of their params
         raise ConfigError(f"{section}.params: {cfg.name} rejected {cfg.params} ({err})") from None
     return ensure_tf_keras_model(model, f"model '{cfg.name}'")
+
+
+_KERAS3: set[str] = set()          # model names whose builder returned a Keras 3 model
+
+
+def came_in_as_keras3(name: str) -> bool:
+    """Whether the model `model.name` names came in as Keras 3 (a Keras 3 file, or a
+    builder that returned a Keras 3 model) in this process: it is handed back as one."""
+    from tftrain.models.files import origin
+
+    found = origin(name)
+    return name in _KERAS3 or (found is not None and found.writer == "keras3")
+
+
+def tf_keras_model(model, what: str, section: str = "model"):
+    """A builder's model as tf_keras: a Keras 3 functional or Sequential model converted
+    layer by layer (`keras3.to_tf_keras`; what cannot be is a config error naming the
+    layer), a tf_keras one as it is."""
+    if keras3.is_keras3(model):
+        problems = keras3.refusal(model)
+        if problems:
+            raise ConfigError(*[f"{section}.name: {what} is a Keras 3 model: {p}" for p in problems])
+        return keras3.to_tf_keras(model)
+    return ensure_tf_keras_model(model, what)
 
 
 def layer_parents(model) -> dict[str, list[str]]:

@@ -196,6 +196,10 @@ class StageRunner:
         """`train.jit_compile` for this stage: as decided before a restart, else decided
         now (`tftrain.training.xla`); printed when it was for `auto` to decide."""
         setting = self.cfg.train.jit_compile
+        if stage.updates == 0:                  # (train.epochs: 0) nothing to compile
+            model.jit_compile_gradients = False
+            self.jit[stage.name] = {"compiled": False, "reason": "no updates", "speedup": None}
+            return
         if int(jit.numpy()) != xla.UNDECIDED:
             decision = xla.Decision(bool(jit.numpy()), "as decided before the restart")
         else:

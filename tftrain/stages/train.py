@@ -48,6 +48,10 @@ class Train(Stage):
         return built.net
 
     def describe(self, ctx) -> str:
+        if not self.updates:
+            return ("training: none (train.epochs: 0): the model is evaluated as it starts"
+                    + (", its batch-norm statistics re-estimated" if
+                       self.cfg.train.recalibrate_batch_norm not in ("off", False) else ""))
         return (f"training: {self.epochs} epochs x {self.steps_per_epoch} updates = "
                 f"{self.updates} updates"
                 + (f"; weights averaged (EMA decay {self.cfg.train.ema.decay:g})"

@@ -286,7 +286,9 @@ def report_table(summary: dict) -> str:
             acc = stage["metrics"].get("val_accuracy")
             change = "" if before is None or acc is None else f" ({(acc - before) * 100:+.2f} pt)"
             raw = stage.get("raw_metrics", {}).get("val_accuracy")
-            rows.append((f"stage {name}", f"{stage['updates']} updates, {stage['seconds']:.0f} s"
+            rows.append((f"stage {name}", ("the starting model, not trained" if not
+                                            stage["updates"] and name == "train" else
+                                            f"{stage['updates']} updates, {stage['seconds']:.0f} s")
                          + (f", val_accuracy {acc:.4f}{change}" if acc is not None else "")
                          + (f" ({stage.get('settled', 'averaged')}; as trained {raw:.4f})"
                             if raw is not None else "")))

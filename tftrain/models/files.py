@@ -1,0 +1,243 @@
+"""A model you already have: `model.name: file:PATH`.
+
+PATH is a `.keras` file (written by Keras 3 or by tf_keras), an `.h5` file, or a
+SavedModel directory written by tf_keras' `model.save`. The file is read by the Keras
+that wrote it (its metadata says which): a tf_keras model as it is, a Keras 3 model
+converted layer by layer (`keras3.to_tf_keras`; its outputs are compared with Keras 3's
+on sample inputs, to 1e-5). Its optimizer state is not read (`compile=False`): tftrain
+trains it with the configured optimizer. A model that ends in a softmax gives
+probabilities; the softmax is taken off so it gives the logits tftrain's losses and
+exports take (the same top class). The model's input and output are checked against the
+data (`check_spec`): a mismatch is a config error naming both shapes. Layers come out
+under the run's precision policy (a file's layers keep the dtype they were saved with
+otherwise).
+"""
+from __future__ import annotations
+
+import json
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tftrain.config import ConfigError
+from tftrain.core.keras import keras, keras3
+
+PREFIX = "file:"
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a model came from, for the plan and for handing it back."""
+    path: str
+    writer: str             # "keras3" or "tf_keras"
+    form: str               # ".keras", ".h5", "SavedModel"
+    layers: int
+    converted_diff: float | None = None    # largest output difference after conversion
+    softmax_removed: bool = False
+
+    def describe(self) -> str:
+        what = {"keras3": "Keras 3", "tf_keras": "tf_keras"}[self.writer]
+        line = f"model from {self.path}: {what} {self.form}, {self.layers} layers"
+        if self.converted_diff is not None:
+            line += (f", converted to tf_keras (outputs equal Keras 3's to "
+                     f"{self.converted_diff:.1e} on sample inputs)")
+        if self.softmax_removed:
+            line += "; its final softmax taken off (tftrain trains and exports logits)"
+        return line
+
+
+_LOADED: dict[str, Origin] = {}
+
+
+def origin(name: str) -> Origin | None:
+    """How the model `model.name` names was loaded in this process (None: not a file)."""
+    return _LOADED.get(name[len(PREFIX):]) if name.startswith(PREFIX) else None
+
+
+def builder(path: str):
+    """The builder of `model.name: file:PATH`: `fn(spec)` loads the file."""
+    def from_file(spec):
+        model, found = load(path)
+        model, removed = to_logits(model)
+        check_spec(model, spec, path)
+        _LOADED[path] = Origin(found.path, found.writer, found.form, found.layers,
+                               found.converted_diff, removed)
+        return in_current_policy(model)
+    from_file.__doc__ = f"The model in {path}."
+    return from_file
+
+
+def writer_of(path: Path) -> tuple[str, str]:
+    """(the Keras that wrote the file, its form), read from the file's metadata."""
+    if path.is_dir():
+        if not (path / "saved_model.pb").exists():
+            raise ConfigError(f"model.name: {path} is a directory without saved_model.pb; give "
+                              "a .keras or .h5 file or a SavedModel directory")
+        if not (path / "keras_metadata.pb").exists():
+            raise ConfigError(
+                f"model.name: {path} is a SavedModel without a Keras model in it (written by "
+                "tf.saved_model.save or Keras 3's model.export(), which keep only the serving "
+                "function); save the model with model.save('model.keras') and give that file")
+        return "tf_keras", "SavedModel"
+    if path.suffix == ".keras":
+        try:
+            with zipfile.ZipFile(path) as z:
+                version = json.loads(z.read("metadata.json")).get("keras_version", "")
+        except (zipfile.BadZipFile, KeyError, ValueError) as err:
+            raise ConfigError(f"model.name: {path} is not a readable .keras file ({err})") from None
+        return ("keras3" if version.startswith("3.") else "tf_keras"), ".keras"
+    if path.suffix in (".h5", ".hdf5"):
+        import h5py
+        try:
+            with h5py.File(path, "r") as f:
+                version = f.attrs.get("keras_version", "")
+        except OSError as err:
+            raise ConfigError(f"model.name: {path} is not a readable HDF5 file ({err})") from None
+        version = version.decode() if isinstance(version, bytes) else str(version)
+        return ("keras3" if version.startswith("3.") else "tf_keras"), ".h5"
+    raise ConfigError(f"model.name: {path}: expected a .keras or .h5 file or a SavedModel "
+                      "directory written by Keras")
+
+
+def load(path: str):
+    """(tf_keras model, `Origin`) of the file at `path` (a ConfigError naming what is wrong)."""
+    file = Path(path)
+    if not file.exists():
+        raise ConfigError(f"model.name: {path} does not exist")
+    writer, form = writer_of(file)
+    if writer == "tf_keras":
+        model = keras.models.load_model(str(file), compile=False)
+        if not isinstance(model, keras.Model) or not hasattr(model, "_nodes_by_depth"):
+            raise ConfigError(f"model.name: {path} holds a subclassed tf_keras model; tftrain "
+                              "needs a functional or Sequential one (its layers are compressed "
+                              "one by one)")
+        return model, Origin(str(path), writer, form, len(model.layers))
+    from tftrain.models import keras3 as convert
+
+    unknown = _custom_classes(file) if form == ".keras" else []
+    if unknown:
+        raise ConfigError(*[f"model.name: {path}: layer {name} ({cls}) is not a Keras built-in "
+                            "layer tftrain can convert; rewrite it with tf_keras, or register a "
+                            "converter (tftrain.models.keras3.register_converter) and load "
+                            "its module before the run" for name, cls in unknown])
+    original = keras3().saving.load_model(str(file), compile=False)
+    problems = convert.refusal(original)
+    if problems:
+        raise ConfigError(*[f"model.name: {path}: {p}" for p in problems])
+    model = convert.to_tf_keras(original)
+    diff = conversion_diff(original, model)
+    if diff > 1e-5 * max(1.0, _scale(original)):
+        raise RuntimeError(f"the tf_keras conversion of {path} computes outputs {diff:.2g} from "
+                           "Keras 3's (more than 1e-5); a bug in tftrain's converter: please "
+                           "report it with the model's config")
+    return model, Origin(str(path), writer, form, len(model.layers), diff)
+
+
+def _custom_classes(file: Path) -> list[tuple[str, str]]:
+    """(layer name, class) of layers in a Keras 3 `.keras` file's config that are not
+    Keras built-ins registered under another name (read from config.json: nothing is
+    loaded or run)."""
+    from tftrain.models.keras3 import LAYERS, _CONVERTERS
+
+    with zipfile.ZipFile(file) as z:
+        config = json.loads(z.read("config.json"))
+    found = []
+
+    def walk(entry):
+        layers = entry.get("config", {}).get("layers", []) if isinstance(entry, dict) else []
+        for layer in layers:
+            cls = layer.get("class_name", "")
+            module = layer.get("module") or ""
+            builtin = module.startswith("keras.") and cls in LAYERS | {"Functional", "Sequential"}
+            if not builtin and cls not in _CONVERTERS:
+                found.append((layer.get("config", {}).get("name", "?"),
+                              layer.get("registered_name") or cls))
+            walk(layer)
+    walk(config)
+    return found
+
+
+def _sample(model, n: int = 16, seed: int = 0) -> list[np.ndarray]:
+    """Inputs to compare two forms of a model on: token ids below the smallest embedding
+    table, else values in [-1, 1]."""
+    rng = np.random.default_rng(seed)
+    tables = [layer.input_dim for layer in model.layers if hasattr(layer, "input_dim")]
+    samples = []
+    for t in model.inputs:
+        shape = [n, *[d if d is not None else 8 for d in t.shape[1:]]]
+        if "int" in str(t.dtype):
+            samples.append(rng.integers(0, min(tables) if tables else 2, shape).astype(str(t.dtype)))
+        else:
+            samples.append(rng.uniform(-1, 1, shape).astype("float32"))
+    return samples
+
+
+def conversion_diff(original, converted) -> float:
+    """The largest difference between two forms of a model's outputs on sample inputs."""
+    x = _sample(original)
+    x = x[0] if len(x) == 1 else x
+    a = np.asarray(original(x, training=False))
+    b = np.asarray(converted(x, training=False))
+    return float(np.max(np.abs(a - b)))
+
+
+def _scale(model) -> float:
+    x = _sample(model)
+    return float(np.max(np.abs(np.asarray(model(x[0] if len(x) == 1 else x, training=False)))))
+
+
+def to_logits(model):
+    """(model, whether a final softmax was taken off): a model ending in a softmax gives
+    probabilities, which tftrain's losses and exports would take for logits."""
+    last = model.layers[-1]
+    activation = getattr(getattr(last, "activation", None), "__name__", "")
+    if type(last).__name__ == "Softmax" or (type(last).__name__ == "Activation"
+                                            and activation == "softmax"):
+        logits = last.input
+        return keras.Model(model.inputs, logits, name=model.name), True
+    if activation == "softmax" and len(model.outputs) == 1:
+        config = last.get_config()
+        config["activation"] = "linear"
+        head = type(last).from_config(config)
+        out = head(last.input)
+        head.set_weights(last.get_weights())
+        return keras.Model(model.inputs, out, name=model.name), True
+    return model, False
+
+
+def check_spec(model, spec, path: str) -> None:
+    """The model takes the data's examples and gives one output per class."""
+    inputs = model.inputs[0]
+    wanted = tuple(spec.shape)
+    shape = tuple(inputs.shape[1:])
+    if len(model.inputs) != 1 or len(shape) != len(wanted) or any(
+            d is not None and d != w for d, w in zip(shape, wanted)):
+        raise ConfigError(f"model.name: {path} takes inputs of shape {shape}, but the data's "
+                          f"examples are {wanted}; give data of that shape (data.params: "
+                          "image_size, channels) or a model that takes it")
+    if ("int" in spec.dtype) != ("int" in inputs.dtype.name):
+        raise ConfigError(f"model.name: {path} takes {inputs.dtype.name} inputs, but the data's "
+                          f"examples are {spec.dtype}")
+    classes = model.outputs[0].shape[-1]
+    if len(model.outputs) != 1 or classes != spec.num_classes:
+        raise ConfigError(f"model.name: {path} gives {classes} outputs, but the data has "
+                          f"{spec.num_classes} classes; give a model with one output per class")
+
+
+def in_current_policy(model):
+    """`model` with its layers in the current mixed-precision policy (a file's layers
+    keep the dtype they were saved with), weights as they are."""
+    policy = keras.mixed_precision.global_policy().name
+    if policy == "float32" and all(layer.dtype_policy.name == "float32" for layer in model.layers):
+        return model
+
+    def rebuild(layer):
+        config = layer.get_config()
+        if "dtype" in config and type(layer).__name__ != "InputLayer":
+            config["dtype"] = policy
+        return type(layer).from_config(config)
+    clone = keras.models.clone_model(model, clone_function=rebuild)
+    clone.set_weights(model.get_weights())
+    return clone
