@@ -32,6 +32,9 @@ def summary(plan, results: dict, artifacts: dict, net) -> dict:
         "stages": results, "sparsity": _sparsity(results),
         "artifacts": artifacts, "smoke": plan.smoke,
     }
+    source = _model_source(plan.cfg.model.name)
+    if source:
+        out["model_source"] = source
     headline = deployed_accuracy(out["metrics"], plan.stages[-1].name, artifacts)
     if headline is not None:
         out["accuracy"] = headline
@@ -78,6 +81,23 @@ def _sparsity(results: dict) -> dict:
     pruned = results.get("prune", {}).get("sparsity", {})
     final = results.get("qat", {}).get("sparsity", {})
     return {name: final.get(name, value) for name, value in pruned.items()}
+
+
+def _model_source(name: str) -> dict | None:
+    """Where the model came from, when it is not one of tftrain's builders: a file (its
+    writer, form, layers, the conversion's output difference) or a Keras 3 builder."""
+    from dataclasses import asdict
+
+    from tftrain.models import came_in_as_keras3
+    from tftrain.models.files import origin
+
+    found = origin(name)
+    if found is not None:
+        return {"kind": "file", **asdict(found)}
+    if came_in_as_keras3(name):
+        from tftrain.models.keras3 import CONVERTED
+        return {"kind": "keras3 builder", "builder": name, "converted_diff": CONVERTED.get(name)}
+    return None
 
 
 def _one_batch(plan):

@@ -126,12 +126,7 @@ def load(path: str):
     problems = convert.refusal(original)
     if problems:
         raise ConfigError(*[f"model.name: {path}: {p}" for p in problems])
-    model = convert.to_tf_keras(original)
-    diff = conversion_diff(original, model)
-    if diff > 1e-5 * max(1.0, _scale(original)):
-        raise RuntimeError(f"the tf_keras conversion of {path} computes outputs {diff:.2g} from "
-                           "Keras 3's (more than 1e-5); a bug in tftrain's converter: please "
-                           "report it with the model's config")
+    model, diff = convert.checked(original, str(path))
     return model, Origin(str(path), writer, form, len(model.layers), diff)
 
 
@@ -157,35 +152,6 @@ def _custom_classes(file: Path) -> list[tuple[str, str]]:
             walk(layer)
     walk(config)
     return found
-
-
-def _sample(model, n: int = 16, seed: int = 0) -> list[np.ndarray]:
-    """Inputs to compare two forms of a model on: token ids below the smallest embedding
-    table, else values in [-1, 1]."""
-    rng = np.random.default_rng(seed)
-    tables = [layer.input_dim for layer in model.layers if hasattr(layer, "input_dim")]
-    samples = []
-    for t in model.inputs:
-        shape = [n, *[d if d is not None else 8 for d in t.shape[1:]]]
-        if "int" in str(t.dtype):
-            samples.append(rng.integers(0, min(tables) if tables else 2, shape).astype(str(t.dtype)))
-        else:
-            samples.append(rng.uniform(-1, 1, shape).astype("float32"))
-    return samples
-
-
-def conversion_diff(original, converted) -> float:
-    """The largest difference between two forms of a model's outputs on sample inputs."""
-    x = _sample(original)
-    x = x[0] if len(x) == 1 else x
-    a = np.asarray(original(x, training=False))
-    b = np.asarray(converted(x, training=False))
-    return float(np.max(np.abs(a - b)))
-
-
-def _scale(model) -> float:
-    x = _sample(model)
-    return float(np.max(np.abs(np.asarray(model(x[0] if len(x) == 1 else x, training=False)))))
 
 
 def to_logits(model):

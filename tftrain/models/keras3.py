@@ -16,6 +16,8 @@ from __future__ import annotations
 import inspect
 from typing import Callable
 
+import numpy as np
+
 from tftrain.core.keras import keras, keras3
 
 # the built-in layers converted by their config (one class name in both Kerases)
@@ -79,6 +81,52 @@ def to_tf_keras(model):
         raise ValueError("; ".join(problems))
     return _rebuild(model, _nodes(model), _to_tf_keras_layer, keras.Input, keras.Model,
                     lambda t: t._keras_history.operation, lambda t: t._keras_history.node_index)
+
+
+def checked(model, what: str, tolerance: float = 1e-5):
+    """(`to_tf_keras(model)`, the largest difference between the two forms' outputs on
+    sample inputs); a difference above `tolerance` times the outputs' scale is a bug in
+    the conversion (RuntimeError)."""
+    converted = to_tf_keras(model)
+    diff = conversion_diff(model, converted)
+    if diff > tolerance * max(1.0, _scale(model)):
+        raise RuntimeError(f"the tf_keras conversion of {what} computes outputs {diff:.2g} from "
+                           f"Keras 3's (more than {tolerance:g}); a bug in tftrain's converter: "
+                           "please report it with the model's config")
+    CONVERTED[what] = diff
+    return converted, diff
+
+
+CONVERTED: dict[str, float] = {}      # what was converted in this process -> the difference
+
+
+def _sample(model, n: int = 16, seed: int = 0) -> list[np.ndarray]:
+    """Inputs to compare two forms of a model on: token ids below the smallest embedding
+    table, else values in [-1, 1]."""
+    rng = np.random.default_rng(seed)
+    tables = [layer.input_dim for layer in model.layers if hasattr(layer, "input_dim")]
+    samples = []
+    for t in model.inputs:
+        shape = [n, *[d if d is not None else 8 for d in t.shape[1:]]]
+        if "int" in str(t.dtype):
+            samples.append(rng.integers(0, min(tables) if tables else 2, shape).astype(str(t.dtype)))
+        else:
+            samples.append(rng.uniform(-1, 1, shape).astype("float32"))
+    return samples
+
+
+def conversion_diff(original, converted) -> float:
+    """The largest difference between two forms of a model's outputs on sample inputs."""
+    x = _sample(original)
+    x = x[0] if len(x) == 1 else x
+    a = np.asarray(original(x, training=False))
+    b = np.asarray(converted(x, training=False))
+    return float(np.max(np.abs(a - b)))
+
+
+def _scale(model) -> float:
+    x = _sample(model)
+    return float(np.max(np.abs(np.asarray(model(x[0] if len(x) == 1 else x, training=False)))))
 
 
 def to_keras3(model):

@@ -39,7 +39,7 @@ def build_model(cfg: ModelConfig, spec, section: str = "model"):
         built = builder(spec, **cfg.params)
         if keras3.is_keras3(built):
             _KERAS3.add(cfg.name)
-        return tf_keras_model(built, f"model '{cfg.name}'", section)
+        return tf_keras_model(built, cfg.name, section)
     try:
         model = builder(spec, **cfg.params)
     except ValueError as err:     # the bundled builders' own checks of their params
@@ -67,7 +67,7 @@ def tf_keras_model(model, what: str, section: str = "model"):
         problems = keras3.refusal(model)
         if problems:
             raise ConfigError(*[f"{section}.name: {what} is a Keras 3 model: {p}" for p in problems])
-        return keras3.to_tf_keras(model)
+        return keras3.checked(model, what)[0]
     return ensure_tf_keras_model(model, what)
 
 
