@@ -42,6 +42,12 @@ class RunPlan:
     flops_per_example: float = 0.0
     preflight: Any = None    # `tftrain.export.preflight.Preflight`: the exports, converted already
 
+    def training_line(self) -> str:
+        from tftrain.training.rundir import run_path
+        updates = max(1, self.stages[0].updates)
+        return (optimizer_line(self.cfg, self.steps_per_epoch, updates)
+                + f"\nrun directory: {run_path(self.cfg, self.smoke)}")
+
     @cached_property
     def peak(self):
         """The training devices' measured peak FLOP/s (what MFU is quoted against)."""
@@ -102,12 +108,28 @@ class RunPlan:
         if info.replicas > 1:
             lines.append(self.precision.wire.describe())
         lines.append(data.describe(source, self.layout, self.cfg.data))
+        lines.append(self.training_line())
         if self.preflight is not None:
             lines.append(self.preflight.describe())
         from tftrain.runtime.cluster import slurm_without_srun
         warning = slurm_without_srun()
         lines += [warning] if warning else []
         return "\n".join(lines + self.parallel.describe())
+
+
+def optimizer_line(cfg: Config, steps_per_epoch: int, updates: int) -> str:
+    """The optimizer, its schedule and the checkpoints, as the plan prints them."""
+    o, sched, ckpt = cfg.train.optimizer, cfg.train.schedule, cfg.train.checkpoint
+    warmup = sched.warmup_steps.steps(steps_per_epoch, updates)
+    extras = [f"weight decay {o.weight_decay:g}" if o.weight_decay else "",
+              f"clipnorm {o.clipnorm:g}" if o.clipnorm else "",
+              f"global_clipnorm {o.global_clipnorm:g}" if o.global_clipnorm else "",
+              *[f"{k} {v}" for k, v in o.params.items()]]
+    return (f"optimizer: {o.name}, learning rate {o.learning_rate:g}"
+            + "".join(f", {e}" for e in extras if e)
+            + f"; schedule {sched.name}" + (f" after {warmup} warmup updates" if warmup else "")
+            + f"; checkpoint every {ckpt.every.steps(steps_per_epoch, updates)} updates "
+            f"(keep {ckpt.keep})")
 
 
 def make(cfg: Config, *, smoke: bool, stop) -> RunPlan:

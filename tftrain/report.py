@@ -27,11 +27,16 @@ def summary(plan, results: dict, artifacts: dict, net) -> dict:
                        "mfu": first.get("mfu", 0.0),
                        "peak_flops_per_sec": peak.flops, "peak_device": peak.description,
                        "input_wait": first.get("input_wait"),
+                       "input_wait_ms_per_batch": first.get("input_wait_ms_per_batch"),
+                       "host_ms_per_call": first.get("host_ms_per_call"),
                        "host": first.get("host")},
         **plan.parallel.summary(net, lambda: _one_batch(plan), plan.stages[-1].loss()),
         "stages": results, "sparsity": _sparsity(results),
         "artifacts": artifacts, "smoke": plan.smoke,
     }
+    confusion = _confusion(plan, net)
+    if confusion is not None:
+        out["confusion"] = confusion
     source = _model_source(plan.cfg.model.name)
     if source:
         out["model_source"] = source
@@ -81,6 +86,23 @@ def _sparsity(results: dict) -> dict:
     pruned = results.get("prune", {}).get("sparsity", {})
     final = results.get("qat", {}).get("sparsity", {})
     return {name: final.get(name, value) for name, value in pruned.items()}
+
+
+def _confusion(plan, net, most: int = 50) -> list[list[int]] | None:
+    """The validation confusion matrix of the final model (rows: true class, columns:
+    predicted), for up to `most` classes."""
+    import numpy as np
+
+    from tftrain.data import BatchPlan, val_dataset
+
+    classes = plan.source.spec.num_classes
+    if classes > most:
+        return None
+    matrix = np.zeros((classes, classes), np.int64)
+    for x, y in val_dataset(plan.source, BatchPlan(256, 1, 1), plan.cfg.data):
+        predicted = np.argmax(net(x, training=False).numpy(), axis=-1)
+        np.add.at(matrix, (y.numpy().astype(int), predicted), 1)
+    return matrix.tolist()
 
 
 def _model_source(name: str) -> dict | None:

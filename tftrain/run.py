@@ -10,8 +10,11 @@ point (rerun the same command to resume).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
+import time
 import traceback
 
 import tftrain  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)
@@ -40,6 +43,8 @@ def parse_args(argv):
     p.add_argument("--schema", action="store_true", help="print the config JSON Schema")
     p.add_argument("--profile", metavar="START:STOP",
                    help="profiler trace of training updates START to STOP into tensorboard/")
+    p.add_argument("--verbose", action="store_true",
+                   help="keep TensorFlow's native start-up and converter lines on stderr")
     return p.parse_args(argv)
 
 
@@ -55,6 +60,8 @@ def main(argv=None) -> int:
         overrides = args.set + ([f"run.dir={args.run_dir}"] if args.run_dir else [])
         cfg = load_config(args.config, overrides)
         doctor.check_stack()            # versions only: an incoherent stack fails here
+        if args.verbose:
+            os.environ["TFTRAIN_VERBOSE"] = "1"
         profile = None
         if args.profile:
             from tftrain.training.profiling import parse_window
@@ -91,12 +98,25 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False,
     done = None if dry_run else rundir.completed(cfg, smoke)   # files only: no TensorFlow yet
     if done is not None:
         return _completed(cfg, smoke, done)
+    from tftrain.core.native_log import quiet
+    with quiet():                  # TensorFlow's native start-up lines held back
+        import tensorflow  # noqa: F401
+        from tftrain.core.keras import keras  # noqa: F401
     from tftrain.plan import process_settings_kept
     with process_settings_kept():         # the caller's process is as it was afterwards
         if stop is None:
             with Preemption() as stop:
                 return _pipeline(cfg, dry_run, smoke, stop, profile)
         return _pipeline(cfg, dry_run, smoke, stop, profile)
+
+
+def _exports(e) -> str:
+    """The exports a config asks for, as the export phase names them."""
+    names = (["SavedModel"] if e.saved_model else []) + \
+        (["int8 SavedModel"] if e.saved_model_int8 else []) + \
+        ([f"TFLite {e.tflite}"] if e.tflite != "none" else []) + \
+        (["sparse TFLite"] if e.tflite_sparse else []) + (["ONNX"] if e.onnx else [])
+    return ", ".join(names)
 
 
 def _completed(cfg: Config, smoke: bool, done: dict) -> dict:
@@ -115,20 +135,24 @@ def _completed(cfg: Config, smoke: bool, done: dict) -> dict:
 
 def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
               profile: tuple[int, int] | None) -> dict | None:
-    # TensorFlow is imported only once the config has parsed: a typo costs no TF start-up.
+    # TensorFlow is imported only once the config has parsed: a typo costs no TF start-up
+    from tftrain.core import console
+    from tftrain.core.native_log import quiet
     from tftrain import data, report
     from tftrain import plan as planning
     from tftrain.core import extras
     from tftrain.export import artifacts as exporting
     from tftrain import models
     from tftrain.export import fidelity, keras3_file, verification
-    from tftrain.training import rundir, tracking
+    from tftrain.training import report_page, rundir, tracking
     from tftrain.stages import StageRunner
 
     extras.require(cfg)                   # a missing optional package: config error, exit 2
 
     # -- plan: devices, strategy, precision, data, batches, stages (nothing written yet) --
-    plan = planning.make(cfg, smoke=smoke, stop=stop)
+    began = time.perf_counter()
+    with console.phase("plan", "devices, data, model, stages and exports"):
+        plan = planning.make(cfg, smoke=smoke, stop=stop)
     print(plan.describe(), flush=True)
     if dry_run:
         return None
@@ -151,10 +175,18 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
 
         # -- export, verify, report --------------------------------------------------------
         stop.check("after the last stage", runner.agree)
-        net = plan.parallel.detach(net)       # a model the chief can run alone
-        artifacts = exporting.export_all(   # a smoke run's accuracy is noise: by its logits
-            net, cfg.export, run.export, plan.source, data_cfg=cfg.data,
-            qat=plan.stages[-1].quantization_aware, by_labels=not smoke) if plan.chief else {}
+        from tftrain.compress.quantization import clone
+        net = plan.parallel.detach(net, clone)      # a model the chief can run alone
+        exports = _exports(cfg.export)
+        with (console.phase("export", f"{exports}: converting, checking and timing each")
+              if plan.chief and exports else contextlib.nullcontext()) as note, quiet():
+            # (quiet: the converters' and LiteRT's notices)
+            artifacts = exporting.export_all(   # a smoke run's accuracy is noise: by logits
+                net, cfg.export, run.export, plan.source, data_cfg=cfg.data,
+                qat=plan.stages[-1].quantization_aware, by_labels=not smoke) if plan.chief else {}
+            if note is not None:
+                note["detail"] = (f"{sum(a.get('verified', True) for a in artifacts.values())} "
+                                  f"of {len(artifacts)} verified")
         if models.came_in_as_keras3(cfg.model.name):    # handed back in the form it came in
             float_net = plan.parallel.detach(float_net)          # (every worker joins)
             if plan.chief:
@@ -167,11 +199,15 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
         tracker.fail()     # (never raises) a restart sets the same tracked run running
         raise
     summary = report.summary(plan, results, artifacts, net)
+    summary["seconds"] = time.perf_counter() - began        # this session, from the plan
+    summary["run_dir"] = str(run.path)
     if runner.batch_changes:       # resumes that changed the global batch: not exact
         summary["batch_changes"] = runner.batch_changes
     print(f"final weights sha256: {report.weights_digest(net)}")
     if plan.chief:
+        summary["report"] = report_page.NAME
         rundir.write_summary(run, summary)
+        report_page.write(run.path, summary)      # report.html: the run's charts
     runner.clean_up()
     failed = verification.failures(artifacts)
     tracker.finish(summary, run.export, ok=not failed)      # never raises: a rerun retries

@@ -331,3 +331,25 @@ def test_a_training_mode_pass_with_ranges_held_moves_batch_norm_statistics_and_n
     for name, value in before.items():
         np.testing.assert_array_equal([v for v in q.weights if v.name == name][0].numpy(), value,
                                       err_msg=name)
+
+
+def test_a_prune_preserving_qat_model_clones_with_its_masks():
+    """A cluster's export copy (`Parallelism.detach`) of a pruned, QAT-trained model: a
+    clone from the config lost the sparsity masks prune-preserving QAT adds (36 weights
+    for 40); `quantization.clone` keeps them and computes what the model computes."""
+    from tftrain.compress import quantization
+    from tftrain.config import load_config
+    from tftrain.export.artifacts import inference_model
+    from tftrain.models import MODELS
+    cfg = load_config(None, ["compression.quantization={enabled: true}",
+                             "compression.pruning={enabled: true}"])
+    net = MODELS.get("cnn")(InputSpec((8, 8, 1), "float32", 10))
+    for layer in net.layers:
+        if layer.weights:
+            layer.set_weights([np.where(np.abs(w) < 0.05, 0, w) for w in layer.get_weights()])
+    q = quantization.quantize_configured(inference_model(net), cfg)
+    copy = quantization.clone(q)
+    assert len(copy.get_weights()) == len(q.get_weights()) == 40
+    copy.set_weights(q.get_weights())
+    x = np.random.default_rng(0).uniform(0, 1, (4, 8, 8, 1)).astype("float32")
+    np.testing.assert_array_equal(copy(x).numpy(), q(x).numpy())

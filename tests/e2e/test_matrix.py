@@ -281,7 +281,8 @@ def model_file(row: dict, sets: list[str], directory):
     from tftrain.models import build_model
     from tftrain.models import keras3 as convert
 
-    cfg = load_config(QUICKSTART, sets)
+    # the row's model and data (what it compresses and exports may be refused: not here)
+    cfg = load_config(QUICKSTART, [s for s in sets if not s.startswith(("compression.", "export."))])
     spec = load_source(cfg.data, cfg.run.seed).spec
     path = directory / "model.keras"
     keras.utils.set_random_seed(7)

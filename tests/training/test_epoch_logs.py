@@ -145,3 +145,23 @@ def test_input_wait_warns_on_steady_epochs_only(capsys):
     assert per_epoch[0] > 0.5 and "warning" not in out, (per_epoch, out)
     per_epoch, out = _waited(_model(), slow_input, 3, capsys)
     assert min(per_epoch[1:]) > 0.5 and out.count("tftrain: warning: ") == 1, (per_epoch, out)
+    assert "the steps wait for input" in out
+
+
+def test_input_wait_is_the_iterators_own_wait_not_the_calls_overhead(capsys):
+    """Batches ready in memory: the iterator's wait is a small share of the step however
+    much the host spends per call (callbacks, dispatch), which is reported apart."""
+    from tftrain.training.epoch_logs import InputWait
+
+    class SlowHost(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            import time
+            time.sleep(0.02)                 # the host's own work between calls
+    wait = InputWait(["a remedy"])
+    model = _model()
+    model.fit(DATA.prefetch(2), epochs=3, steps_per_epoch=10, callbacks=[wait, SlowHost()],
+              verbose=0)
+    out = capsys.readouterr().out
+    assert max(wait.per_epoch[1:]) < 0.2 and "warning" not in out, (wait.per_epoch, out)
+    figures = wait.figures()
+    assert figures["host_ms_per_call"] >= 15 and figures["input_wait_ms_per_batch"] < 5, figures

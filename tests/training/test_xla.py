@@ -123,7 +123,7 @@ def test_a_decisive_round_ends_the_measurement(monkeypatch, compiled_seconds, ro
         calls.append((probe, made))
         return seconds[probe]
     monkeypatch.setattr(xla, "_run", run)
-    speedup = xla._measure(net, strategy, _batch(), rounds=3, calls=3)
+    speedup = xla._measure(net, strategy, _batch(), rounds=3, calls=3)[0]
     assert speedup == pytest.approx(1.0 / compiled_seconds)
     measured = calls[2:]                             # after the trace and the compile
     assert calls[:2] == [("plain", 1), ("compiled", 1)] and len(measured) == 2 * rounds

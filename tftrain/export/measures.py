@@ -29,7 +29,8 @@ def against(logits: np.ndarray, reference: np.ndarray) -> dict:
     """How an artifact's logits compare with the model's on the same examples: the largest
     difference, the signal-to-noise ratio of the logits (dB: the model's logits against
     the artifact's departure from them, after removing each example's mean, which a
-    softmax ignores) and the fraction of examples whose top class agrees."""
+    softmax ignores), the model's own spread of logits across classes (the RMS of that
+    signal) and the fraction of examples whose top class agrees."""
     diff = logits - reference
     centred = reference - reference.mean(axis=-1, keepdims=True)
     noise = diff - diff.mean(axis=-1, keepdims=True)
@@ -37,6 +38,7 @@ def against(logits: np.ndarray, reference: np.ndarray) -> dict:
     sqnr = 10 * np.log10(signal / error) if error > 0 else float("inf")
     return {"max_abs_logit_diff": float(np.max(np.abs(diff))),
             "logit_sqnr_db": float(min(sqnr, 200.0)),
+            "logit_spread": float(np.sqrt(signal / centred.size)),
             "top1_agreement": float(np.mean(np.argmax(logits, -1) == np.argmax(reference, -1)))}
 
 

@@ -20,6 +20,9 @@ FLOAT_ARTIFACTS = ("saved_model", "tflite_float", "tflite_sparse", "onnx", "kera
 # end 6 dB above it), so files without a layer comparison need only more signal than
 # error at their logits (dB).
 SQNR_FLOOR_DB = {"int8": 0.0, "dynamic": 0.0, "float16": 10.0}
+# logits spread less than this across classes (RMS) carry no signal to compare with: an
+# untrained Keras 3 MobileNetV2's fade to 1e-12 by its last blocks
+SIGNAL_FLOOR = 1e-4
 
 
 def precision_of(name: str, qat: bool) -> str:
@@ -67,6 +70,12 @@ def _against_the_model(entry: dict, precision: str, cfg, qat: bool) -> tuple[boo
     tail = (f"; its logits {entry['logit_sqnr_db']:.1f} dB above their difference from the "
             f"model's, top-1 agreeing on {entry['top1_agreement']:.1%}; accuracy is not judged: "
             "the model is untrained or smoke-trained")
+    spread = entry.get("logit_spread", 1.0)
+    if spread < SIGNAL_FLOOR:
+        return True, (f"not judged: the model's logits carry no signal to compare (they spread "
+                      f"{spread:.1e} across classes; an untrained deep network whose batch-norm "
+                      "statistics are still their initial values can fade its activations to "
+                      "nothing); judged again at the run's end")
     if qat:     # the QAT model computes the 8-bit arithmetic itself: only rounding differs
         ok = entry["logit_sqnr_db"] >= cfg.min_layer_sqnr
         return ok, (f"logits {entry['logit_sqnr_db']:.1f} dB above their difference from the "

@@ -49,8 +49,9 @@ class Parallelism:
         """The model `builder()` builds, laid out for this kind (call in the strategy scope)."""
         return builder()
 
-    def detach(self, net):
-        """The model the chief exports alone (every worker calls this, at the same point)."""
+    def detach(self, net, clone=None):
+        """The model the chief exports alone (every worker calls this, at the same point).
+        `clone(net)`: how the model is copied where a copy is needed (the QAT stage's)."""
         return net
 
     def beside(self, variable):
@@ -106,8 +107,9 @@ class MultiWorker(Parallelism):
     def mean(self):
         return self._mean
 
-    def detach(self, net):
-        """A copy of `net` outside the cluster's strategy, with its weights. The chief
+    def detach(self, net, clone=None):
+        """A copy of `net` outside the cluster's strategy, with its weights (`clone(net)`,
+        by default Keras' `clone_model` in tfmot's `quantize_scope`). The chief
         exports alone, and a model of the cluster's strategy cannot run alone: its
         `predict` is distributed, and reading batch-norm statistics (synchronised on
         read) is a collective. Reading the weights here is that collective, which every
@@ -117,8 +119,11 @@ class MultiWorker(Parallelism):
         from tftrain.core.keras import keras
 
         weights = net.get_weights()
-        with tfmot.quantization.keras.quantize_scope():       # QAT wrappers, if any
-            copy = keras.models.clone_model(net)
+        if clone is not None:
+            copy = clone(net)
+        else:
+            with tfmot.quantization.keras.quantize_scope():       # QAT wrappers, if any
+                copy = keras.models.clone_model(net)
         copy.set_weights(weights)
         return copy
 

@@ -73,7 +73,18 @@ def device_memory(device: str, override: int | None) -> int:
     return _available_ram()
 
 
+_RAM: list[int] = []
+
+
 def _available_ram() -> int:
+    """The host's available RAM, read once per process (it moves from run to run with
+    the page cache; one figure for every plan of a process)."""
+    if not _RAM:
+        _RAM.append(_read_available_ram())
+    return _RAM[0]
+
+
+def _read_available_ram() -> int:
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -95,15 +106,20 @@ class Plan:
     memory: int
     flops_per_example: float
     configured: bool = False        # model.placement chose the stages, not the planner
+    host: bool = False              # the devices are CPUs: `memory` is the host's RAM
 
     def describe(self) -> str:
         why = "as model.placement says" if self.configured else "the model does not fit one device"
         what = ("data parallel (the model fits one device)" if self.kind == "data"
                 else f"model parallel over {self.stages} stages ({why})")
-        lines = [f"planner: {what}; device memory {_bytes(self.memory)}",
-                 f"  forward FLOPs per example {self.flops_per_example:,.0f}"]
+        memory = (f"host memory {_bytes(self.memory)} available" if self.host
+                  else f"device memory {_bytes(self.memory)}")
+        lines = [f"planner: {what}; {memory}; forward FLOPs per example "
+                 f"{self.flops_per_example:,.0f}"]
         for i, e in enumerate(self.per_device):
             lines.append(f"  device {i}: {e.describe()}")
+            if self.kind == "data":
+                break          # every replica holds the same
         return "\n".join(lines)
 
 
@@ -124,7 +140,8 @@ def choose(cfg: Config, costs: list[LayerCost], devices: list[str], policy: str,
             tried.append((stages, micro, max(e.total for e in per_stage)))
             if tried[-1][2] <= memory:
                 return Plan("data" if stages == 1 and not force_stages else "model", stages,
-                            micro, acc, tuple(per_stage), memory, flops, bool(force_stages))
+                            micro, acc, tuple(per_stage), memory, flops, bool(force_stages),
+                            host=not cfg.distribute.device_memory and "GPU" not in devices[0].upper())
     one = min(t[2] for t in tried if t[0] == tried[0][0])
     split = min(t[2] for t in tried)
     raise ConfigError(

@@ -36,7 +36,9 @@ def configure_devices(cfg) -> None:
                 "CLI) to use distribute.virtual_cpus="
                 f"{d.virtual_cpus}.")
         return
-    gpus = tf.config.list_physical_devices("GPU")
+    from tftrain.core.native_log import quiet
+    with quiet():                        # (no GPU: "failed call to cuInit", held back)
+        gpus = tf.config.list_physical_devices("GPU")
     try:
         for gpu in gpus:
             if d.gpu_memory_limit:
@@ -227,13 +229,12 @@ def local_devices(strategy: tf.distribute.Strategy) -> list[str]:
 
 
 def device_table(strategy: tf.distribute.Strategy) -> str:
-    """A printable table of the devices the strategy uses."""
+    """One line: the strategy, its replicas and workers, and the devices they run on."""
     info = describe(strategy)
-    rows = [f"strategy: {info.kind}   replicas: {info.replicas}   workers: {info.workers}"]
-    rows.append(f"  {'replica':<8}{'device':<44}")
-    for i, dev in enumerate(info.devices):
-        rows.append(f"  {i:<8}{dev:<44}")
-    return "\n".join(rows)
+    short = [d.split("/")[-1].replace("device:", "") if d.startswith("/job:") else d
+             for d in info.devices]
+    return (f"strategy: {info.kind}   replicas: {info.replicas}   workers: {info.workers}   "
+            f"devices: {', '.join(short)}")
 
 
 class CountingReduction(tf.distribute.ReductionToOneDevice):

@@ -7,6 +7,7 @@ does not redo.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
@@ -121,8 +122,13 @@ class StageRunner:
                 self.auto_batches() if n is None else n))
             if begun:
                 print(f"stage {stage.name}: {begun}", flush=True)
-        result = self._fit(stage, built, model, optimizer, ckpt, manager, directory, start,
-                           carried)
+        from tftrain.core import console
+        what = (f"{stage.epochs} epochs x {self.steps_per_epoch} updates" if stage.updates
+                else "evaluating the starting model")
+        with console.phase(stage.name, what) as note:
+            result = self._fit(stage, built, model, optimizer, ckpt, manager, directory, start,
+                               carried)
+            note["detail"] = ", ".join(f"{k} {v:.4f}" for k, v in result["metrics"].items())
         net = stage.finalize(built, result, self.plan)
         self._record(stage, result)
         return net, result
@@ -195,7 +201,7 @@ class StageRunner:
     def _compile_choice(self, stage, model, jit) -> None:
         """`train.jit_compile` for this stage: as decided before a restart, else decided
         now (`tftrain.training.xla`); printed when it was for `auto` to decide."""
-        setting = self.cfg.train.jit_compile
+        setting, measuring = self.cfg.train.jit_compile, False
         if stage.updates == 0:                  # (train.epochs: 0) nothing to compile
             model.jit_compile_gradients = False
             self.jit[stage.name] = {"compiled": False, "reason": "no updates", "speedup": None}
@@ -203,16 +209,27 @@ class StageRunner:
         if int(jit.numpy()) != xla.UNDECIDED:
             decision = xla.Decision(bool(jit.numpy()), "as decided before the restart")
         else:
+            from tftrain.core import console
+
             parallel = self.plan.parallel
-            # the batch only for a measurement (`auto`): building the input costs seconds
-            decision = xla.decide(setting, model, parallel.strategy,
-                                  lambda: next(iter(self._batches(1))), parallel.mean,
-                                  xla.refusal(stage, parallel))
+            refused = xla.refusal(stage, parallel)
+            key = (xla.cache_key(model, parallel.strategy, self.plan.precision.policy,
+                                 (self.plan.batches.per_replica, self.plan.batches.accumulation))
+                   if parallel.mean is None and setting == "auto" and not refused else None)
+            measuring = setting == "auto" and not refused
+            with (console.phase("xla", f"{stage.name}: timing compiled steps against plain ones")
+                  if measuring else contextlib.nullcontext()) as note:
+                # the batch only for a measurement (`auto`): building the input costs seconds
+                decision = xla.decide(setting, model, parallel.strategy,
+                                      lambda: next(iter(self._batches(1))), parallel.mean,
+                                      refused, steps=stage.updates, key=key)
+                if note is not None:
+                    note["detail"] = decision.reason
             jit.assign(xla.ON if decision.compiled else xla.OFF)
         model.jit_compile_gradients = decision.compiled
         self.jit[stage.name] = {"compiled": decision.compiled, "reason": decision.reason,
                                 "speedup": decision.speedup}
-        if setting == "auto":
+        if setting == "auto" and not measuring:
             print(f"XLA ({stage.name}): {decision.reason}", flush=True)
 
     def _fit(self, stage, built, model, optimizer, ckpt, manager, directory, start,
@@ -220,7 +237,7 @@ class StageRunner:
         from tftrain.training import callbacks as cb
         from tftrain import data
         from tftrain.optim import rates
-        from tftrain.training import epoch_logs
+        from tftrain.training import epoch_logs, progress
         from tftrain.core.keras import keras
 
         cfg, spe = self.cfg, self.steps_per_epoch
@@ -230,7 +247,9 @@ class StageRunner:
                                        position, cfg.train.check_every)
         throughput = epoch_logs.Throughput(self.plan.batches.global_batch)
         flops = epoch_logs.FlopsLogger(self.plan.flops_per_example, self.plan.peak.flops)
-        waiting = epoch_logs.InputWait()
+        waiting = epoch_logs.InputWait(epoch_logs.input_remedies(
+            cfg.data, self.plan.source, data.cache_choice(self.plan.source, cfg.data),
+            cfg.train.steps_per_execution))
         sizer = (epoch_logs.ExecutionSizer(spe, self.plan.parallel.mean, most=every)
                  if cfg.train.steps_per_execution == "auto" else None)
         tracked = self.tracker.callback(stage.name, checkpointer, spe, stage.updates)
@@ -243,20 +262,22 @@ class StageRunner:
         csv, logs = stage.log_names()
         every = cfg.train.log_every if cfg.train.log_every != "auto" else \
             1 if self.smoke else max(1, stage.updates // 100)
-        callbacks.insert(1, epoch_logs.UpdateLog(        # after the carried metrics are back
+        callbacks.insert(1, progress.UpdateLog(        # after the carried metrics are back
             every, spe, start, **({"path": self.run.path / csv.replace("metrics", "updates"),
                                    "tensorboard": self.run.path / "tensorboard" / logs / "updates"}
                                   if self.chief else {})))
         if self.chief:
             # a resumed stage trains its last epoch again from the checkpoint: its row, if
             # the kill came after it was written, is written again
-            epoch_logs.keep_rows(self.run.path / csv, lambda row: int(row["epoch"]) < start // spe)
+            progress.keep_rows(self.run.path / csv, lambda row: int(row["epoch"]) < start // spe)
             callbacks += [keras.callbacks.CSVLogger(str(self.run.path / csv), append=start > 0),
                           epoch_logs.EpochTensorBoard(str(self.run.path / "tensorboard" / logs))]
             if self.profile and stage is self.plan.stages[0]:
                 from tftrain.training.profiling import ProfileWindow
                 callbacks.append(ProfileWindow(*self.profile, str(self.run.path / "tensorboard"),
                                                spe))
+        if cfg.train.verbose == 2:        # tftrain's epoch lines (Keras' own at verbose 1)
+            callbacks.append(progress.EpochLine(stage.name, stage.epochs, spe))
         if cfg.train.on_nan == "rollback" and start == 0:
             manager.save(checkpoint_number=0)            # something to roll back to
         began = time.perf_counter()
@@ -292,7 +313,7 @@ class StageRunner:
                   "examples_per_sec": throughput.steady_rate(),
                   "model_flops_per_sec": flops.rate(throughput.steady_rate()),
                   "mfu": flops.utilisation(throughput.steady_rate()),
-                  "input_wait": waiting.fraction(),
+                  "input_wait": waiting.fraction(), **waiting.figures(),
                   "host": epoch_logs.host_figures(model, checkpointer, sizer),
                   "jit_compile": self.jit.get(stage.name),
                   "seconds": time.perf_counter() - began}    # of this session of the stage
@@ -375,7 +396,7 @@ def fit(model, train, val, start, epochs, steps_per_epoch, callbacks, cfg, smoke
     try:
         model.fit(train, epochs=epochs, steps_per_epoch=steps_per_epoch, validation_data=val,
                   validation_steps=cfg.train.smoke_steps if smoke else None,
-                  callbacks=callbacks, verbose=cfg.train.verbose)
+                  callbacks=callbacks, verbose=1 if cfg.train.verbose == 1 else 0)
     finally:
         model._training_state = None
 

@@ -51,25 +51,42 @@ class Throughput(keras.callbacks.Callback):
 
 
 class InputWait(keras.callbacks.Callback):
-    """Adds `input_wait` to the epoch logs: the fraction of the training calls' wall time
-    spent outside the train step itself, i.e. waiting for the next batch plus the call's
-    own host overhead (dispatch, the distributed iterator, logs), which is large next to a
-    tiny step and shrinks with `train.steps_per_execution`. A call that traced the step
-    is left out (its seconds are tracing and compilation). Warns once when an epoch after
-    the stage's first exceeds 20%. Not measured under op determinism (TensorFlow refuses clocks there)."""
+    """Where an epoch's training time goes, measured, not inferred: the wait on the input
+    iterator (the train function clocks each `next(iterator)` from the moment the
+    previous step is done to the batch's arrival: `TrainModel.input_seconds`), the time
+    inside the steps (`step_seconds`), and what is left of the calls' wall time, the
+    host's own overhead per call (dispatch, callbacks, the distributed iterator's
+    bookkeeping). Adds `input_wait` (the iterator's share of the time per batch: input
+    over input and step), `input_wait_ms` per batch and `host_ms_per_call` to the epoch
+    logs. A call that traced the step is left out (its seconds are tracing and
+    compilation). Warns once, naming `remedies` (what applies to this run's pipeline), when
+    an epoch after the stage's first waits on input at least as long as it computes (half
+    the time: input is then the bottleneck; below it, the iterator's own work and the
+    input pipeline's share of the CPU with the step: the quickstart's 2 replicas on 2
+    cores wait about 1.5 ms a batch, 20-30% of their 5 ms steps). Not
+    measured under op determinism (TensorFlow refuses clocks there) or at one step per
+    call with fixed `train.steps_per_execution` (Keras' own train function)."""
 
     _supports_tf_logs = True
-    threshold = 0.2
+    threshold = 0.5
 
-    def __init__(self):
+    def __init__(self, remedies: list[str] | None = None):
         super().__init__()
+        self.remedies = remedies or []
         self.per_epoch: list[float] = []
-        self.call_seconds: list[float] = []     # each epoch's wall time of the calls counted
+        self.per_batch_ms: list[float] = []
+        self.host_ms: list[float] = []
+        self.call_seconds: list[float] = []    # each epoch's wall time of the calls counted
         self._warned = False
 
+    def _read(self) -> tuple[float, float]:
+        return (float(self.model.step_seconds.numpy()),
+                float(self.model.input_seconds.numpy()))
+
     def on_epoch_begin(self, epoch, logs=None):
-        self._calls = 0.0
-        self._steps_before = float(self.model.step_seconds.numpy())
+        self._calls = self._batches = 0
+        self._wall = 0.0
+        self._step = self._input = 0.0
 
     def _traces(self) -> int:
         function = getattr(self.model, "train_tf_function", None)
@@ -77,37 +94,72 @@ class InputWait(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         self._traces_before = self._traces()
+        self._before = self._read() if self._measured() else None
+        self._first = batch
         self._began = time.perf_counter()
 
+    def _measured(self) -> bool:
+        return self.model.clocked and self.model.__dict__.get("input_measured", False)
+
     def on_train_batch_end(self, batch, logs=None):
-        if self._traces() != self._traces_before:
-            # this call traced (and compiled) the step: seconds of Python that are neither
-            # waiting for input nor the step, left out of both sides of the fraction
-            self._steps_before = float(self.model.step_seconds.numpy())
-            return
-        self._calls += time.perf_counter() - self._began
+        wall = time.perf_counter() - self._began
+        if self._before is None or self._traces() != self._traces_before:
+            return        # not measured, or this call traced (and compiled) the step
+        step, waited = self._read()
+        self._step += step - self._before[0]
+        self._input += waited - self._before[1]
+        self._wall += wall
+        self._calls += 1
+        self._batches += batch - self._first + 1
 
     def on_epoch_end(self, epoch, logs=None):
-        if logs is None or not self._calls or not self.model.clocked:
+        if logs is None or not self._batches or self._step + self._input <= 0:
             return
-        inside = float(self.model.step_seconds.numpy()) - self._steps_before
-        wait = min(1.0, max(0.0, 1.0 - inside / self._calls))
-        self.per_epoch.append(wait)
-        self.call_seconds.append(self._calls)
-        logs["input_wait"] = wait
+        share = self._input / (self._input + self._step)
+        self.per_epoch.append(share)
+        self.call_seconds.append(self._wall)
+        self.per_batch_ms.append(1e3 * self._input / self._batches)
+        self.host_ms.append(1e3 * max(0.0, self._wall - self._step - self._input) / self._calls)
+        logs.update(input_wait=share, input_wait_ms=self.per_batch_ms[-1],
+                    host_ms_per_call=self.host_ms[-1])
         # judged on steady epochs only: a stage's first epoch also sizes the calls
         # (`steps_per_execution: auto` starts at one step per call) and warms up
-        if len(self.per_epoch) > 1 and wait > self.threshold and not self._warned:
+        if len(self.per_epoch) > 1 and share > self.threshold and not self._warned:
             self._warned = True
-            print(f"tftrain: warning: {wait:.0%} of the training time is spent outside the "
-                  "step, waiting for input or in per-step host overhead; cache decoded data "
-                  "(data.cache), lighten data.augment, add tf.data service workers "
-                  "(data.service), or raise train.steps_per_execution", flush=True)
+            print(f"tftrain: warning: the steps wait for input {share:.0%} of the time "
+                  f"({self.per_batch_ms[-1]:.1f} ms per batch against "
+                  f"{1e3 * self._step / self._batches:.1f} ms inside the step); "
+                  + ("; ".join(self.remedies) if self.remedies else "the input pipeline is "
+                     "the bottleneck"), flush=True)
 
     def fraction(self) -> float | None:
-        """Median over epochs, leaving out the first (it includes tracing); None when
-        nothing was measured."""
+        """The iterator's share of the time per batch: the median over epochs, leaving out
+        the first (it includes tracing); None when nothing was measured."""
         return steady_median(self.per_epoch, None)
+
+    def figures(self) -> dict:
+        """Median input wait per batch (ms) and host overhead per call (ms), as
+        `fraction` takes them."""
+        return {"input_wait_ms_per_batch": steady_median(self.per_batch_ms, None),
+                "host_ms_per_call": steady_median(self.host_ms, None)}
+
+
+def input_remedies(data_cfg, source, cached: str, steps_per_execution) -> list[str]:
+    """What can shorten the wait on input for this pipeline (what already holds, left out):
+    `cached`: the cache choice (`data.cache_choice`)."""
+    from tftrain.data import augment
+
+    found = []
+    if cached != "memory":
+        found.append("hold the decoded examples in memory (data.cache: memory, within "
+                     "data.cache_budget)")
+    ops = [op.name for op in augment.build(data_cfg.augment) if not op.deterministic]
+    if ops:
+        found.append(f"lighten data.augment ({', '.join(ops)} run for every example)")
+    if data_cfg.service is None:
+        found.append("run the input pipeline on tf.data service workers (python -m "
+                     "tftrain.launch --data-workers N)")
+    return found
 
 
 class GlobalMetrics(keras.callbacks.Callback):
@@ -222,7 +274,8 @@ class EpochTensorBoard(keras.callbacks.TensorBoard):
         if self._should_write_train_graph:
             self._write_keras_model_train_graph()
             self._should_write_train_graph = False
-        super().on_epoch_end(epoch, logs)
+        # Keras writes the learning rate itself (epoch_learning_rate): `lr` once is enough
+        super().on_epoch_end(epoch, {k: v for k, v in (logs or {}).items() if k != "lr"})
 
 
 class FlopsLogger(keras.callbacks.Callback):
@@ -252,110 +305,6 @@ class LearningRateLogger(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:
             logs["lr"] = current_lr(self.model.optimizer)
-
-
-class UpdateLog(keras.callbacks.Callback):
-    """Every `every` updates (at the first call's end at or after each multiple), the
-    training metrics over all replicas (running means since the epoch began, as Keras
-    shows them) and `lr` (the rate of the next update), as a row of `path` (a CSV file:
-    `update`, then the values) and as TensorBoard scalars in `tensorboard` (a directory),
-    on the chief; every worker reads the values (a synchronised read), so all call it at
-    the same batches. A resumed stage (`start` > 0) drops the rows after its checkpoint,
-    which it trains again. Which updates are logged depends on where calls end
-    (`train.steps_per_execution`), so two runs share the updates logged at each epoch's
-    end and at every multiple of `every` that ends a call in both."""
-
-    _supports_tf_logs = True
-
-    def __init__(self, every: int, steps_per_epoch: int, start: int = 0, path=None,
-                 tensorboard=None):
-        super().__init__()
-        self.every, self.steps_per_epoch = max(1, every), steps_per_epoch
-        self.last, self.path, self.pending = start, path, []
-        self.writer = None
-        if tensorboard is not None:
-            import tensorflow as tf
-            self.writer = tf.summary.create_file_writer(str(tensorboard))
-        if path is not None:
-            keep_rows(path, lambda row: int(row["update"]) <= start)
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._epoch = epoch
-
-    def on_train_batch_end(self, batch, logs=None):
-        update = self._epoch * self.steps_per_epoch + batch + 1
-        if update // self.every <= self.last // self.every:
-            return
-        self.last = update
-        values = {}
-        for metric in self.model.metrics:
-            value = metric.result()                  # a synchronised read: every worker
-            values.update({k: float(v) for k, v in value.items()} if isinstance(value, dict)
-                          else {metric.name: float(value)})
-        values["lr"] = current_lr(self.model.optimizer)
-        if self.path is not None:        # a line now: what a kill leaves is the rows so far
-            _append_row(self.path, {"update": update, **values})
-        self.pending.append({"update": update, **values})
-
-    def on_epoch_end(self, epoch, logs=None):
-        self._write()        # summaries per epoch: no summary op between steps
-
-    def on_train_end(self, logs=None):
-        self._write()
-
-    def _write(self) -> None:
-        rows, self.pending = self.pending, []
-        if self.writer is not None and rows:
-            import tensorflow as tf
-            with self.writer.as_default():
-                for row in rows:
-                    for name, value in row.items():
-                        if name != "update":
-                            tf.summary.scalar(name, value, step=row["update"])
-            self.writer.flush()
-
-
-def keep_rows(path, keep) -> None:
-    """Rewrite the CSV file at `path` (if it exists) with only the rows `keep(row)` accepts,
-    and none cut short by a kill (a row with empty fields)."""
-    import os
-    if os.path.exists(path):
-        _write_rows(path, [row for row in _read_rows(path)
-                           if None not in row.values() and keep(row)])
-
-
-def _read_rows(path) -> list[dict]:
-    import csv
-    try:
-        with open(path, newline="") as f:
-            return list(csv.DictReader(f))
-    except OSError:
-        return []
-
-
-def _write_rows(path, rows: list[dict]) -> None:
-    import csv
-    import io
-
-    from tftrain.training.rundir import atomic_write
-    text = io.StringIO()
-    if rows:
-        writer = csv.DictWriter(text, fieldnames=list(rows[0]), lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
-    atomic_write(path, text.getvalue())
-
-
-def _append_row(path, row: dict) -> None:
-    import csv
-    import os
-
-    new = not os.path.exists(path) or os.path.getsize(path) == 0
-    with open(path, "a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(row), lineterminator="\n")
-        if new:
-            writer.writeheader()
-        writer.writerow(row)
 
 
 def generalisation_gap(model, metrics: dict, margin: float = 0.3) -> str:

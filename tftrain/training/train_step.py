@@ -85,6 +85,12 @@ class TrainModel(keras.Model):
             0.0, dtype=tf.float64, trainable=False, name="step_seconds",
             synchronization=tf.VariableSynchronization.ON_READ,
             aggregation=tf.VariableAggregation.MEAN)
+        # Seconds the train function waited on the input iterator (from asking for the
+        # next batch, once the previous step was done, to having it), summed over steps;
+        # measured where several steps run per call (`_calls`), else not (None).
+        self.__dict__["input_seconds"] = tf.Variable(
+            0.0, dtype=tf.float64, trainable=False, name="input_seconds")
+        self.__dict__["input_measured"] = False
 
     @classmethod
     def wrap(cls, model, accumulation_steps: int = 1, all_reduce_dtype: str | None = None,
@@ -147,7 +153,9 @@ class TrainModel(keras.Model):
         if not self._traced_once(self.resizable_calls):
             return super().make_train_function(force)
         calls = self._calls(self.train_step, self._train_counter, lambda: (
-            self.local_metrics() if self.local_step_logs else self.get_metrics_result()))
+            self.local_metrics() if self.local_step_logs else self.get_metrics_result()),
+            waits=self.input_seconds if self.clocked else None)
+        self.__dict__["input_measured"] = self.clocked
 
         def train_function(iterator):   # code of its own: TensorFlow counts traces by code
             return calls(iterator)
@@ -189,25 +197,38 @@ class TrainModel(keras.Model):
         return several and not (self.run_eagerly or self.jit_compile
                                 or self._cluster_coordinator)
 
-    def _calls(self, step, counter, results):
+    def _calls(self, step, counter, results, waits=None):
         """Keras' multi-step function (`steps_per_execution` steps per call) with the
         step traced once. Keras' own loop carries the step's outputs, undefined before
         its first iteration, so autograph traces the step twice to learn their structure.
         The outputs are metric results, read from the metric variables: here once, after
-        the loop (`results`, in replica context)."""
+        the loop (`results`, in replica context). `waits`: a variable the seconds spent
+        waiting on the iterator are added to (a clock read before asking for the next
+        batch, once the previous step is done, and one once it has arrived)."""
         strategy = self.distribute_strategy
 
         def run_step(data):
             outputs = step(data)
             with tf.control_dependencies(tf.nest.flatten(outputs)):
-                counter.assign_add(1)
+                return counter.assign_add(1)
 
         def function(iterator):
-            def body(i):
-                strategy.run(run_step, args=(next(iterator),))
-                return i + 1
+            def body(i, done):
+                if waits is None:
+                    data = next(iterator)
+                else:
+                    with tf.control_dependencies([done]):
+                        asked = tf.timestamp()
+                    with tf.control_dependencies([asked]):
+                        data = next(iterator)
+                    with tf.control_dependencies(tf.nest.flatten(data, expand_composites=True)):
+                        waits.assign_add(tf.timestamp() - asked)
+                ran = strategy.run(run_step, args=(data,))
+                with tf.control_dependencies(strategy.experimental_local_results(ran)):
+                    return i + 1, tf.identity(i + 1)
             steps = self._steps_per_execution
-            tf.while_loop(lambda i: i < steps, body, [tf.constant(0, steps.dtype)])
+            zero = tf.constant(0, steps.dtype)
+            tf.while_loop(lambda i, _: i < steps, body, [zero, zero])
             return reduce_per_replica(strategy.run(results), strategy,
                                       reduction=self.distribute_reduction_method)
         return function

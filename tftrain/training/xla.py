@@ -57,12 +57,16 @@ def check(cfg, stage, parallel) -> None:
 
 
 def decide(setting, model, strategy, batch, vote=None, refused: str = "",
-           margin: float = 1.05, rounds: int = 3, calls: int = 3) -> Decision:
+           margin: float = 1.05, rounds: int = 3, calls: int = 3, steps: int | None = None,
+           key: str | None = None) -> Decision:
     """Whether `model` (a compiled `TrainModel`) computes its gradients under XLA.
     `batch`: one replica batch `(x, y[, weight])`, or a function giving it (called only
     when a measurement needs it); `vote(values) -> values`: the mean
     over a cluster's replicas (None on one worker); `refused`: why XLA cannot be used
-    (`refusal`), "" if it can be tried."""
+    (`refusal`), "" if it can be tried. `steps`: the updates the stage will make: the
+    measurement is skipped when it would cost more than `BUDGET` of their time. `key`
+    (one worker): a decision measured before under the same key (`cache_key`: model,
+    strategy, precision, batch, hardware and TensorFlow) is reused."""
     if setting is False:
         return Decision(False, "off (train.jit_compile: false)")
     if refused:
@@ -73,12 +77,25 @@ def decide(setting, model, strategy, batch, vote=None, refused: str = "",
     if op_determinism():
         return Decision(False, "off: run.deterministic (a measured choice could differ "
                                "between runs)")
+    cached = _cached(key) if key and vote is None else None
+    if cached is not None:
+        return cached
     try:
-        speedup = _measure(model, strategy, batch() if callable(batch) else batch, rounds, calls)
-        decision = (Decision(True, f"on: compiled steps ran {speedup:.2f}x as fast", speedup)
-                    if speedup >= margin else
+        speedup, cost, planned = _measure(model, strategy, batch() if callable(batch) else batch,
+                                          rounds, calls, steps=steps)
+        spent = (f" (the probe took {cost:.1f} s, {cost / planned:.0%} of the {planned:.0f} s "
+                 "of steps planned)" if planned else "")
+        decision = (Decision(True, f"on: compiled steps ran {speedup:.2f}x as fast{spent}",
+                             speedup) if speedup >= margin else
                     Decision(False, f"off: compiled steps ran {speedup:.2f}x as fast "
-                                    f"(needs {margin:.2f}x)", speedup))
+                                    f"(needs {margin:.2f}x){spent}", speedup))
+        if key and vote is None:
+            _store(key, decision)
+    except _OverBudget as over:
+        decision = Decision(False, f"off, not probed: the probe would take about "
+                                   f"{over.cost:.1f} s, more than {BUDGET:.0%} of the "
+                                   f"{over.planned:.1f} s of steps the stage plans "
+                                   f"({steps} updates)")
     except (tf.errors.OpError, ValueError, TypeError, NotImplementedError) as err:
         lines = [ln.strip() for ln in str(err).splitlines()
                  if ln.strip() and not ln.strip().startswith(("Graph execution", "Detected at",
@@ -93,7 +110,71 @@ def decide(setting, model, strategy, batch, vote=None, refused: str = "",
     return decision
 
 
-def _measure(model, strategy, batch, rounds: int, calls: int, decisive: float = 2.0) -> float:
+BUDGET = 0.10            # the most of a stage's planned step time the probe may take
+
+
+class _OverBudget(Exception):
+    def __init__(self, cost: float, planned: float):
+        super().__init__(f"{cost} > {BUDGET} x {planned}")
+        self.cost, self.planned = cost, planned
+
+
+def cache_key(model, strategy, policy: str, batch: tuple[int, int]) -> str:
+    """What an XLA decision depends on: the model's architecture, the strategy and its
+    replicas, the precision policy, the per-replica batch and accumulation steps, the
+    CPU or GPUs, and TensorFlow's version."""
+    import hashlib
+    import json
+    import platform
+
+    from tftrain.runtime.precision import cpu_flags
+    gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
+    parts = [model.to_json(), type(strategy).__name__, strategy.num_replicas_in_sync, policy,
+             list(batch), platform.processor() or platform.machine(), cpu_flags(), gpus,
+             tf.__version__]
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:24]
+
+
+def _cache_file():
+    import os
+    from pathlib import Path
+    root = os.environ.get("TFTRAIN_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tftrain")
+    return Path(root) / "xla.json"
+
+
+def _cached(key: str) -> Decision | None:
+    import json
+    try:
+        entry = json.loads(_cache_file().read_text()).get(key)
+    except (OSError, ValueError):
+        return None
+    if not entry:
+        return None
+    return Decision(entry["compiled"], f"{'on' if entry['compiled'] else 'off'}, as measured "
+                    f"on {entry['date']} for this model, strategy, precision, batch and hardware "
+                    f"({entry['reason']})", entry.get("speedup"))
+
+
+def _store(key: str, decision: Decision) -> None:
+    import datetime
+    import json
+    path = _cache_file()
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    known[key] = {"compiled": decision.compiled, "reason": decision.reason,
+                  "speedup": decision.speedup, "date": datetime.date.today().isoformat()}
+    try:
+        from tftrain.training.rundir import atomic_write
+        atomic_write(path, json.dumps(known, indent=1))
+    except OSError:
+        pass                           # a read-only home: measured again next time
+
+
+def _measure(model, strategy, batch, rounds: int, calls: int, decisive: float = 2.0,
+             steps: int | None = None) -> tuple[float, float, float | None]:
     """Median over rounds of (compiled rate / plain rate) of the replica gradients on
     `batch`, with every variable they change put back afterwards. A round that finds one
     side `decisive` times faster ends the measurement, and a round stops calling a side
@@ -106,11 +187,20 @@ def _measure(model, strategy, batch, rounds: int, calls: int, decisive: float = 
         model.build_metrics(y)
     x, y = _on_replicas(strategy, x), _on_replicas(strategy, y)   # each on its device
     saved = _state(model)
+    began = time.perf_counter()
     try:
         plain = _probe(strategy, model._replica_gradients)
         compiled = _probe(strategy, model._compiled_gradients)
-        for probe in (plain, compiled):              # trace, compile
-            _run(probe, x, y, weight, 1)
+        traced = _run(plain, x, y, weight, 1)          # trace
+        planned = None
+        if steps:
+            step = _run(plain, x, y, weight, 1)
+            planned = steps * step
+            # XLA compiles about twice as long as TensorFlow traces, then the rounds
+            cost = 2 * traced + 2 * rounds * calls * step
+            if cost > BUDGET * planned:
+                raise _OverBudget(cost, planned)
+        _run(compiled, x, y, weight, 1)                # compile
         ratios = []
         for r in range(rounds):
             first, second = (plain, compiled) if r % 2 == 0 else (compiled, plain)
@@ -120,7 +210,7 @@ def _measure(model, strategy, batch, rounds: int, calls: int, decisive: float = 
             ratios.append(seconds[id(plain)] / seconds[id(compiled)])
             if not 1 / decisive < ratios[-1] < decisive:
                 break
-        return statistics.median(ratios)
+        return statistics.median(ratios), time.perf_counter() - began, planned
     finally:
         _restore(saved)
         model.reset_metrics()

@@ -1,0 +1,102 @@
+"""report.html: drawn from a run directory, rendered by a real browser (Debian's
+chromium, headless), every chart present and drawn."""
+from __future__ import annotations
+
+import csv
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from tftrain.training import report_page
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--virtual-time-budget=8000"]
+
+
+def render(page, tmp_path, height=9000):
+    """(the DOM after the page's scripts ran, the screenshot as an RGB image)."""
+    from PIL import Image
+
+    if CHROMIUM is None:
+        pytest.fail("chromium is not installed (.ci/run installs Debian's chromium)")
+    profile = tmp_path / "chromium-profile"
+    common = [CHROMIUM, *FLAGS, f"--user-data-dir={profile}"]
+    dom = subprocess.run([*common, "--dump-dom", page.as_uri()], capture_output=True,
+                         text=True, timeout=180).stdout
+    shot = tmp_path / "page.png"
+    subprocess.run([*common, f"--screenshot={shot}", f"--window-size=1200,{height}",
+                    page.as_uri()], capture_output=True, timeout=180, check=True)
+    return dom, Image.open(shot).convert("RGB")
+
+
+def charts_drawn(dom: str) -> dict[str, int]:
+    """Each chart div's id and how many traces Plotly drew in it (scatter lines and
+    markers, bars, heatmap images)."""
+    found = {}
+    for match in re.finditer(r'<div id="(chart-\d+)"', dom):
+        end = dom.find('<div id="chart-', match.end())
+        part = dom[match.start():end if end > 0 else len(dom)]
+        found[match.group(1)] = len(re.findall(r'class="(trace scatter|trace bars|hm|point)', part))
+    return found
+
+
+def blue_pixels(image) -> int:
+    """Pixels of Plotly's first trace colour (#1f77b4) and its neighbours."""
+    return sum(1 for r, g, b in image.getdata()
+               if abs(r - 31) < 30 and abs(g - 119) < 30 and abs(b - 180) < 30)
+
+
+def write_run(path, with_int8=True):
+    """A small run directory as a run leaves it (summary.json and the CSV logs)."""
+    path.mkdir(parents=True, exist_ok=True)
+    with open(path / "updates.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["update", "loss", "accuracy", "lr"])
+        for u in range(1, 21):
+            w.writerow([u, 2.0 / u, 1 - 1.0 / (u + 1), 0.001])
+    with open(path / "metrics.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["epoch", "accuracy", "loss", "val_accuracy", "val_loss", "lr"])
+        for e in range(4):
+            w.writerow([e, 0.5 + 0.1 * e, 1.0 - 0.2 * e, 0.55 + 0.1 * e, 0.9 - 0.2 * e, 0.001])
+    layers = [{"layer": f"l{i}", "sqnr_db": 40.0 - i, "local_sqnr_db": 45.0 - i, "op": "CONV_2D"}
+              for i in range(6)]
+    artifacts = {"saved_model": {"size_bytes": 200_000, "gzip_bytes": 150_000, "accuracy": 0.91,
+                                 "latency_ms": 0.5, "verified": True, "check": "ok"}}
+    if with_int8:
+        artifacts["tflite_int8"] = {"size_bytes": 60_000, "gzip_bytes": 50_000, "accuracy": 0.9,
+                                    "latency_grid": {"batch1_threads1": 0.01}, "layers": layers,
+                                    "verified": True, "check": "ok"}
+    summary = {"status": "completed", "strategy": "mirrored", "replicas": 2, "workers": 1,
+               "devices": ["CPU:0", "CPU:1"], "precision": "float32", "steps": 20, "epochs": 4,
+               "per_replica_batch_size": 32, "accumulation_steps": 1, "global_batch_size": 64,
+               "throughput": {"examples_per_sec": 5000.0}, "metrics": {"val_accuracy": 0.91},
+               "stages": {"train": {"metrics": {"val_accuracy": 0.91}, "updates": 20}},
+               "confusion": [[5, 1, 0], [0, 6, 1], [1, 0, 7]], "artifacts": artifacts}
+    (path / "summary.json").write_text(json.dumps(summary))
+    return summary
+
+
+def test_a_report_is_one_self_contained_page_of_every_chart(tmp_path):
+    write_run(tmp_path / "run")
+    page = report_page.write(tmp_path / "run")
+    text = page.read_text()
+    assert "<script src=" not in text and "cdn.plot.ly" not in text     # nothing fetched
+    assert text.count('<div id="chart-') == 6                # no search: its chart is left out
+    assert "tflite_int8" in text and "export/model.tflite" in text
+
+
+def test_the_browser_draws_every_chart(tmp_path):
+    write_run(tmp_path / "run")
+    dom, image = render(report_page.write(tmp_path / "run"), tmp_path)
+    drawn = charts_drawn(dom)
+    assert len(drawn) == 6 and all(n > 0 for n in drawn.values()), drawn
+    assert blue_pixels(image) > 2000                 # traces on the screenshot, not a blank page
+    # and without an int8 artifact, no SQNR chart
+    write_run(tmp_path / "plain", with_int8=False)
+    assert report_page.write(tmp_path / "plain").read_text().count('<div id="chart-') == 5

@@ -1,0 +1,73 @@
+"""What a run prints: phases with their times, figures with units, lines that fit 120
+columns. TensorFlow-free (the plan's first lines come before TensorFlow loads)."""
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+
+WIDTH = 120
+
+
+def say(text: str) -> None:
+    """A line on stdout, flushed (a run's output is read as it comes: a log, a launcher's
+    worker prefixes)."""
+    print(text, flush=True)
+
+
+@contextlib.contextmanager
+def phase(name: str, what: str = ""):
+    """`[name] what...` when the phase starts and `[name] done in T` when it ends (also
+    when it fails: `[name] stopped after T`); yields a dict whose `"detail"` is printed
+    after the time."""
+    say(f"[{name}] {what}..." if what else f"[{name}] ...")
+    began = time.perf_counter()
+    note: dict = {}
+    try:
+        yield note
+    except BaseException:
+        say(f"[{name}] stopped after {seconds(time.perf_counter() - began)}")
+        raise
+    detail = note.get("detail")
+    say(f"[{name}] done in {seconds(time.perf_counter() - began)}"
+        + (f": {detail}" if detail else ""))
+
+
+def seconds(s: float) -> str:
+    """1.2 s, 42 s, 3 min 05 s, 1 h 02 min."""
+    if s < 10:
+        return f"{s:.1f} s"
+    if s < 60:
+        return f"{s:.0f} s"
+    if s < 3600:
+        return f"{int(s // 60)} min {int(s % 60):02d} s"
+    return f"{int(s // 3600)} h {int(s % 3600 // 60):02d} min"
+
+
+def size(n: float) -> str:
+    """Bytes as B, KiB, MiB or GiB."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def rate(value: float, unit: str) -> str:
+    """A rate with an SI prefix: 15.0k ex/s, 31.5 GFLOP/s."""
+    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            scaled = value / scale
+            return f"{scaled:.1f}{prefix} {unit}" if unit == "ex/s" else f"{scaled:.1f} {prefix}{unit}"
+    return f"{value:.0f} {unit}" if value >= 10 else f"{value:.2g} {unit}"
+
+
+def fit(text: str, width: int = WIDTH) -> str:
+    """`text` cut to `width` columns (with an ellipsis)."""
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def is_terminal() -> bool:
+    try:
+        return sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        return False
