@@ -41,9 +41,10 @@ class Train(Stage):
     def finalize(self, built: Built, result: dict, ctx):
         from tftrain.export import artifacts
 
-        # the float model's size, the baseline of the compression stages' ratios
-        if ctx.stages[-1] is not self and ctx.chief and \
-                "float32_variables_gzip_bytes" not in result:
+        # the float model's size, the baseline of the compression stages' ratios; on every
+        # worker: writing a batch-norm statistic (synchronised on read) is a collective, and
+        # the chief alone would wait for a partner busy with the next stage's first check
+        if ctx.stages[-1] is not self and "float32_variables_gzip_bytes" not in result:
             result["float32_variables_gzip_bytes"] = artifacts.saved_model_variables_gzip(built.net)
         return built.net
 
