@@ -117,6 +117,86 @@ class RunPlan:
         return "\n".join(lines + self.parallel.describe())
 
 
+def sketch(cfg: Config, smoke: bool = False) -> str:
+    """The plan as the config and the machine tell it before TensorFlow loads (what
+    `--dry-run` prints in a second or two): strategy and replicas, precision, data and
+    batch arithmetic, stages in updates, optimizer, schedule, checkpoints, exports and the
+    run directory. Sizes only TensorFlow can read (files of records, a model's parameters)
+    are left to `--dry-run --full`."""
+    import math
+    import os
+
+    from tftrain.launch import local_gpus
+    from tftrain.training.rundir import run_path
+
+    d = cfg.distribute
+    gpus = local_gpus()
+    devices = len(d.devices) if d.devices else (len(gpus) or d.virtual_cpus or 1)
+    cluster = os.environ.get("TF_CONFIG")
+    kind = d.strategy if d.strategy != "auto" else (
+        "multi_worker" if cluster else "mirrored" if devices > 1 else "one_device")
+    replicas = 1 if kind in ("one_device", "default") else devices
+    total = _examples(cfg)
+    b = cfg.data.per_replica_batch_size
+    acc = cfg.train.accumulation_steps
+    if cfg.train.global_batch_size:
+        b = cfg.train.global_batch_size // (replicas * acc)
+    g = b * replicas * acc
+    lines = [f"plan, from the config (--dry-run --full builds the model, --dry-run --preflight "
+             "also converts the exports):",
+             f"strategy: {kind}   replicas: {replicas}   workers: "
+             f"{'from TF_CONFIG' if cluster else 1}   devices: "
+             + (f"{len(gpus)} GPUs" if gpus else f"{devices} logical CPU(s)"),
+             f"precision: {cfg.precision.policy}"
+             + (" (chosen from the devices when TensorFlow loads)" if cfg.precision.policy == "auto"
+                else ""),
+             f"batch: {b} per replica x {replicas} replicas x {acc} accumulation steps = global "
+             f"batch {g}"]
+    if total is not None:
+        val = int(round(total * cfg.data.validation_fraction))
+        train = total - val
+        steps = (math.ceil if cfg.data.remainder == "pad" else math.floor)(train / g)
+        if smoke:
+            steps = min(steps, cfg.train.smoke_steps)
+        lines.insert(3, f"data: {cfg.data.name}, {train} train / {val} validation examples")
+    else:
+        steps = None
+        lines.insert(3, f"data: {cfg.data.name} (examples counted when it is read)")
+    updates = cfg.train.epochs * steps if steps is not None else None
+    lines.append(f"training: {cfg.train.epochs} epochs"
+                 + (f" x {steps} updates = {updates} updates" if steps is not None else ""))
+    lines.append(f"model: {cfg.model.name}"
+                 + (f" ({', '.join(f'{k} {v}' for k, v in cfg.model.params.items())})"
+                    if cfg.model.params else ""))
+    compression = cfg.compression
+    stages = [name for name, on in (("distillation", compression.distillation.enabled),
+                                    ("pruning", compression.pruning.enabled),
+                                    ("quantization-aware training", compression.quantization.enabled))
+              if on]
+    if stages:
+        lines.append("then: " + ", ".join(stages))
+    if steps:
+        lines.append(optimizer_line(cfg, steps, max(1, updates)))
+    e = cfg.export
+    exports = (["SavedModel"] if e.saved_model else []) + \
+        (["int8 SavedModel"] if e.saved_model_int8 else []) + \
+        ([f"TFLite {e.tflite}"] if e.tflite != "none" else []) + \
+        (["sparse TFLite"] if e.tflite_sparse else []) + (["ONNX"] if e.onnx else [])
+    lines.append(f"exports: {', '.join(exports) or 'none'}")
+    lines.append(f"run directory: {run_path(cfg, smoke)}")
+    return "\n".join(lines)
+
+
+def _examples(cfg: Config) -> int | None:
+    """The dataset's examples, where the config says them without reading the data."""
+    params = cfg.data.params
+    if cfg.data.name == "digits":
+        return 1797                           # scikit-learn's bundled digits
+    if cfg.data.name == "synthetic":
+        return int(params.get("num_examples", 2048))
+    return None
+
+
 def optimizer_line(cfg: Config, steps_per_epoch: int, updates: int) -> str:
     """The optimizer, its schedule and the checkpoints, as the plan prints them."""
     o, sched, ckpt = cfg.train.optimizer, cfg.train.schedule, cfg.train.checkpoint

@@ -36,7 +36,12 @@ def parse_args(argv):
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key by dotted path (repeatable)")
     p.add_argument("--run-dir", help="parent directory of the run (overrides run.dir)")
-    p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan from the config and exit, before TensorFlow loads")
+    p.add_argument("--full", action="store_true",
+                   help="with --dry-run: build the model and plan its memory too")
+    p.add_argument("--preflight", action="store_true",
+                   help="with --dry-run: the full plan and the export preflight")
     p.add_argument("--smoke", action="store_true",
                    help="whole pipeline on train.smoke_steps batches per stage, with the "
                         "configured strategy, in RUN.NAME-smoke/")
@@ -66,6 +71,12 @@ def main(argv=None) -> int:
         if args.profile:
             from tftrain.training.profiling import parse_window
             profile = parse_window(args.profile)
+        if args.dry_run and not (args.full or args.preflight):
+            from tftrain.plan import sketch
+            print(sketch(cfg, args.smoke))
+            return 0
+        if args.dry_run and not args.preflight:      # --full: all but the export preflight
+            cfg = load_config(args.config, overrides + ["export.preflight=false"])
         with Preemption() as stop:      # SIGTERM/SIGINT from here on: stop at a safe point
             run(cfg, dry_run=args.dry_run, smoke=args.smoke, stop=stop, profile=profile)
         return 0

@@ -200,7 +200,7 @@ def test_a_custom_keras3_layer_exits_2_naming_it_with_nothing_written(tmp_path, 
 
 
 def test_the_plan_and_summary_say_where_the_model_came_from(tmp_path, capsys, keras3_cnn_file):
-    assert main([str(QUICKSTART), "--run-dir", str(tmp_path), "--dry-run", "--set",
+    assert main([str(QUICKSTART), "--run-dir", str(tmp_path), "--dry-run", "--full", "--set",
                  f"model={{name: 'file:{keras3_cnn_file}'}}"]) == 0
     line, = [x for x in capsys.readouterr().out.splitlines() if x.startswith("model from ")]
     assert line.startswith(f"model from {keras3_cnn_file}: Keras 3 .keras, 9 layers, converted "

@@ -277,19 +277,41 @@ def _copy(run_path, tmp_path):
 
 
 @pytest.mark.slow
-def test_dry_run_prints_plan_and_writes_nothing(tmp_path):
-    proc = cli(QUICKSTART, "--run-dir", tmp_path, "--dry-run", "--set", "distribute.virtual_cpus=4",
-               "--set", "train.accumulation_steps=2")
+def test_a_full_dry_run_prints_the_built_plan_and_writes_nothing(tmp_path):
+    proc = cli(QUICKSTART, "--run-dir", tmp_path, "--dry-run", "--full", "--set",
+               "distribute.virtual_cpus=4", "--set", "train.accumulation_steps=2")
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     assert "replicas: 4" in out and "CPU:3" in out
     assert "32 per replica x 4 replicas x 2 accumulation steps = global batch 256" in out
-    assert "53,002 parameters" in out
+    assert "53,002 parameters" in out and "export preflight" not in out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_dry_run_plans_from_the_config_before_tensorflow_loads(tmp_path):
+    """`--dry-run` alone: the plan, optimizer, schedule, checkpoint interval and run
+    directory, with no TensorFlow in the process (a fresh interpreter says so)."""
+    probe = ("import sys; from tftrain.run import main; code = main(sys.argv[1:]); "
+             "print('tensorflow' in sys.modules); sys.exit(code)")
+    proc = subprocess.run([sys.executable, "-c", probe, str(QUICKSTART), "--run-dir",
+                           str(tmp_path), "--dry-run", "--set", "distribute.virtual_cpus=4",
+                           "--set", "train.accumulation_steps=2"], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout.splitlines()
+    assert out[-1] == "False"
+    assert "strategy: mirrored   replicas: 4   workers: 1   devices: 4 logical CPU(s)" in out
+    assert "batch: 32 per replica x 4 replicas x 2 accumulation steps = global batch 256" in out
+    assert "data: digits, 1527 train / 270 validation examples" in out
+    assert "training: 15 epochs x 5 updates = 75 updates" in out
+    assert ("optimizer: adam, learning rate 0.003; schedule cosine after 5 warmup updates; "
+            "checkpoint every 5 updates (keep 3)") in out
+    assert f"run directory: {tmp_path}/quickstart" in out
     assert list(tmp_path.iterdir()) == []
 
 
 def test_dry_run_shows_the_compression_stages(tmp_path, capsys):
-    assert main([str(COMPRESS), "--run-dir", str(tmp_path), "--dry-run"]) == 0
+    assert main([str(COMPRESS), "--run-dir", str(tmp_path), "--dry-run", "--full"]) == 0
     out = capsys.readouterr().out
     assert ("stage prune: 10 epochs = 230 updates at learning rate 0.001; sparsity reaches its "
             "target at update 160 (from 0, masks updated every 10 updates)") in out

@@ -44,13 +44,13 @@ def test_an_export_that_cannot_convert_is_refused_before_training(tmp_path, caps
 
 def test_the_plan_says_what_preflight_converted_and_how_long_it_took(tmp_path, capsys):
     assert main(args(tmp_path, "export.tflite=int8", "export.saved_model_int8=true",
-                     flags=["--dry-run"])) == 0
+                     flags=["--dry-run", "--preflight"])) == 0
     out = capsys.readouterr().out
     line, = [x for x in out.splitlines() if x.startswith("export preflight: ")]
     assert re.fullmatch(r"export preflight: saved_model, saved_model_int8, tflite_int8 converted "
                         r"and run from the untrained model in \d+\.\d s \(export\.preflight: "
                         r"false to skip\)", line), line
-    assert main(args(tmp_path, "export.preflight=false", flags=["--dry-run"])) == 0
+    assert main(args(tmp_path, "export.preflight=false", flags=["--dry-run", "--preflight"])) == 0
     assert "export preflight" not in capsys.readouterr().out
 
 
@@ -104,7 +104,7 @@ def test_a_bug_in_tftrain_during_the_preflight_exits_1_with_its_traceback(tmp_pa
     def broken(blob):
         raise KeyError("size_bytes")
     monkeypatch.setattr(artifacts, "sizes", broken)
-    code = main(args(tmp_path, "export.tflite=float", flags=["--dry-run"]))
+    code = main(args(tmp_path, "export.tflite=float", flags=["--dry-run", "--preflight"]))
     err = capsys.readouterr().err
     assert code == 1, err[-3000:]
     assert "Traceback" in err and "in broken" in err
@@ -138,6 +138,6 @@ def test_a_sparse_only_export_goes_through_the_preflight(tmp_path, capsys, monke
                      "model={name: 'sparse_models:net', params: {}}",
                      "compression.pruning={enabled: true, final_sparsity: 0.7, epochs: 1}",
                      "export.tflite=none", "export.saved_model=false", "export.tflite_sparse=true",
-                     flags=["--dry-run"])) == 0
+                     flags=["--dry-run", "--preflight"])) == 0
     line, = [x for x in capsys.readouterr().out.splitlines() if x.startswith("export preflight: ")]
     assert line.startswith("export preflight: tflite_sparse converted and run"), line

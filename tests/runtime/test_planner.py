@@ -92,7 +92,7 @@ def test_matmul_peak_is_measured():
 @pytest.mark.slow
 def test_auto_chooses_model_parallel_when_memory_is_short(tmp_path):
     args = [ROOT / "configs" / "quickstart.yaml", "--run-dir", tmp_path, "--dry-run",
-            "--set", "distribute.strategy=auto"]
+            "--full", "--set", "distribute.strategy=auto"]
     roomy = cli(*args)
     assert roomy.returncode == 0 and "planner: data parallel" in roomy.stdout
     short = cli(*args, "--set", "distribute.device_memory=1.5MiB")

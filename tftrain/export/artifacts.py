@@ -167,7 +167,8 @@ def tflite_weights(flatbuffer: bytes, min_size: int = 64) -> dict[str, np.ndarra
 
 
 def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
-               layers: bool = True, by_labels: bool = True, timed: bool | None = None) -> dict:
+               layers: bool = True, by_labels: bool = True, timed: bool | None = None,
+               untrained: bool = False) -> dict:
     """Write and verify every configured artifact; returns their report entries.
     `qat`: the model was quantization-aware trained (int8 uses its learned ranges).
     `layers`: compare int8 artifacts with the model layer by layer (`export.fidelity`);
@@ -264,7 +265,8 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
     if not cfg.saved_model:   # it was only the conversion's source
         shutil.rmtree(saved)
         del report["saved_model"]
-    return verification.verify(report, cfg, accuracy(reference, y_val), qat, by_labels)
+    return verification.verify(report, cfg, accuracy(reference, y_val), qat, by_labels,
+                               untrained)
 
 
 def _sparse_entry(saved: Path, plain, out: Path, x_val, y_val, reference, calibration, cfg,

@@ -76,7 +76,7 @@ def _converted(cfg, net, source, qat: bool) -> tuple[str, ...]:
                     model = quantization.quantize_configured(model, cfg)
             report = artifacts.export_all(model, cfg.export, Path(tmp), _Sample(source), qat=qat,
                                           data_cfg=cfg.data, by_labels=False, timed=False,
-                                          layers=not qat)   # (QAT: checked at the logits)
+                                          layers=not qat, untrained=True)
         except ArtifactError as err:
             raise _classified(cfg, err) from err.error
     failed = verification.failures(report)

@@ -36,13 +36,15 @@ def precision_of(name: str, qat: bool) -> str:
     return "int8"
 
 
-def verify(report: dict, cfg, accuracy: float, qat: bool = False, by_labels: bool = True) -> dict:
+def verify(report: dict, cfg, accuracy: float, qat: bool = False, by_labels: bool = True,
+           untrained: bool = False) -> dict:
     """Mark each artifact verified or failed: float artifacts must give the in-memory
     model's logits within `export.max_logit_diff`; reduced-precision ones (dynamic,
     float16, int8) its accuracy within `export.max_accuracy_drop` or, without
     `by_labels` (a model whose accuracy is noise), no layer adding more noise than
     `export.min_layer_sqnr` (int8 files compared layer by layer) or logits above the
-    floor of their precision (`SQNR_FLOOR_DB`). The SavedModel of a quantization-aware trained
+    floor of their precision (`SQNR_FLOOR_DB`). `untrained` (the export preflight): a QAT
+    model's ranges are not calibrated yet, so its files are held to the plain floors. The SavedModel of a quantization-aware trained
     model (`qat`) holds its fake-quant ops: where the traced graph rounds a float
     differently from the eager model (a fused or reordered sum, 1e-7 apart), a value on a
     rounding edge moves one 8-bit step, and so may the logits after it; it is checked as
@@ -60,7 +62,7 @@ def verify(report: dict, cfg, accuracy: float, qat: bool = False, by_labels: boo
                               f"drop {drop:.4f} {'<=' if ok else '>'} export.max_accuracy_drop "
                               f"{cfg.max_accuracy_drop:g}")
         else:
-            ok, entry["check"] = _against_the_model(entry, precision, cfg, qat)
+            ok, entry["check"] = _against_the_model(entry, precision, cfg, qat and not untrained)
         entry["verified"] = ok
     return report
 

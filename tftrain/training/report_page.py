@@ -50,6 +50,14 @@ def write(run_dir: Path, summary: dict | None = None) -> Path:
     return path
 
 
+def _num(value) -> float | None:
+    """A CSV cell as a number (Keras writes `NA` for a value it did not log)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
 def _rows(path: Path) -> list[dict]:
     try:
         with open(path, newline="") as f:
@@ -83,9 +91,9 @@ def _updates(run_dir: Path, summary: dict):
     for stage, rows in stages:
         x = [offset + int(r["update"]) for r in rows]
         for i, key in enumerate(keys):
-            fig.add_trace(go.Scatter(x=x, y=[float(r[key]) for r in rows if key in r],
+            fig.add_trace(go.Scatter(x=x, y=[_num(r.get(key)) for r in rows],
                                      name=f"{stage} {key}", mode="lines"), row=i + 1, col=1)
-        fig.add_trace(go.Scatter(x=x, y=[float(r["lr"]) for r in rows], name=f"{stage} lr",
+        fig.add_trace(go.Scatter(x=x, y=[_num(r.get("lr")) for r in rows], name=f"{stage} lr",
                                  mode="lines"), row=len(keys) + 1, col=1)
         offset = x[-1]
     fig.update_layout(height=240 * (len(keys) + 1), xaxis_title="optimizer update")
@@ -106,7 +114,7 @@ def _epochs(run_dir: Path, summary: dict):
         for col, base in ((1, "loss"), (2, "accuracy")):
             for key in (base, f"val_{base}"):
                 if key in rows[0]:
-                    fig.add_trace(go.Scatter(x=x, y=[float(r[key]) for r in rows],
+                    fig.add_trace(go.Scatter(x=x, y=[_num(r.get(key)) for r in rows],
                                              name=f"{stage} {key}", mode="lines+markers"),
                                   row=1, col=col)
         offset = x[-1]
