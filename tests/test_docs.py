@@ -89,3 +89,23 @@ def test_the_docs_state_the_matrix_and_the_test_counts_as_they_are():
     readme = (ROOT / "README.md").read_text()
     for count in re.findall(r"(\d[\d,]*) tests\b", readme):
         assert int(count.replace(",", "")) in stated, count
+
+
+def test_every_config_key_is_described_in_the_schema_and_the_docs_alike():
+    """The schema and docs/config.md describe every key, from one place
+    (`tftrain.config.reference`): a key without a description, a description of a key
+    that is gone, or a docs table behind the schema fails."""
+    import importlib.util
+
+    from tftrain.config import json_schema
+    from tftrain.config.reference import DESCRIPTIONS, leaves
+
+    keys = leaves(json_schema())
+    assert [k for k, node in keys.items() if not node.get("description")] == []
+    assert sorted(set(DESCRIPTIONS) - set(keys)) == []
+    spec = importlib.util.spec_from_file_location("reference", ROOT / "scripts" / "config_reference.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    page = (ROOT / "docs" / "config.md").read_text()
+    documented = page[page.index(script.BEGIN) + len(script.BEGIN):page.index(script.END)]
+    assert documented.strip() == script.table(), "run python scripts/config_reference.py"

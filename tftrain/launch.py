@@ -93,7 +93,15 @@ def _pump(stream, prefix: str, out) -> None:
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m tftrain.launch", description=__doc__.splitlines()[0])
+    paragraphs = __doc__.split("\n\n")
+    first = paragraphs[0].split(": ", 1)[1].replace("\n", " ")
+    about = "\n\n".join([first[0].upper() + first[1:], *paragraphs[1:3]])
+    p = argparse.ArgumentParser(
+        prog="python -m tftrain.launch", description=about,
+        epilog="example: python -m tftrain.launch --workers 2 configs/quickstart.yaml "
+               "--set distribute.virtual_cpus=1\n\nexit codes: as tftrain.run's (the failing "
+               "worker's; 42 when the workers stopped on a signal after saving)",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workers", type=int, required=True, help="number of local workers")
     p.add_argument("--cpus-per-worker", type=int, default=None,
                    help="pin each worker to this many CPUs")

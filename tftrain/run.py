@@ -30,8 +30,27 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(f"arguments: {message}; see python -m tftrain.run --help")
 
 
+EPILOG = """examples:
+  python -m tftrain.run configs/quickstart.yaml                       train, export, report
+  python -m tftrain.run configs/quickstart.yaml --dry-run             the plan, in a second
+  python -m tftrain.run configs/quickstart.yaml --smoke               a few batches per stage
+  python -m tftrain.run configs/compress.yaml --set train.epochs=3    any key, by dotted path
+  python -m tftrain.run my.yaml --set "model={name: 'file:model.keras'}" --set train.epochs=0
+  python -m tftrain.run --schema > tftrain.schema.json                editor completion
+
+exit codes:
+  0   done (the run directory holds summary.json and report.html)
+  1   runtime failure (a bug in your builder or dataset function keeps its traceback; an
+      exported artifact failing its check; an incoherent package stack)
+  2   bad config or arguments: one line per problem, nothing written
+  42  stopped by SIGTERM or SIGINT after saving a checkpoint: rerun the same command
+
+Running the same command again resumes an interrupted run; docs/config.md lists every key."""
+
+
 def parse_args(argv):
-    p = _Parser(prog="python -m tftrain.run", description=__doc__.splitlines()[0])
+    p = _Parser(prog="python -m tftrain.run", description=__doc__.splitlines()[0],
+                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config", nargs="?", help="YAML config file")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key by dotted path (repeatable)")

@@ -80,7 +80,7 @@ def test_sizes_parse():
     ("train.acumulation_steps=4", r"train\.acumulation_steps: unknown key; did you mean accumulation_steps\?"),
     ("trian.epochs=3", r"trian: unknown key; did you mean train\?"),
     ("train.epochs=many", r"train\.epochs: .*valid integer.*'many'"),
-    ("train.epochs=0", r"train\.epochs: .*greater than or equal to 1"),
+    ("train.epochs=-1", r"train\.epochs: .*greater than or equal to 0"),
     ("data.validation_fraction=1.5", r"data\.validation_fraction: .*less than 1"),
     ("precision.policy=fp16", r"precision\.policy: .*'mixed_float16'.*got 'fp16'"),
     ("distribute.strategy=horovod", r"distribute\.strategy: "),
@@ -105,7 +105,7 @@ def test_errors_name_the_key(override, pattern):
 
 def test_every_problem_is_reported_one_line_each():
     with pytest.raises(ConfigError) as info:
-        load_config(None, ["train.epochs=0", "data.per_replica_batch_size=-1", "x.y=1"])
+        load_config(None, ["train.epochs=-1", "data.per_replica_batch_size=-1", "x.y=1"])
     assert len(info.value.problems) == 3
     assert all("\n" not in p for p in info.value.problems)
 
@@ -305,3 +305,14 @@ def test_a_weight_average_with_restored_best_weights_is_refused():
         load_config(None, ["train.ema={decay: 0.99}",
                            "train.early_stopping={monitor: val_loss, restore_best_weights: true}"])
     load_config(None, ["train.ema={decay: 0.99}", "train.early_stopping={monitor: val_loss}"])
+
+
+def test_a_bad_set_value_is_blamed_on_set_and_a_bad_file_value_on_the_file(tmp_path):
+    path = write(tmp_path, "train:\n  epochs: many\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, ["train.accumulation_steps=abc", "model={name: cnn, params: {}}"])
+    assert err.value.problems == [
+        f"{path}: train.epochs: Input should be a valid integer, unable to parse string as an "
+        "integer (got 'many')",
+        "--set: train.accumulation_steps: Input should be a valid integer, unable to parse "
+        "string as an integer (got 'abc')"]

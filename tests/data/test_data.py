@@ -516,3 +516,16 @@ def test_digits_upscaled_for_imagenet_backbones():
     np.testing.assert_allclose(x[0, ::4, ::4, 0].mean(), small.mean(), atol=0.05)
     with pytest.raises(ConfigError, match=r"data\.params\.channels: 2; expected 1 or 3"):
         load_source(cfg("data.params={channels: 2}").data, 0)
+
+
+def test_a_recipe_whose_data_is_not_made_yet_names_the_command_that_makes_it(tmp_path):
+    from tftrain.config import load_config
+    from helpers import CONFIGS
+    for recipe, command in (("speech_digits.yaml", "python scripts/make_speech_digits.py --out "),
+                            ("text_classification.yaml", "python scripts/make_fortunes_text.py --out ")):
+        cfg = load_config(CONFIGS / recipe)
+        missing = tmp_path / cfg.data.params["path"]
+        data = load_config(CONFIGS / recipe, [f"data.params.path={missing}"]).data
+        with pytest.raises(ConfigError, match=rf"data\.params\.path: {missing} does not exist; make "
+                                              rf"it first: {command}{missing}$"):
+            load_source(data, 0)

@@ -219,14 +219,21 @@ def _format_error(source: str, err: dict) -> str:
     return f"{source}: {path}: {msg} (got {shown})"
 
 
-def validate(data: dict, source: str = "config") -> Config:
-    """Validate a plain dict against the schema."""
+def validate(data: dict, source: str = "config", overridden: tuple[str, ...] = ()) -> Config:
+    """Validate a plain dict against the schema. `overridden`: the keys `--set` gave; a
+    problem under one of them is blamed on that `--set`, not on the file."""
     from tftrain.config import builders
+
+    def blamed(err) -> str:
+        path = ".".join(str(p) for p in _untagged(tuple(err["loc"]))[0])
+        key = next((k for k in overridden if path == k or path.startswith(k + ".")
+                    or k.startswith(path + ".")), None)
+        return "--set" if key else source
 
     try:
         cfg = Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(*[_format_error(source, e) for e in exc.errors()]) from None
+        raise ConfigError(*[_format_error(blamed(e), e) for e in exc.errors()]) from None
     builders.check(cfg)          # the builder's parameters, read from its source
     return cfg
 
@@ -235,7 +242,8 @@ def load_config(path: Union[str, Path, None] = None, overrides: Optional[list[st
     """Load, override and validate a config. `path=None` starts from the defaults."""
     data = read_yaml(path) if path is not None else {}
     data = apply_overrides(data, overrides or [])
-    return validate(data, str(path) if path is not None else "config")
+    keys = tuple(item.partition("=")[0].strip() for item in overrides or [])
+    return validate(data, str(path) if path is not None else "config", keys)
 
 
 def dump_config(cfg: Config) -> str:
@@ -257,5 +265,7 @@ def _plain(v):
 
 
 def json_schema() -> dict:
-    """JSON Schema of the config (for editor completion of YAML files)."""
-    return Config.model_json_schema()
+    """JSON Schema of the config (for editor completion of YAML files), every key
+    described (`reference.DESCRIPTIONS`)."""
+    from tftrain.config.reference import describe
+    return describe(Config.model_json_schema())

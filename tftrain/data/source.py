@@ -191,10 +191,18 @@ class IndexedSource(Source):
 DATASETS: Registry[Callable[..., Source]] = Registry("dataset", "data.name")
 
 
+# the recipes' data, made here (configs/speech_digits.yaml, configs/text_classification.yaml)
+RECIPE_DATA = {"speech_digits": "python scripts/make_speech_digits.py --out {path}",
+               "fortunes": "python scripts/make_fortunes_text.py --out {path}"}
+
+
 def existing(path, key: str) -> Path:
     p = Path(os.path.expanduser(str(path)))
     if not p.exists():
-        raise ConfigError(f"{key}: {path} does not exist; give the path of your data")
+        make = RECIPE_DATA.get(p.name)
+        raise ConfigError(f"{key}: {path} does not exist; " + (
+            f"make it first: {make.format(path=path)}" if make else
+            "give the path of your data"))
     return p
 
 

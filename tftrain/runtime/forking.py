@@ -58,9 +58,11 @@ def preload(module: str) -> None:
     """Import `module` (what the children run) and what it imports, running no op (so
     each child still configures its own devices). Call it before starting threads: a
     fork copies only the calling one."""
-    # TF_USE_LEGACY_KERAS set, then TensorFlow and tf_keras imported
-    from tftrain.core.keras import keras  # noqa: F401
-    importlib.import_module(module)
+    from tftrain.core.native_log import quiet
+    with quiet():           # TensorFlow's native start-up lines held back
+        # TF_USE_LEGACY_KERAS set, then TensorFlow and tf_keras imported
+        from tftrain.core.keras import keras  # noqa: F401
+        importlib.import_module(module)
 
 
 def start(module: str, args: list[str], *, fork: bool, env: dict | None = None,
