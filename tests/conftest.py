@@ -42,6 +42,8 @@ def _temporary_files_under_basetemp(tmp_path_factory):
     path = tmp_path_factory.mktemp("tmp", numbered=False)
     os.environ["TMPDIR"] = str(path)
     tempfile.tempdir = None            # read TMPDIR again
+    # XLA decisions cached by the session's runs only, not by the user's earlier ones
+    os.environ["TFTRAIN_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache", numbered=False))
 
 
 @pytest.fixture(autouse=True)

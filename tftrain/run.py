@@ -173,8 +173,11 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
     from tftrain.core import extras
     from tftrain.export import artifacts as exporting
     from tftrain import models
-    from tftrain.export import fidelity, keras3_file, verification
-    from tftrain.training import report_page, rundir, tracking
+    import yaml
+
+    from tftrain.config import dump_config
+    from tftrain.export import keras3_file, verification
+    from tftrain.training import board, report_page, rundir, tracking
     from tftrain.stages import StageRunner
 
     extras.require(cfg)                   # a missing optional package: config error, exit 2
@@ -222,8 +225,8 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
             if plan.chief:
                 artifacts.update(verification.verify({keras3_file.NAME: keras3_file.write(
                     float_net, run.export, plan.source, cfg.data)}, cfg.export, 0.0))
-        if plan.chief:              # each int8 artifact's layers, as curves and a table
-            fidelity.write_tensorboard(run.path / "tensorboard" / "export", artifacts)
+        if plan.chief:    # the export's figures, each int8 artifact's layers as curves
+            board.write_export(run.path / "tensorboard" / board.EXPORT, artifacts)
         stop.check("after the export (the rerun exports again and reports)", runner.agree)
     except BaseException:
         tracker.fail()     # (never raises) a restart sets the same tracked run running
@@ -237,6 +240,9 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
     if plan.chief:
         summary["report"] = report_page.NAME
         rundir.write_summary(run, summary)
+        board.write_hparams(run.path / "tensorboard" / board.HPARAMS,   # compared across runs
+                            yaml.safe_load(dump_config(cfg)), summary.get("metrics", {}),
+                            run.path.name)
         report_page.write(run.path, summary)      # report.html: the run's charts
     runner.clean_up()
     failed = verification.failures(artifacts)

@@ -352,11 +352,12 @@ def check_values(config: str, space: dict, sets: list[str]) -> None:
 
     first = {k: d["choices"][0] if "choices" in d else (int(d["low"]) if d.get("int") else d["low"])
              for k, d in space["params"].items()}
+    load_config(config, sets)           # the sweep's own --set first: blamed on --set
     try:
         load_config(config, [*sets, *overrides(first)])
     except ConfigError as err:
-        raise ConfigError(*[f"--space params (tried with {', '.join(overrides(first))}): {p}"
-                            for p in err.problems]) from None
+        raise ConfigError(*[f"--space params (tried with {', '.join(overrides(first))}): "
+                            f"{p.removeprefix('--set: ')}" for p in err.problems]) from None
 
 
 def main(argv=None) -> int:

@@ -157,7 +157,7 @@ def test_real_cli_config_error_has_no_traceback(tmp_path):
                fresh=True)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (
-        f"tftrain: config error: {QUICKSTART}: train.acumulation_steps: unknown key; "
+        "tftrain: config error: --set: train.acumulation_steps: unknown key; "
         "did you mean accumulation_steps?")
     assert "Traceback" not in proc.stderr
     assert list(tmp_path.iterdir()) == []
@@ -833,6 +833,19 @@ def test_tensorboard_reads_every_epoch_and_each_stage_under_its_tag(compress_run
     assert len(prune["epoch_loss"]) == 10 and len(qat["epoch_loss"]) == 2
     assert tensorboard_scalars(tb / "qat" / "validation")["epoch_accuracy"][-1][1] == pytest.approx(
         summary["stages"]["qat"]["metrics"]["val_accuracy"], abs=1e-6)
+    # the export's figures and the config as hyperparameters, with the final metrics
+    export = tensorboard_scalars(tb / "export")
+    for name, art in summary["artifacts"].items():
+        assert export[f"{name}/size_kib"] == [(0, pytest.approx(art["size_bytes"] / 1024))]
+        assert export[f"{name}/accuracy"] == [(0, pytest.approx(art["accuracy"], abs=1e-6))]
+    hparams = tensorboard_scalars(tb / "hparams")
+    assert hparams["final/val_accuracy"] == [(0, pytest.approx(summary["metrics"]["val_accuracy"]))]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import metadata, plugin_data_pb2
+    content = EventAccumulator(str(tb / "hparams")).Reload().PluginTagToContent(metadata.PLUGIN_NAME)
+    start = plugin_data_pb2.HParamsPluginData.FromString(
+        content[metadata.SESSION_START_INFO_TAG]).session_start_info
+    assert start.hparams["compression.pruning.final_sparsity"].number_value == pytest.approx(0.8)
 
 
 @pytest.mark.slow

@@ -118,21 +118,6 @@ def test_an_int8_file_with_float_compute_says_so(qat_cnn, tmp_path):
     assert fidelity.label(ops) == f"int8 with {len(ops)} float op{'s' if len(ops) > 1 else ''}"
 
 
-def test_tensorboard_holds_each_int8_artifact_s_layers(tmp_path):
-    rows = [{"layer": "a", "op": "CONV_2D", "sqnr_db": 40.0, "local_sqnr_db": 45.0,
-             "max_abs_diff": 0.1},
-            {"layer": "b", "op": "FULLY_CONNECTED", "sqnr_db": 30.0, "local_sqnr_db": 35.0,
-             "max_abs_diff": 0.2}]
-    fidelity.write_tensorboard(tmp_path, {"tflite_int8": {"layers": rows}, "saved_model": {}})
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    events = EventAccumulator(str(tmp_path), size_guidance={"tensors": 0}).Reload()
-    import tensorflow as tf
-    curve = [(e.step, float(tf.make_ndarray(e.tensor_proto)))
-             for e in events.Tensors("tflite_int8/sqnr_db")]
-    assert curve == [(0, 40.0), (1, 30.0)]
-    assert "tflite_int8/layers" in events.Tags()["tensors"]
-
-
 def test_a_channel_pruning_emptied_keeps_its_bias_in_the_int8_file(tmp_path):
     """A convolution channel whose every weight was pruned computes relu(bias). QAT gives
     it the range [0, 0]; TFLite then quantizes its bias at a scale of about 1e-11 and the

@@ -85,6 +85,8 @@ def test_int8_layouts_hold_the_same_values_and_auto_picks_by_the_cpu(tmp_path, c
         if layout != "U8S8" or onnx_export.int8_format() == "U8S8":
             np.testing.assert_allclose(onnx_export.logits(fused, x), reference, rtol=0, atol=1e-5)
         inits = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
+        # every initializer read: ONNX Runtime warns about each unused one per session
+        assert set(inits) <= {name for n in proto.graph.node for name in n.input}, layout
         activations = {inits[n.input[2]].dtype for n in proto.graph.node
                        if n.op_type == "QuantizeLinear"}
         weights = {inits[n.input[0]].dtype for n in proto.graph.node
@@ -115,6 +117,20 @@ def _relu_then_quantize(rewrite: bool) -> bytes:
             "QuantizeLinear", "DequantizeLinear", "Relu", "QuantizeLinear", "DequantizeLinear"]
     onnx.checker.check_model(proto)
     return proto.SerializeToString()
+
+
+def test_unused_initializers_are_dropped_and_subgraph_reads_kept():
+    inner = helper.make_graph([helper.make_node("Identity", ["k"], ["o"])], "body", [],
+                              [helper.make_tensor_value_info("o", TensorProto.FLOAT, [1])])
+    nodes = [helper.make_node("Relu", ["inputs"], ["logits"]),
+             helper.make_node("If", ["c"], ["unused_out"], then_branch=inner, else_branch=inner)]
+    tensors = [helper.make_tensor(n, TensorProto.FLOAT, [1], [1.0]) for n in ("k", "z", "w")]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("inputs", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1])],
+        tensors + [helper.make_tensor("c", TensorProto.BOOL, [], [True])])
+    assert onnx_export.drop_unused(graph) == 2
+    assert sorted(i.name for i in graph.initializer) == ["c", "k"]
 
 
 def test_quantizing_before_an_activation_changes_no_value():

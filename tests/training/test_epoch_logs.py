@@ -109,8 +109,8 @@ def _waited(model, dataset, epochs, capsys, wait=None):
     return wait.per_epoch, capsys.readouterr().out
 
 
-def _model(cls=TrainModel):
-    net = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256), keras.layers.Dense(8)])
+def _model(cls=TrainModel, width=256):
+    net = keras.Sequential([keras.Input((64,)), keras.layers.Dense(width), keras.layers.Dense(8)])
     model = cls.wrap(net)
     model.compile(keras.optimizers.SGD(0.0), "mse", steps_per_execution=5)
     return model
@@ -154,11 +154,11 @@ def test_input_wait_is_the_iterators_own_wait_not_the_calls_overhead(capsys):
     from tftrain.training.epoch_logs import InputWait
 
     class SlowHost(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
+        def on_train_batch_begin(self, batch, logs=None):
             import time
-            time.sleep(0.02)                 # the host's own work between calls
+            time.sleep(0.02)                 # the host's own work in each call (after InputWait's clock starts)
     wait = InputWait(["a remedy"])
-    model = _model()
+    model = _model(width=8192)    # steps of milliseconds: the iterator's own work is small beside them
     model.fit(DATA.prefetch(2), epochs=3, steps_per_epoch=10, callbacks=[wait, SlowHost()],
               verbose=0)
     out = capsys.readouterr().out

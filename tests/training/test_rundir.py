@@ -64,6 +64,17 @@ def test_report_table_shows_what_each_stage_cost_and_gained():
     assert "0.012 ms/example" in table
 
 
+def _rows(table: str) -> list[str]:
+    """The table's rows, a row wrapped over several lines joined again."""
+    rows = []
+    for line in table.splitlines():
+        if line.startswith(" " * 10) and rows:
+            rows[-1] += " " + line.strip()
+        else:
+            rows.append(line)
+    return rows
+
+
 def test_report_table_prints_the_speedup_beside_the_float_file_or_leaves_it_out():
     grid = {"batch1_threads1": 1.0, "batch32_threads1": 0.5, "batch1_threadsall": 0.8,
             "batch32_threadsall": 0.4}
@@ -74,13 +85,13 @@ def test_report_table_prints_the_speedup_beside_the_float_file_or_leaves_it_out(
                "precision": "float32", "global_batch_size": 64, "epochs": 1, "steps": 3,
                "throughput": {"examples_per_sec": 10.0}, "metrics": {"val_accuracy": 0.97},
                "artifacts": {"tflite_int8": art}}
-    row = [l for l in report_table(summary).splitlines() if "tflite_int8 vs float" in l]
+    row = [l for l in _rows(report_table(summary)) if "tflite_int8 vs float" in l]
     # the median of the rounds' ratios (2.5), not the ratio of the medians (3.0)
     assert len(row) == 1 and "1 thread 3.000 / 1.500" in row[0]
     assert row[0].endswith("runs 2.50x / 2.50x as fast on 1 thread (the median of rounds "
                            "timed in turn)")
     del art["speedup_vs_float"]            # a summary written before the field existed
-    row = [l for l in report_table(summary).splitlines() if "tflite_int8 vs float" in l]
+    row = [l for l in _rows(report_table(summary)) if "tflite_int8 vs float" in l]
     assert len(row) == 1 and row[0].endswith("every core 2.400 / 1.200")
 
 

@@ -333,25 +333,3 @@ def label(float_ops_found: list[str]) -> str:
     """What an int8 artifact is: `int8` only when every compute op is."""
     n = len(float_ops_found)
     return "int8" if not n else f"int8 with {n} float op{'s' if n > 1 else ''}"
-
-
-def write_tensorboard(directory, artifacts: dict) -> None:
-    """Each int8 artifact's layers as two curves over their depth (accumulated and added
-    SQNR, dB) and a table, under `directory` (the run's `tensorboard/export`)."""
-    import tensorflow as tf
-
-    entries = {name: a for name, a in artifacts.items() if a.get("layers")}
-    if not entries:
-        return
-    writer = tf.summary.create_file_writer(str(directory))
-    with writer.as_default():
-        for name, entry in entries.items():
-            rows = entry["layers"]
-            for depth, row in enumerate(rows):
-                tf.summary.scalar(f"{name}/sqnr_db", row["sqnr_db"], step=depth)
-                tf.summary.scalar(f"{name}/local_sqnr_db", row["local_sqnr_db"], step=depth)
-            table = "| layer | op | SQNR (dB) | added (dB) | max abs diff |\n|---|---|---|---|---|\n" + \
-                "\n".join(f"| {r['layer']} | {r['op']} | {r['sqnr_db']} | {r['local_sqnr_db']} | "
-                          f"{r['max_abs_diff']:.3g} |" for r in rows)
-            tf.summary.text(f"{name}/layers", table, step=0)
-    writer.close()

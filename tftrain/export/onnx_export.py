@@ -198,7 +198,28 @@ def requantize(graph, layout: str) -> int:
         if value.type.tensor_type.elem_type == TensorProto.INT8 and \
                 (source is None or (weights and not gathered)):
             value.type.tensor_type.elem_type = TensorProto.UINT8
+    drop_unused(graph)              # the int8 zero points every reader moved away from
     return changed
+
+
+def drop_unused(graph) -> int:
+    """Remove the initializers no node reads (in `graph` or a subgraph of it) and that
+    are not outputs: ONNX Runtime warns about each one in every session it opens.
+    Returns how many went."""
+    read = {o.name for o in graph.output}
+
+    def walk(g):
+        for node in g.node:
+            read.update(node.input)
+            for attribute in node.attribute:
+                for sub in ([attribute.g] if attribute.HasField("g") else []) + \
+                        list(attribute.graphs):
+                    walk(sub)
+    walk(graph)
+    unused = [i for i in graph.initializer if i.name not in read]
+    for initializer in unused:
+        graph.initializer.remove(initializer)
+    return len(unused)
 
 
 def _renamed(proto):

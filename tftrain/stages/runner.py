@@ -199,38 +199,12 @@ class StageRunner:
         return moved
 
     def _compile_choice(self, stage, model, jit) -> None:
-        """`train.jit_compile` for this stage: as decided before a restart, else decided
-        now (`tftrain.training.xla`); printed when it was for `auto` to decide."""
-        setting, measuring = self.cfg.train.jit_compile, False
-        if stage.updates == 0:                  # (train.epochs: 0) nothing to compile
-            model.jit_compile_gradients = False
-            self.jit[stage.name] = {"compiled": False, "reason": "no updates", "speedup": None}
-            return
-        if int(jit.numpy()) != xla.UNDECIDED:
-            decision = xla.Decision(bool(jit.numpy()), "as decided before the restart")
-        else:
-            from tftrain.core import console
-
-            parallel = self.plan.parallel
-            refused = xla.refusal(stage, parallel)
-            key = (xla.cache_key(model, parallel.strategy, self.plan.precision.policy,
-                                 (self.plan.batches.per_replica, self.plan.batches.accumulation))
-                   if parallel.mean is None and setting == "auto" and not refused else None)
-            measuring = setting == "auto" and not refused
-            with (console.phase("xla", f"{stage.name}: timing compiled steps against plain ones")
-                  if measuring else contextlib.nullcontext()) as note:
-                # the batch only for a measurement (`auto`): building the input costs seconds
-                decision = xla.decide(setting, model, parallel.strategy,
-                                      lambda: next(iter(self._batches(1))), parallel.mean,
-                                      refused, steps=stage.updates, key=key)
-                if note is not None:
-                    note["detail"] = decision.reason
-            jit.assign(xla.ON if decision.compiled else xla.OFF)
+        """`train.jit_compile` for this stage (`tftrain.training.xla.for_stage`)."""
+        decision = xla.for_stage(stage, model, jit, self.plan, self.cfg.train.jit_compile,
+                                 lambda: next(iter(self._batches(1))))
         model.jit_compile_gradients = decision.compiled
         self.jit[stage.name] = {"compiled": decision.compiled, "reason": decision.reason,
                                 "speedup": decision.speedup}
-        if setting == "auto" and not measuring:
-            print(f"XLA ({stage.name}): {decision.reason}", flush=True)
 
     def _fit(self, stage, built, model, optimizer, ckpt, manager, directory, start,
              carried) -> dict:

@@ -20,6 +20,7 @@ decision is saved with the stage's checkpoints, so a resumed stage keeps it.
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from dataclasses import dataclass
@@ -107,6 +108,34 @@ def decide(setting, model, strategy, batch, vote=None, refused: str = "",
         if agreed != decision.compiled:
             decision = Decision(agreed, f"{'on' if agreed else 'off'} by the workers' vote "
                                         f"(this worker: {decision.reason})", decision.speedup)
+    return decision
+
+
+def for_stage(stage, model, jit, plan, setting, batch) -> Decision:
+    """The decision for a stage about to train: as saved before a restart (`jit`, the
+    stage checkpoint's variable), else decided now and saved in `jit`; printed when it
+    was for `auto` to decide. `batch()`: one replica batch, built only to measure."""
+    if stage.updates == 0:                  # (train.epochs: 0) nothing to compile
+        return Decision(False, "no updates")
+    if int(jit.numpy()) != UNDECIDED:
+        return Decision(bool(jit.numpy()), "as decided before the restart")
+    from tftrain.core import console
+
+    parallel = plan.parallel
+    refused = refusal(stage, parallel)
+    measuring = setting == "auto" and not refused
+    key = (cache_key(model, parallel.strategy, plan.precision.policy,
+                     (plan.batches.per_replica, plan.batches.accumulation))
+           if parallel.mean is None and measuring else None)
+    with (console.phase("xla", f"{stage.name}: timing compiled steps against plain ones")
+          if measuring else contextlib.nullcontext()) as note:
+        decision = decide(setting, model, parallel.strategy, batch, parallel.mean, refused,
+                          steps=stage.updates, key=key)
+        if note is not None:
+            note["detail"] = decision.reason
+    jit.assign(ON if decision.compiled else OFF)
+    if setting == "auto" and not measuring:
+        print(f"XLA ({stage.name}): {decision.reason}", flush=True)
     return decision
 
 
