@@ -91,7 +91,8 @@ class RunPlan:
         info = self.parallel.info
         lines = [
             device_table(self.parallel.strategy),
-            f"precision: {self.precision.policy}",
+            f"precision: {self.precision.policy}"
+            + (f"; {self.precision.wire.describe()}" if info.replicas > 1 else ""),
             f"data: {source.num_train} train / {source.num_val} validation examples, input "
             f"{source.spec.shape} {source.spec.dtype}, {source.spec.num_classes} classes",
             f"batch: {b.per_replica} per replica x {b.replicas} replicas x "
@@ -105,8 +106,6 @@ class RunPlan:
                                       for layer in model.layers):
             lines.append("note: batch norm computes statistics per micro-batch of "
                          f"{b.per_replica} examples, not over the whole global batch")
-        if info.replicas > 1:
-            lines.append(self.precision.wire.describe())
         lines.append(data.describe(source, self.layout, self.cfg.data))
         lines.append(self.training_line())
         if self.preflight is not None:

@@ -91,8 +91,10 @@ def main(argv=None) -> int:
             from tftrain.training.profiling import parse_window
             profile = parse_window(args.profile)
         if args.dry_run and not (args.full or args.preflight):
+            from tftrain.core import console
             from tftrain.plan import sketch
-            print(sketch(cfg, args.smoke))
+            for line in sketch(cfg, args.smoke).splitlines():
+                console.say(line)
             return 0
         if args.dry_run and not args.preflight:      # --full: all but the export preflight
             cfg = load_config(args.config, overrides + ["export.preflight=false"])
@@ -186,7 +188,8 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
     began = time.perf_counter()
     with console.phase("plan", "devices, data, model, stages and exports"):
         plan = planning.make(cfg, smoke=smoke, stop=stop)
-    print(plan.describe(), flush=True)
+    for line in plan.describe().splitlines():
+        console.say(line)
     if dry_run:
         return None
 

@@ -387,6 +387,32 @@ def test_augmentation_is_seeded_and_validation_gets_only_the_deterministic_part(
         train_dataset(source, plan, cfg("data.augment=[{random_crop: {pad: 2}}]").data, 0)
 
 
+def test_an_augmentation_of_the_user_s_own_is_imported_seeded_and_checked(tmp_path, monkeypatch):
+    (tmp_path / "my_aug.py").write_text(
+        "import tensorflow as tf\n"
+        "def shift(x, seed, by=1.0):\n"
+        "    return x + by + tf.random.stateless_uniform([], seed)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    params = "data.params={num_examples: 64, shape: [8, 8, 3]}"
+    data = cfg("data.name=synthetic", params, "data.augment=[{my_aug:shift: {by: 10.0}}]").data
+    plain = cfg("data.name=synthetic", params).data
+    source, plan = load_source(data, 0), BatchPlan(8, 1, 1)
+    a = next(train_dataset(source, plan, data, 7).as_numpy_iterator())[0]
+    raw = next(train_dataset(source, plan, plain, 7).as_numpy_iterator())[0]
+    added = (a - raw).reshape(8, -1)
+    assert np.all((added >= 10) & (added < 11))                       # by: 10 and the draw
+    assert np.ptp(added, axis=1).max() < 1e-5 and np.ptp(added[:, 0]) > 0  # one draw per example
+    again = next(train_dataset(source, plan, data, 7).as_numpy_iterator())[0]
+    np.testing.assert_array_equal(a, again)                           # seeded
+    val = next(iter(val_dataset(source, plan, data)))[0].numpy()
+    np.testing.assert_array_equal(val, next(iter(val_dataset(source, plan, plain)))[0].numpy())
+    with pytest.raises(ConfigError, match=r"data\.augment\[0\]\.my_aug:shift\.bi: unknown "
+                                          r"parameter; valid: by"):
+        train_dataset(source, plan, cfg("data.augment=[{my_aug:shift: {bi: 2}}]").data, 0)
+    with pytest.raises(ConfigError, match=r"data\.augment\[0\]: cannot import module 'no_aug'"):
+        train_dataset(source, plan, cfg("data.augment=[no_aug:shift]").data, 0)
+
+
 def test_an_augmentation_that_cannot_take_the_inputs_is_refused_at_plan_time():
     from tftrain.data import augment
 

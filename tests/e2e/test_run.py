@@ -201,6 +201,73 @@ def test_quickstart_reaches_095(quickstart_run):
 
 
 @pytest.mark.slow
+def test_the_quickstart_console_is_one_screen_that_ends_with_where_things_are(quickstart_run):
+    """README's command as typed: at most 60 lines, none over 120 columns, no line from
+    TensorFlow's C++ start-up or absl, no input warning (the arrays are in memory), the
+    XLA decision's cost set against the stage's steps, and a report ending with the
+    artifacts' paths, the TensorBoard command and the total time."""
+    path, printed = quickstart_run
+    lines = (printed["stdout"] + printed["stderr"]).splitlines()
+    assert len(lines) <= 60, len(lines)
+    assert max(len(line) for line in lines) <= 120, [l for l in lines if len(l) > 120]
+    native = re.compile(r"^[IWEF]\d{4} |absl|oneDNN|cuInit|cuda|TF-TRT|rebuild TensorFlow")
+    assert not [l for l in lines if native.search(l)]
+    assert "warning" not in printed["stdout"] + printed["stderr"]
+    xla = " ".join(lines[i] for i, l in enumerate(lines) if l.startswith("[xla] done"))
+    xla += " " + " ".join(l.strip() for l in lines if l.startswith("    ") and "updates)" in l)
+    spent = re.search(r"the probe took ([\d.]+) s, (\d+)% of the", xla)
+    skipped = re.search(r"probing would take about ([\d.]+) s, over 10% of the stage's "
+                        r"([\d.]+) s of steps", xla)
+    assert (spent and int(spent.group(2)) <= 10) or \
+        (skipped and float(skipped.group(1)) > 0.1 * float(skipped.group(2))), xla
+    summary = json.loads((path / "summary.json").read_text())
+    report = "\n".join(lines[lines.index(next(l for l in lines if l.startswith("status"))):])
+    for name in summary["artifacts"]:
+        assert f"export {name}" in report
+    assert "export/saved_model/" in report and "export/model.tflite" in report
+    assert re.search(r"\d+\.\d KiB", report)
+    assert f"tensorboard --logdir {path}/tensorboard" in report
+    assert re.search(r"completed in [\d.]+ s", report) and f"run directory           {path}" in report
+    assert (path / "report.html").exists()
+
+
+SLEEPY = """import time
+import tensorflow as tf
+
+def sleepy(x, seed, seconds=0.004):
+    def wait(v):
+        time.sleep(seconds)
+        return v
+    y = tf.py_function(wait, [x], x.dtype)
+    y.set_shape(x.shape)
+    return y
+"""
+
+
+@pytest.mark.slow
+def test_a_sleeping_augmentation_warns_that_input_is_the_bottleneck_naming_input_remedies(tmp_path):
+    """The quickstart with an augmentation of the user's that sleeps 4 ms an example: the
+    steps wait on input (the quickstart itself does not warn:
+    `test_the_quickstart_console_is_one_screen...`), and the remedies are the input
+    pipeline's that apply (the data is cached in memory already: not named)."""
+    (tmp_path / "sleepy_aug.py").write_text(SLEEPY)
+    proc = cli(QUICKSTART, "--run-dir", tmp_path / "runs", "--set", "train.epochs=3",
+               "--set", "data.augment=[{sleepy_aug:sleepy: {seconds: 0.004}}]",
+               "--set", "export.tflite=none", "--set", "export.preflight=false",
+               env={"PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}"}, fresh=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    warning = " ".join(l.strip() for l in proc.stdout.split("tftrain: warning: ")[1].splitlines()
+                       if not l.startswith(("[", "epoch")))
+    share = int(re.match(r"the steps wait for input (\d+)% of the time", warning).group(1))
+    assert share > 50, warning
+    assert "lighten data.augment (sleepy_aug:sleepy run for every example)" in warning
+    assert "tf.data service" in warning and "data.cache" not in warning
+    assert "steps_per_execution" not in warning
+    summary = json.loads(next((tmp_path / "runs").glob("*/summary.json")).read_text())
+    assert summary["throughput"]["input_wait"] > 0.5, summary["throughput"]
+
+
+@pytest.mark.slow
 def test_run_directory_contract(quickstart_run):
     path, _ = quickstart_run
     for name in ("config.yaml", "summary.json", "metrics.csv", "tensorboard",

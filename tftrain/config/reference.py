@@ -67,7 +67,8 @@ DESCRIPTIONS = {
     "data.remainder": "an epoch's last partial update: `drop`, or `pad` (padding weighs 0)",
     "data.shard_policy": "multi-worker: `file`, `data`, `auto` (file when the files suffice)",
     "data.augment": "augmentation and preprocessing, e.g. `[{random_crop: {padding: 4}}, "
-                    "random_flip, {normalize: {mean: 0.5, std: 0.25}}]`",
+                    "random_flip, {normalize: {mean: 0.5, std: 0.25}}]`; your own as "
+                    "`{package.module:function: {params}}`, `function(x, seed, **params)`",
     "data.service": "run the input pipeline on tf.data service workers",
     "data.service.dispatchers": "the dispatchers' addresses, `grpc://host:port`",
     "data.on_bad_record": "an unreadable file or record: `fail` (a config error naming it) or "

@@ -11,8 +11,24 @@ WIDTH = 120
 
 def say(text: str) -> None:
     """A line on stdout, flushed (a run's output is read as it comes: a log, a launcher's
-    worker prefixes)."""
-    print(text, flush=True)
+    worker prefixes), wrapped at `WIDTH` columns (`wrap`)."""
+    print(wrap(text), flush=True)
+
+
+def warn(text: str) -> None:
+    """`tftrain: warning: text`, wrapped like every line (`say`)."""
+    say(f"tftrain: warning: {text}")
+
+
+def wrap(text: str, width: int = WIDTH, indent: str = "    ") -> str:
+    """`text` over as many lines of `width` columns as it needs, the ones after the first
+    indented (words are not broken: a path longer than a line keeps its line)."""
+    import textwrap
+
+    if len(text) <= width:
+        return text
+    return "\n".join(textwrap.wrap(text, width, subsequent_indent=indent,
+                                   break_long_words=False, break_on_hyphens=False))
 
 
 @contextlib.contextmanager

@@ -246,6 +246,9 @@ def build(entries) -> list[Op]:
         else:
             raise ConfigError(f"data.augment[{i}]: {entry!r}; expected a name or a one-key "
                               "mapping like {random_crop: {padding: 4}}")
+        if ":" in str(name):                # the user's own: package.module:function
+            ops.append(_imported(name, params, f"data.augment[{i}]"))
+            continue
         maker = AUGMENTS.get(name)
         if not isinstance(params, dict):     # the main parameter alone: {random_flip: horizontal}
             first = next(iter(inspect.signature(maker).parameters))
@@ -253,6 +256,19 @@ def build(entries) -> list[Op]:
         check_params(maker, params, f"data.augment[{i}].{name}")
         ops.append(maker(**params))
     return ops
+
+
+def _imported(name: str, params, key: str) -> Op:
+    """An augmentation of the user's, `package.module:function`: `function(x, seed,
+    **params) -> x` on one float example (`seed`: a stateless seed of shape (2,), a
+    function of the run's seed and the example's place, so resumes replay it), applied to
+    training examples only."""
+    from tftrain.core.registry import import_function
+
+    fn = import_function(name, key)
+    params = params if isinstance(params, dict) else {}
+    check_params(fn, params, f"{key}.{name}", skip=2)
+    return Op(name, lambda x, seed: fn(x, seed, **params), takes="any")
 
 
 def soft_labels(ops) -> bool:

@@ -23,6 +23,8 @@ from typing import Callable
 
 import tensorflow as tf
 
+from tftrain.core import console
+
 
 def weighted_layer(model, name: str):
     """The QAT wrapper holding the kernel behind the layer `name` reports: that layer,
@@ -83,8 +85,8 @@ def within_budget(model, int8: bytes, entry: dict, convert: Callable[[list], byt
                               lambda wrappers: spliced(int8, convert(wrappers))[0], reference,
                               cfg.max_accuracy_drop, cfg.int8_fallback_layers)
     if found is None or max(t["accuracy"] for t in record["tried"]) <= entry["accuracy"]:
-        print(f"tftrain: warning: tflite_int8: no fallback of {len(record['tried'])} "
-              "layer(s) brought it closer to the model; kept all-int8", flush=True)
+        console.warn(f"tflite_int8: no fallback of {len(record['tried'])} "
+                     "layer(s) brought it closer to the model; kept all-int8")
         return int8, {**entry, "fallback": {**record, "layers": [], "kept": "int8"}}
     new = entry_of(found)
     new["fallback"] = {**record, "accuracy_before": entry["accuracy"],

@@ -19,6 +19,8 @@ import math
 
 import numpy as np
 
+from tftrain.core import console
+
 CAP_DB = 99.0        # an exact tensor (no noise) is reported at this SQNR
 
 
@@ -296,10 +298,10 @@ def entries(name: str, rows: list[dict], cfg) -> dict:
     and a warning line for each layer adding more noise than `export.min_layer_sqnr`."""
     for row in rows:
         if row["local_sqnr_db"] < cfg.min_layer_sqnr:
-            print(f"tftrain: warning: {name}: layer {row['layer']} ({row['op']}) adds noise "
-                  f"at {row['local_sqnr_db']:.1f} dB SQNR, below export.min_layer_sqnr "
-                  f"{cfg.min_layer_sqnr:g} (its values are {row['sqnr_db']:.1f} dB from the "
-                  "model's): its 8-bit range or kernel does not fit its values", flush=True)
+            console.warn(f"{name}: layer {row['layer']} ({row['op']}) adds noise "
+                         f"at {row['local_sqnr_db']:.1f} dB SQNR, below export.min_layer_sqnr "
+                         f"{cfg.min_layer_sqnr:g} (its values are {row['sqnr_db']:.1f} dB from the "
+                         "model's): its 8-bit range or kernel does not fit its values")
     return {"layers": rows, "worst_layers": [r["layer"] for r in worst(rows)]}
 
 

@@ -33,8 +33,8 @@ class Preflight:
     artifacts: tuple[str, ...]
 
     def describe(self) -> str:
-        return (f"export preflight: {', '.join(self.artifacts)} converted and run from the "
-                f"untrained model in {self.seconds:.1f} s (export.preflight: false to skip)")
+        return (f"export preflight: {', '.join(self.artifacts)} converted and run "
+                f"untrained in {self.seconds:.1f} s (export.preflight: false skips it)")
 
 
 def wanted(cfg) -> bool:

@@ -297,7 +297,7 @@ class StageRunner:
             result["settled"] = settled
         gap = epoch_logs.generalisation_gap(model, result["metrics"])
         if gap:
-            print(f"tftrain: warning: stage {stage.name}: {gap}", flush=True)
+            console.warn(f"stage {stage.name}: {gap}")
         return result
 
     def _settle(self, stage, built) -> str:

@@ -8,6 +8,7 @@ import time
 
 from tftrain.core.keras import keras
 from tftrain.optim.rates import current_lr
+from tftrain.core import console
 
 
 def steady_median(per_epoch: list[float], empty):
@@ -126,11 +127,11 @@ class InputWait(keras.callbacks.Callback):
         # (`steps_per_execution: auto` starts at one step per call) and warms up
         if len(self.per_epoch) > 1 and share > self.threshold and not self._warned:
             self._warned = True
-            print(f"tftrain: warning: the steps wait for input {share:.0%} of the time "
-                  f"({self.per_batch_ms[-1]:.1f} ms per batch against "
-                  f"{1e3 * self._step / self._batches:.1f} ms inside the step); "
-                  + ("; ".join(self.remedies) if self.remedies else "the input pipeline is "
-                     "the bottleneck"), flush=True)
+            console.warn(f"the steps wait for input {share:.0%} of the time "
+                         f"({self.per_batch_ms[-1]:.1f} ms per batch against "
+                         f"{1e3 * self._step / self._batches:.1f} ms inside the step); "
+                         + ("; ".join(self.remedies) if self.remedies
+                            else "the input pipeline is the bottleneck"))
 
     def fraction(self) -> float | None:
         """The iterator's share of the time per batch: the median over epochs, leaving out

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from tftrain.core.keras import keras
+from tftrain.core import console
 
 RUN_ID_FILE = "mlflow_run_id"
 PENDING_FILE = "mlflow_pending"      # something was not logged: a rerun logs it
@@ -82,9 +83,9 @@ class MlflowTracker(Tracker):
             self._down_until = time.monotonic() + RETRY_AFTER
             self._pending()
             first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
-            print(f"tftrain: warning: MLflow at {redact(self.uri)}: {what} failed "
-                  f"({type(err).__name__}: {first}); training goes on, and what was not "
-                  "logged is logged later from the run directory", flush=True)
+            console.warn(f"MLflow at {redact(self.uri)}: {what} failed "
+                         f"({type(err).__name__}: {first}); training goes on, and what was not "
+                         "logged is logged later from the run directory")
             return False
 
     def _pending(self) -> None:

@@ -93,10 +93,9 @@ def decide(setting, model, strategy, batch, vote=None, refused: str = "",
         if key and vote is None:
             _store(key, decision)
     except _OverBudget as over:
-        decision = Decision(False, f"off, not probed: the probe would take about "
-                                   f"{over.cost:.1f} s, more than {BUDGET:.0%} of the "
-                                   f"{over.planned:.1f} s of steps the stage plans "
-                                   f"({steps} updates)")
+        decision = Decision(False, f"off, not probed: probing would take about "
+                                   f"{over.cost:.1f} s, over {BUDGET:.0%} of the stage's "
+                                   f"{over.planned:.1f} s of steps ({steps} updates)")
     except (tf.errors.OpError, ValueError, TypeError, NotImplementedError) as err:
         lines = [ln.strip() for ln in str(err).splitlines()
                  if ln.strip() and not ln.strip().startswith(("Graph execution", "Detected at",
@@ -135,7 +134,7 @@ def for_stage(stage, model, jit, plan, setting, batch) -> Decision:
             note["detail"] = decision.reason
     jit.assign(ON if decision.compiled else OFF)
     if setting == "auto" and not measuring:
-        print(f"XLA ({stage.name}): {decision.reason}", flush=True)
+        console.say(f"XLA ({stage.name}): {decision.reason}")
     return decision
 
 
