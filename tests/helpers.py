@@ -11,6 +11,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -237,3 +238,44 @@ class MlflowServer:
     def __exit__(self, *exc):
         self.proc.terminate()
         self.proc.wait(timeout=30)
+
+
+# --- report.html in a real browser (Debian's chromium, headless) ------------------------
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--virtual-time-budget=8000"]
+
+
+def render(page, tmp_path, height=9000):
+    """(the DOM after the page's scripts ran, the screenshot as an RGB image)."""
+    import pytest
+    from PIL import Image
+
+    if CHROMIUM is None:
+        pytest.fail("chromium is not installed (.ci/run installs Debian's chromium)")
+    profile = tmp_path / "chromium-profile"
+    common = [CHROMIUM, *FLAGS, f"--user-data-dir={profile}"]
+    dom = subprocess.run([*common, "--dump-dom", page.as_uri()], capture_output=True,
+                         text=True, timeout=180).stdout
+    shot = tmp_path / "page.png"
+    subprocess.run([*common, f"--screenshot={shot}", f"--window-size=1200,{height}",
+                    page.as_uri()], capture_output=True, timeout=180, check=True)
+    return dom, Image.open(shot).convert("RGB")
+
+
+def charts_drawn(dom: str) -> dict[str, int]:
+    """Each chart div's id and how many traces Plotly drew in it (scatter lines and
+    markers, bars, heatmap images)."""
+    found = {}
+    for match in re.finditer(r'<div id="(chart-\d+)"', dom):
+        end = dom.find('<div id="chart-', match.end())
+        part = dom[match.start():end if end > 0 else len(dom)]
+        found[match.group(1)] = len(re.findall(r'class="(trace scatter|trace bars|hm|point)', part))
+    return found
+
+
+def blue_pixels(image) -> int:
+    """Pixels of Plotly's first trace colour (#1f77b4) and its neighbours."""
+    return sum(1 for r, g, b in image.getdata()
+               if abs(r - 31) < 30 and abs(g - 119) < 30 and abs(b - 180) < 30)

@@ -267,6 +267,31 @@ def test_a_sleeping_augmentation_warns_that_input_is_the_bottleneck_naming_input
     assert summary["throughput"]["input_wait"] > 0.5, summary["throughput"]
 
 
+# report.html's charts by their place on the page (`report_page.write`)
+CHARTS = {"per update": "chart-0", "per epoch": "chart-1", "accuracy": "chart-2",
+          "confusion": "chart-3", "artifacts": "chart-4", "sqnr": "chart-5"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["quickstart", "compress"])
+def test_report_html_of_a_real_run_draws_its_charts_in_a_browser(which, request, tmp_path):
+    """The quickstart's and the compress recipe's report.html, rendered by headless
+    chromium: curves, confusion matrix and artifact chart drawn (traces in each chart's
+    DOM, Plotly's colours on the screenshot); the compress run's int8 file adds the SQNR
+    chart, the float-only quickstart has none."""
+    from helpers import blue_pixels, charts_drawn, render
+    path = request.getfixturevalue(f"{which}_run")[0]
+    dom, image = render(path / "report.html", tmp_path)
+    drawn = charts_drawn(dom)
+    for name in ("per update", "per epoch", "accuracy", "confusion", "artifacts"):
+        assert drawn.get(CHARTS[name], 0) > 0, (name, drawn)
+    assert (drawn.get(CHARTS["sqnr"], 0) > 0) == (which == "compress"), drawn
+    assert blue_pixels(image) > 2000                  # traces on the screenshot, not a blank page
+    summary = json.loads((path / "summary.json").read_text())
+    for name in summary["artifacts"]:
+        assert name in dom
+
+
 @pytest.mark.slow
 def test_run_directory_contract(quickstart_run):
     path, _ = quickstart_run

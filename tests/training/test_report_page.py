@@ -4,52 +4,11 @@ from __future__ import annotations
 
 import csv
 import json
-import re
-import shutil
-import subprocess
 
 import pytest
 
+from helpers import blue_pixels, charts_drawn, render
 from tftrain.training import report_page
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--virtual-time-budget=8000"]
-
-
-def render(page, tmp_path, height=9000):
-    """(the DOM after the page's scripts ran, the screenshot as an RGB image)."""
-    from PIL import Image
-
-    if CHROMIUM is None:
-        pytest.fail("chromium is not installed (.ci/run installs Debian's chromium)")
-    profile = tmp_path / "chromium-profile"
-    common = [CHROMIUM, *FLAGS, f"--user-data-dir={profile}"]
-    dom = subprocess.run([*common, "--dump-dom", page.as_uri()], capture_output=True,
-                         text=True, timeout=180).stdout
-    shot = tmp_path / "page.png"
-    subprocess.run([*common, f"--screenshot={shot}", f"--window-size=1200,{height}",
-                    page.as_uri()], capture_output=True, timeout=180, check=True)
-    return dom, Image.open(shot).convert("RGB")
-
-
-def charts_drawn(dom: str) -> dict[str, int]:
-    """Each chart div's id and how many traces Plotly drew in it (scatter lines and
-    markers, bars, heatmap images)."""
-    found = {}
-    for match in re.finditer(r'<div id="(chart-\d+)"', dom):
-        end = dom.find('<div id="chart-', match.end())
-        part = dom[match.start():end if end > 0 else len(dom)]
-        found[match.group(1)] = len(re.findall(r'class="(trace scatter|trace bars|hm|point)', part))
-    return found
-
-
-def blue_pixels(image) -> int:
-    """Pixels of Plotly's first trace colour (#1f77b4) and its neighbours."""
-    return sum(1 for r, g, b in image.getdata()
-               if abs(r - 31) < 30 and abs(g - 119) < 30 and abs(b - 180) < 30)
-
 
 def write_run(path, with_int8=True):
     """A small run directory as a run leaves it (summary.json and the CSV logs)."""
@@ -77,7 +36,9 @@ def write_run(path, with_int8=True):
                "per_replica_batch_size": 32, "accumulation_steps": 1, "global_batch_size": 64,
                "throughput": {"examples_per_sec": 5000.0}, "metrics": {"val_accuracy": 0.91},
                "stages": {"train": {"metrics": {"val_accuracy": 0.91}, "updates": 20}},
-               "confusion": [[5, 1, 0], [0, 6, 1], [1, 0, 7]], "artifacts": artifacts}
+               "confusion": [[5, 1, 0], [0, 6, 1], [1, 0, 7]], "artifacts": artifacts,
+               "memory_plan": {"kind": "data", "stages": 1, "device_memory": 2**34,
+                               "bytes_per_device": [2 * 2**20]}}
     (path / "summary.json").write_text(json.dumps(summary))
     return summary
 
@@ -99,6 +60,7 @@ def test_a_report_is_one_self_contained_page_of_every_chart(tmp_path):
     assert sources.found == []                  # nothing fetched: the script is inlined
     assert text.count('<div id="chart-') == 6                # no search: its chart is left out
     assert "tflite_int8" in text and "export/model.tflite" in text
+    assert "data parallel, 1 stage(s): 2.0 MiB per device of 16.0 GiB" in text
 
 
 def test_the_browser_draws_every_chart(tmp_path):
