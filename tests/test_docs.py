@@ -59,7 +59,13 @@ def test_the_checker_finds_a_broken_link_and_a_missing_heading(tmp_path):
 
 def test_readme_is_a_front_door_to_every_page():
     readme = ROOT / "README.md"
-    assert len(readme.read_text().splitlines()) <= 250
+    text = readme.read_text()
+    assert len(text.splitlines()) <= 150
+    assert "`fn(spec, **params)`" in text                  # the builder's signature
+    assert "python -m tftrain.run configs/quickstart.yaml" in text
+    sample = text.split("## What a run prints")[1].split("## ")[0]
+    assert all(part in sample for part in ("[train] done in", "report ", "tensorboard --logdir"))
+    assert not re.search(r"\b[0-9a-f]{7,40}\b", text.replace("sha256", ""))   # no commit hashes
     linked = {(ROOT / t.partition("#")[0]).resolve() for t in links(readme)}
     assert set(PAGES[1:]) <= linked                     # CONTRIBUTING and every docs/ page
 
