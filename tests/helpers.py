@@ -240,6 +240,18 @@ class MlflowServer:
         self.proc.wait(timeout=30)
 
 
+def unwrapped(text: str) -> list[str]:
+    """What a run printed, as its lines before `console.say` wrapped them at 120 columns
+    (a wrapped line goes on in lines indented by four spaces)."""
+    lines: list[str] = []
+    for line in text.splitlines():
+        if lines and line.startswith("    ") and not line.startswith("     ") and line.strip():
+            lines[-1] += " " + line.strip()
+        else:
+            lines.append(line)
+    return lines
+
+
 # --- report.html in a real browser (Debian's chromium, headless) ------------------------
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -89,9 +89,9 @@ def _suggest(trial, key: str, dist: dict):
     if "choices" in dist:
         index = trial.suggest_categorical(key, list(range(len(dist["choices"]))))
         return dist["choices"][index]
-    if dist.get("int"):
-        return trial.suggest_int(key, int(dist["low"]), int(dist["high"]), log=dist.get("log", False))
-    return trial.suggest_float(key, float(dist["low"]), float(dist["high"]), log=dist.get("log", False))
+    suggest = trial.suggest_int if dist.get("int") else trial.suggest_float
+    kind = int if dist.get("int") else float
+    return suggest(key, kind(dist["low"]), kind(dist["high"]), log=dist.get("log", False))
 
 
 def overrides(values: dict) -> list[str]:
@@ -348,10 +348,10 @@ def _alive(trial) -> bool:
 def check_values(config: str, space: dict, sets: list[str]) -> None:
     """Every key of the space must be a config key taking such values: checked with the
     low end (or first choice) of each, before any trial runs."""
-    from tftrain.config import load_config
 
     first = {k: d["choices"][0] if "choices" in d else (int(d["low"]) if d.get("int") else d["low"])
              for k, d in space["params"].items()}
+    from tftrain.config import load_config
     load_config(config, sets)           # the sweep's own --set first: blamed on --set
     try:
         load_config(config, [*sets, *overrides(first)])

@@ -8,7 +8,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from helpers import QUICKSTART, quick_config, shared_run
+from helpers import QUICKSTART, quick_config, shared_run, unwrapped
 from tftrain.core.keras import keras3
 from tftrain.run import main, run
 
@@ -202,7 +202,7 @@ def test_a_custom_keras3_layer_exits_2_naming_it_with_nothing_written(tmp_path, 
 def test_the_plan_and_summary_say_where_the_model_came_from(tmp_path, capsys, keras3_cnn_file):
     assert main([str(QUICKSTART), "--run-dir", str(tmp_path), "--dry-run", "--full", "--set",
                  f"model={{name: 'file:{keras3_cnn_file}'}}"]) == 0
-    line, = [x for x in capsys.readouterr().out.splitlines() if x.startswith("model from ")]
+    line, = [x for x in unwrapped(capsys.readouterr().out) if x.startswith("model from ")]
     assert line.startswith(f"model from {keras3_cnn_file}: Keras 3 .keras, 9 layers, converted "
                            "to tf_keras (outputs equal Keras 3's to ") and "softmax taken off" in line
     cfg = quick_config(tmp_path, f"model={{name: 'file:{keras3_cnn_file}'}}", "train.epochs=0",

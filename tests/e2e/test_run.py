@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from helpers import (COMPRESS, QUICKSTART, ROOT, cli, model_weights, quick_config, resumed_at,
                      saved_model_cli_show_and_run, shared_run, start_run,
-                     wait_for_checkpoint)
+                     unwrapped, wait_for_checkpoint)
 from tftrain.run import main, run
 
 
@@ -404,7 +404,7 @@ def test_a_dry_run_plans_from_the_config_before_tensorflow_loads(tmp_path):
 
 def test_dry_run_shows_the_compression_stages(tmp_path, capsys):
     assert main([str(COMPRESS), "--run-dir", str(tmp_path), "--dry-run", "--full"]) == 0
-    out = capsys.readouterr().out
+    out = "\n".join(unwrapped(capsys.readouterr().out))
     assert ("stage prune: 10 epochs = 230 updates at learning rate 0.001; sparsity reaches its "
             "target at update 160 (from 0, masks updated every 10 updates)") in out
     assert "stage qat: 2 epochs = 46 updates at learning rate 0.0003" in out

@@ -5,7 +5,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from helpers import ROOT, cli, start_run, wait_for_checkpoint
+from helpers import ROOT, cli, start_run, unwrapped, wait_for_checkpoint
 from mlflow.tracking import MlflowClient
 
 from tftrain.training.tracking import EpochMetrics, flat_params
@@ -100,7 +100,7 @@ def test_an_outage_warns_once_per_failure_and_the_missed_epochs_follow_from_the_
     client.down = True
     assert not tracker.log_epoch("", 0, {"loss": 2.5})            # down: one warning
     assert not tracker.log_epoch("", 1, {"loss": 1.5})            # within RETRY_AFTER: skipped
-    out = capsys.readouterr().out.splitlines()
+    out = unwrapped(capsys.readouterr().out)
     assert len(out) == 1 and out[0].startswith(
         "tftrain: warning: MLflow at http://u:***@h:5000: reading loss failed (ConnectionError: "
         "Connection refused); training goes on")
@@ -192,7 +192,7 @@ def test_mlflow_down_for_a_whole_run_neither_stops_nor_fails_it(tmp_path, capsys
     args = lambda d: [str(QUICKSTART), "--run-dir", str(d), *[a for s in sets for a in ("--set", s)]]  # noqa: E731
     assert main(args(tmp_path)) == 0
     out, err = capsys.readouterr()
-    warnings = [line for line in out.splitlines() if "MLflow" in line]
+    warnings = [line for line in unwrapped(out) if "MLflow" in line]
     assert warnings and all(line.startswith(f"tftrain: warning: MLflow at {uri}: ")
                             and "failed (MlflowException" in line for line in warnings), warnings
     assert "Traceback" not in err
