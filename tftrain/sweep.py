@@ -89,8 +89,7 @@ def _suggest(trial, key: str, dist: dict):
     if "choices" in dist:
         index = trial.suggest_categorical(key, list(range(len(dist["choices"]))))
         return dist["choices"][index]
-    suggest = trial.suggest_int if dist.get("int") else trial.suggest_float
-    kind = int if dist.get("int") else float
+    suggest, kind = (trial.suggest_int, int) if dist.get("int") else (trial.suggest_float, float)
     return suggest(key, kind(dist["low"]), kind(dist["high"]), log=dist.get("log", False))
 
 
