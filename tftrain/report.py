@@ -5,14 +5,18 @@ from __future__ import annotations
 import hashlib
 
 
+BUDGET_MISSED = "accuracy budget missed"
+
+
 def summary(plan, results: dict, artifacts: dict, net) -> dict:
     """The run's summary; `net` is the model the last stage finished with."""
-    from tftrain.export.verification import failures
+    from tftrain.export.verification import best_within_budget, failures, only_budget_missed
 
     first = results.get("train", results[plan.stages[0].name])     # training
     info, b, wire, peak = plan.parallel.info, plan.batches, plan.precision.wire, plan.peak
     out = {
-        "status": "completed" if not failures(artifacts) else "export verification failed",
+        "status": ("completed" if not failures(artifacts) else
+                   BUDGET_MISSED if only_budget_missed(artifacts) else "export verification failed"),
         "steps": first["updates"], "epochs": first["epochs"],    # updates made
         "steps_per_epoch": plan.steps_per_epoch,
         "replicas": info.replicas, "workers": info.workers, "strategy": info.kind,
@@ -34,6 +38,8 @@ def summary(plan, results: dict, artifacts: dict, net) -> dict:
         "stages": results, "sparsity": _sparsity(results),
         "artifacts": artifacts, "smoke": plan.smoke,
     }
+    if out["status"] == BUDGET_MISSED:
+        out["ship"] = best_within_budget(artifacts)       # what to deploy instead (or None)
     confusion = _confusion(plan, net)
     if confusion is not None:
         out["confusion"] = confusion

@@ -23,6 +23,9 @@ from tftrain.config import Config, ConfigError, json_schema, load_config
 from tftrain.training.preemption import Preempted, Preemption
 
 EXIT_CONFIG, EXIT_RUNTIME, EXIT_PREEMPTED = 2, 1, 42
+# a target or budget missed, with something to ship: an artifact outside
+# export.max_accuracy_drop (the others kept), a compression search meeting no candidate
+EXIT_TARGET_MISSED = 3
 
 
 class _Parser(argparse.ArgumentParser):
@@ -111,6 +114,9 @@ def main(argv=None) -> int:
     except Preempted as err:
         print(f"tftrain: {err}", file=sys.stderr)
         return EXIT_PREEMPTED
+    except BudgetMissed as err:
+        print(f"tftrain: {err}", file=sys.stderr)
+        return EXIT_TARGET_MISSED
     except KeyboardInterrupt:
         print("tftrain: interrupted; rerun the same command to resume", file=sys.stderr)
         return EXIT_RUNTIME
@@ -251,6 +257,8 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
     failed = verification.failures(artifacts)
     tracker.finish(summary, run.export, ok=not failed)      # never raises: a rerun retries
     print(rundir.report_table(summary))
+    if failed and summary["status"] == report.BUDGET_MISSED:   # works, loses too much
+        raise BudgetMissed(failed, summary)
     if failed:     # the artifacts stay, marked failed; the run is not completed
         raise ExportFailed(failed, summary)
     return summary
@@ -266,6 +274,26 @@ class ExportFailed(RuntimeError):
                          "marked failed in summary.json (loosen export.max_logit_diff or "
                          "export.max_accuracy_drop only if the difference is expected)")
         self.failed, self.summary = list(failed), summary
+
+
+class BudgetMissed(ExportFailed):
+    """Every artifact works, but one loses more accuracy than `export.max_accuracy_drop`
+    allows (after `export.int8_fallback`): all are kept, `summary["ship"]` names the best
+    within the budget (`verification.best_within_budget`). The CLI exits 3."""
+
+    def __init__(self, failed: list[str], summary: dict):
+        ship = summary.get("ship")
+        RuntimeError.__init__(
+            self, f"accuracy budget missed: {'; '.join(failed)}; every artifact is kept, "
+            + (f"{ship} ({rundir_path(ship)}) is the best within the budget"
+               if ship else "none is within the budget")
+            + " (a compression search finds one that is: python -m tftrain.search RUN_DIR)")
+        self.failed, self.summary = list(failed), summary
+
+
+def rundir_path(name: str) -> str:
+    from tftrain.training.rundir import artifact_path
+    return artifact_path(name)
 
 
 if __name__ == "__main__":

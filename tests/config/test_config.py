@@ -36,6 +36,7 @@ def test_int8_fallback_reads_yaml_off_and_needs_qat():
     assert load_config(None, ["export.int8_fallback=off"]).export.int8_fallback == "off"
     cfg = load_config(None, ["compression.quantization.enabled=true", "export.int8_fallback=auto"])
     assert cfg.export.int8_fallback == "auto" and cfg.export.tflite == "int8"
+    assert load_config(None).export.int8_fallback is None          # unset: auto for QAT runs
 
 
 def test_config_is_frozen():

@@ -1166,3 +1166,33 @@ def test_compressed_onnx_is_a_qdq_model_onnx_runtime_runs_in_int8(compress_run):
     assert (path / "export" / "model_int8.onnx").stat().st_size == onnx8["size_bytes"]
     # a QAT model's float graph holds fake-quant ops: no float ONNX file for it
     assert "onnx" not in summary["artifacts"] and not (path / "export" / "model.onnx").exists()
+
+
+@pytest.mark.slow
+def test_an_int8_file_beyond_its_accuracy_budget_keeps_every_artifact_names_one_to_ship_exit_3(
+        tmp_path, monkeypatch, capsys):
+    """The int8 file's dense layer quantized wrong (its kernel scales x8, as a converter
+    bug would): it works but loses more than export.max_accuracy_drop, so the run keeps
+    every artifact, names the best within the budget (the SavedModel, the only other)
+    and exits 3, neither success nor crash."""
+    from tftrain.export import artifacts, fallback
+    convert = artifacts.convert_tflite
+    monkeypatch.setattr(artifacts, "convert_tflite", lambda *a, **k: fallback.with_kernel_scales(
+        convert(*a, **k), "dense_0", 8.0))
+    code = main([str(QUICKSTART), "--run-dir", str(tmp_path), "--set", "train.epochs=4",
+                 "--set", "export.tflite=int8", "--set", "export.preflight=false",
+                 "--set", "train.verbose=0"])
+    captured = capsys.readouterr()
+    assert code == 3, captured.err[-2000:]
+    summary = json.loads((tmp_path / "quickstart" / "summary.json").read_text())
+    assert summary["status"] == "accuracy budget missed" and summary["ship"] == "saved_model"
+    int8 = summary["artifacts"]["tflite_int8"]
+    assert not int8["verified"] and summary["artifacts"]["saved_model"]["verified"]
+    assert summary["artifacts"]["saved_model"]["accuracy"] - int8["accuracy"] > 0.01
+    assert (tmp_path / "quickstart" / "export" / "model.tflite").exists()
+    assert "Traceback" not in captured.err
+    assert captured.err.strip().splitlines()[-1].startswith(
+        "tftrain: accuracy budget missed: tflite_int8: accuracy ")
+    assert "saved_model (export/saved_model/) is the best within the budget" in captured.err
+    assert any(l.startswith("ship ") and "saved_model (export/saved_model/)" in l
+               for l in unwrapped(captured.out))

@@ -16,7 +16,8 @@ def corrupting(layer: str, factor: float = 8.0):
 
 def export(q, source, out, fallback_setting):
     cfg = load_config(None, ["compression.quantization.enabled=true", "export.saved_model=false",
-                             f"export.int8_fallback={fallback_setting}"])
+                             *([f"export.int8_fallback={fallback_setting}"]
+                               if fallback_setting is not None else [])])
     return artifacts.export_all(q, cfg.export, out, source, qat=True, data_cfg=cfg.data)
 
 
@@ -44,6 +45,9 @@ def test_a_layer_the_converter_got_wrong_is_named_worst_and_falls_back_alone(
     assert auto["size_bytes"] > record["size_bytes_before"]        # a float kernel is larger
     assert (tmp_path / "auto" / "model.tflite").read_bytes() != \
         (tmp_path / "off" / "model.tflite").read_bytes()
+    # unset, a QAT run's int8 file falls back as with auto
+    unset = export(q, source, tmp_path / "unset", None)["tflite_int8"]
+    assert unset["fallback"]["layers"] == ["quant_dense_0"] and unset["verified"]
 
 
 def test_a_relu_reported_layer_falls_back_through_its_convolution(qat_cnn):

@@ -185,8 +185,9 @@ class ExportConfig(Strict):
     max_accuracy_drop: float = Field(0.01, ge=0, le=1)   # reduced-precision artifacts
     # auto: an int8 TFLite file of a QAT model further than max_accuracy_drop from it
     # keeps its noisiest layers' kernels float, one at a time, until within (or
-    # int8_fallback_layers tried); off: report and verify only
-    int8_fallback: Literal["off", "auto"] = "off"
+    # int8_fallback_layers tried); off: report and verify only; unset: auto for a QAT
+    # run's int8 TFLite file (the only one it applies to)
+    int8_fallback: Optional[Literal["off", "auto"]] = None
     int8_fallback_layers: int = Field(4, ge=1)
 
     @field_validator("int8_fallback", mode="before")

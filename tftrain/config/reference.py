@@ -191,7 +191,8 @@ DESCRIPTIONS = {
     "export.max_logit_diff": "largest logit difference a float artifact may show from the model",
     "export.max_accuracy_drop": "accuracy a reduced-precision artifact may lose against the model",
     "export.int8_fallback": "`auto`: a QAT model's int8 file beyond `max_accuracy_drop` keeps its "
-                            "noisiest layers float, one at a time, until within it",
+                            "noisiest layers float, one at a time, until within it; `off`; "
+                            "unset: `auto` for a QAT run's int8 TFLite file",
     "export.int8_fallback_layers": "the most layers `int8_fallback` tries",
     # tracking
     "tracking.mlflow": "log the run to MLflow (extra `[mlflow]`)",

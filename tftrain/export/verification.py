@@ -58,6 +58,7 @@ def verify(report: dict, cfg, accuracy: float, qat: bool = False, by_labels: boo
         elif by_labels:
             drop = accuracy - entry["accuracy"]
             ok = drop <= cfg.max_accuracy_drop + 1e-9
+            entry["judged_by"] = "accuracy"     # a miss is a budget missed, not a fault
             entry["check"] = (f"accuracy {entry['accuracy']:.4f} vs {accuracy:.4f} in memory: "
                               f"drop {drop:.4f} {'<=' if ok else '>'} export.max_accuracy_drop "
                               f"{cfg.max_accuracy_drop:g}")
@@ -104,3 +105,24 @@ def failures(report: dict) -> list[str]:
     """One line per artifact that failed its check."""
     return [f"{name}: {entry['check']}" for name, entry in report.items()
             if not entry.get("verified", True)]
+
+
+def only_budget_missed(report: dict) -> bool:
+    """Whether every failed artifact (at least one) failed only its accuracy budget
+    (`export.max_accuracy_drop`, judged on the validation labels): a reduced-precision
+    file that works but loses more than allowed, not a conversion that computes
+    something else (a float file's logits apart, a layer's noise without labels)."""
+    failed = [entry for entry in report.values() if not entry.get("verified", True)]
+    return bool(failed) and all(entry.get("judged_by") == "accuracy" for entry in failed)
+
+
+def best_within_budget(report: dict) -> str | None:
+    """The artifact to ship when another missed its budget: of those verified, the
+    smallest file (then the fastest at batch 1 on 1 thread); None when none is."""
+    def rank(item):
+        name, entry = item
+        grid = entry.get("latency_grid") or {}
+        return (entry.get("size_bytes", float("inf")),
+                grid.get("batch1_threads1", entry.get("latency_ms", float("inf"))))
+    passed = [item for item in report.items() if item[1].get("verified", True)]
+    return min(passed, key=rank)[0] if passed else None

@@ -283,6 +283,11 @@ def report_table(summary: dict) -> str:
         rows.append(("sparsity", ", ".join(f"{k} {v:.3f}" for k, v in summary["sparsity"].items())))
     for name, art in summary.get("artifacts", {}).items():
         rows += _artifact_rows(name, art)
+    if "ship" in summary:       # an artifact missed its accuracy budget
+        ship = summary["ship"]
+        rows.append(("ship", f"{ship} ({artifact_path(ship)}): the best artifact within "
+                             "export.max_accuracy_drop" if ship else
+                             "no artifact is within export.max_accuracy_drop"))
     if summary.get("run_dir"):
         where = summary["run_dir"]
         rows += [("run directory", f"{where} (summary.json, metrics.csv, updates.csv, "
