@@ -56,6 +56,29 @@ def test_files_timed_in_turn_keep_their_order_of_speed():
     assert "float_latency_grid" not in speed.tflite_entry(narrow, x)
 
 
+def test_an_artifact_timed_against_a_reference_file_of_its_runtime(tmp_path):
+    """`export.latency_reference`: the wide model's file is the reference; the narrow
+    one runs many times as fast in every setting, the wide one against itself about as
+    fast; an ONNX reference says nothing about a TFLite file."""
+    x = np.random.default_rng(0).normal(size=(40, 6)).astype(np.float32)
+    inputs = keras.Input((6,))
+    h = inputs
+    for i in range(4):
+        h = keras.layers.Dense(384, activation="relu", name=f"wide_{i}")(h)
+    wide = _tflite(keras.Model(inputs, keras.layers.Dense(3)(h)))
+    (tmp_path / "wide.tflite").write_bytes(wide)
+    narrow = speed.versus_reference(_tflite(_dense()), "tflite", x, str(tmp_path / "wide.tflite"),
+                                    rounds=3, budget=0.06)
+    assert narrow["reference"] == str(tmp_path / "wide.tflite")
+    assert list(narrow["speedup_vs_reference"]) == [speed.key(b, t) for b, t in speed.SETTINGS]
+    assert all(v > 2 for v in narrow["speedup_vs_reference"].values()), narrow
+    itself = speed.versus_reference(wide, "tflite", x, str(tmp_path / "wide.tflite"), rounds=3,
+                                    budget=0.06)
+    assert all(0.5 < v < 2 for v in itself["speedup_vs_reference"].values()), itself
+    (tmp_path / "m.onnx").write_bytes(b"")
+    assert speed.versus_reference(wide, "tflite", x, str(tmp_path / "m.onnx")) == {}
+
+
 def test_a_speedup_is_the_median_of_the_rounds_ratios(monkeypatch):
     """Rounds timed in turn (`round_times`: the order reversed every other round) and the
     speedup the median of each round's ratio: here 2.0, where the ratio of the two

@@ -189,6 +189,21 @@ class ExportConfig(Strict):
     # run's int8 TFLite file (the only one it applies to)
     int8_fallback: Optional[Literal["off", "auto"]] = None
     int8_fallback_layers: int = Field(4, ge=1)
+    # a TFLite or ONNX file (a model in production, the dense model) each artifact of its
+    # runtime is timed against, in turn: reference_latency_grid, speedup_vs_reference
+    latency_reference: Optional[str] = None
+
+    @field_validator("latency_reference")
+    @classmethod
+    def _reference(cls, value):
+        from pathlib import Path
+        if value is not None:
+            if Path(value).suffix not in (".tflite", ".onnx"):
+                raise ValueError(f"{value} is not a .tflite or .onnx file; give the file a "
+                                 "deployment runs")
+            if not Path(value).is_file():
+                raise ValueError(f"{value} does not exist; give an existing .tflite or .onnx file")
+        return value
 
     @field_validator("int8_fallback", mode="before")
     @classmethod

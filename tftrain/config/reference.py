@@ -194,6 +194,8 @@ DESCRIPTIONS = {
                             "noisiest layers float, one at a time, until within it; `off`; "
                             "unset: `auto` for a QAT run's int8 TFLite file",
     "export.int8_fallback_layers": "the most layers `int8_fallback` tries",
+    "export.latency_reference": "a `.tflite` or `.onnx` file each artifact of its runtime is "
+                                "timed against, in turn (`speedup_vs_reference` in the summary)",
     # tracking
     "tracking.mlflow": "log the run to MLflow (extra `[mlflow]`)",
     "tracking.mlflow.uri": "the tracking URI (`sqlite:///mlflow.db`, `http://host:5000`)",

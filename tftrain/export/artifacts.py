@@ -314,7 +314,9 @@ def _tflite_entry(blob: bytes, plain, x_val, y_val, reference, layers: bool, cal
     entry = {**sizes(blob), "accuracy": accuracy(logits, y_val),
              **against(logits, reference),
              "latency_ms": latency * 1e3, "input": input_kind(plain, None), "logits": logits,
-             **(speed.tflite_entry(blob, x_val, beside) if timed else {})}
+             **(speed.tflite_entry(blob, x_val, beside) if timed else {}),
+             **(speed.versus_reference(blob, "tflite", x_val, cfg.latency_reference)
+                if timed and cfg.latency_reference else {})}
     if layers:
         from tftrain.export import fidelity
         entry.update(fidelity.tflite_entry(blob, plain, calibration, cfg))

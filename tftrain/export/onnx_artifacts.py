@@ -37,7 +37,9 @@ def entries(plain, out: Path, x_val, y_val, reference, int8: bytes | None, int8_
                 **against(out_logits, reference),
                 "max_abs_diff_vs_saved_model": float(np.max(np.abs(out_logits - saved_model_logits))),
                 "latency_ms": latency(sess, x_val) * 1e3, "input": input_kind(plain, None),
-                **({"latency_grid": speed.onnx_grid(blob, x_val, quantized)} if timed else {})}
+                **({"latency_grid": speed.onnx_grid(blob, x_val, quantized)} if timed else {}),
+                **(speed.versus_reference(blob, "onnx", x_val, cfg.latency_reference, quantized)
+                   if timed and cfg.latency_reference else {})}
             if quantized:
                 entry["max_abs_diff_vs_tflite_int8"] = float(np.max(np.abs(out_logits - int8_logits)))
                 graph = optimized_graph(blob)

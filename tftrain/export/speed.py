@@ -130,6 +130,36 @@ def tflite_entry(blob: bytes, x: np.ndarray, beside: bytes | None = None) -> dic
             "speedup_vs_float": speedups(float_times, times), **speed}
 
 
+def makers_for(blob: bytes, kind: str, x: np.ndarray, int8: bool = False):
+    """`(batch, threads) -> runner` for a file of `kind` (`tflite` or `onnx`)."""
+    if kind == "tflite":
+        return tflite_makers([blob], x)[0]
+    return lambda b, t: onnx_runner(blob, b, t, x, int8)
+
+
+def versus_reference(blob: bytes, kind: str, x: np.ndarray, reference: str,
+                     int8: bool = False, rounds: int = 5, budget: float = 0.25) -> dict:
+    """`export.latency_reference`: the file at `reference` (of the artifact's runtime,
+    `kind`) timed in turn with the artifact (`round_times`, `rounds` rounds), its grid and
+    how many times as fast the artifact runs in each setting (`speedups`); {} when the
+    reference is of another runtime."""
+    from pathlib import Path
+
+    if Path(reference).suffix != f".{kind}":
+        return {}
+    other = Path(reference).read_bytes()
+    ref_int8 = kind == "onnx" and _onnx_is_int8(other)
+    times, ref_times = round_times([makers_for(blob, kind, x, int8),
+                                    makers_for(other, kind, x, ref_int8)], x, budget, rounds)
+    return {"reference": str(reference), "reference_latency_grid": medians(ref_times),
+            "speedup_vs_reference": speedups(ref_times, times)}
+
+
+def _onnx_is_int8(blob: bytes) -> bool:
+    import onnx
+    return any(n.op_type == "QuantizeLinear" for n in onnx.load_from_string(blob).graph.node)
+
+
 def cpu_int8(flags: str | None = None) -> str:
     """The CPU's int8 dot-product instructions, which decide whether int8 beats float."""
     if flags is None:

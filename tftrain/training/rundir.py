@@ -376,6 +376,11 @@ def _artifact_rows(name: str, art: dict) -> list[tuple[str, str]]:
                      + (f"; {name} runs {fast['batch1_threads1']:.2f}x / "
                         f"{fast['batch32_threads1']:.2f}x as fast on 1 thread (the median "
                         "of rounds timed in turn)" if fast else "")))
+    if art.get("speedup_vs_reference"):
+        fast = art["speedup_vs_reference"]
+        rows.append((f"  {name} vs reference", f"{art['reference']}: {name} runs "
+                     f"{fast['batch1_threads1']:.2f}x / {fast['batch32_threads1']:.2f}x as fast at "
+                     "batch 1 / 32 on 1 thread (the median of rounds timed in turn)"))
     if "sparse_path" in art:
         rows.append((f"  {name} sparse", f"{art['sparse_tensors']} weight tensors stored "
                      f"sparse; XNNPack's sparse path {'runs' if art['sparse_path'] else 'does not run'}"
