@@ -19,7 +19,7 @@ from helpers import ROOT
 # before it (data and models are independent of each other); the top-level modules may
 # import every package
 ORDER = [("core",), ("optim",), ("config",), ("data", "models"), ("runtime",), ("training",),
-         ("compress",), ("export",), ("stages",)]
+         ("compress",), ("export",), ("stages",), ("search",)]
 TOP_LEVEL = {"__init__", "run", "plan", "report", "launch", "sweep", "doctor"}
 MAX_LINES = 400
 

@@ -26,9 +26,11 @@ import sys
 import threading
 import time
 
+from tftrain.core import exit_codes
 from tftrain.runtime import forking
+from tftrain.runtime.forking import local_gpus, worker_setup  # noqa: F401  (the sweep's too)
 
-EXIT_CONFIG, EXIT_PREEMPTED = 2, 42
+EXIT_CONFIG, EXIT_PREEMPTED = exit_codes.CONFIG, exit_codes.PREEMPTED
 
 
 def free_ports(n: int) -> list[int]:
@@ -50,19 +52,6 @@ def worker_env(index: int, ports: list[int], gpus: str | None = None) -> dict:
     tf_config = {"cluster": cluster, "task": {"type": "worker", "index": index}}
     return {**os.environ, "TF_CONFIG": json.dumps(tf_config),
             **({"CUDA_VISIBLE_DEVICES": gpus} if gpus is not None else {})}
-
-
-def local_gpus() -> list[str]:
-    """The GPU ids this machine offers (CUDA_VISIBLE_DEVICES, else `nvidia-smi -L`), read
-    without starting TensorFlow, which would claim them in the launcher."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return [g for g in visible.split(",") if g.strip() and g.strip() != "-1"]
-    try:
-        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [str(i) for i, line in enumerate(listing.stdout.splitlines()) if line.startswith("GPU ")]
 
 
 def gpu_sets(workers: int, gpus: list[str]) -> list[str | None]:
@@ -191,16 +180,6 @@ def _train(command, args, gpus: list[str], fork: bool = False, services=()) -> i
     for pump in pumps[len(services):]:    # every worker's last lines before we exit
         pump.join(timeout=10)
     return code
-
-
-def worker_setup(cpus) -> None:
-    """In a worker (or a sweep's trial) before it starts: pinned to `cpus` (if any), and
-    sent SIGTERM if its parent dies (Linux), so it saves and stops instead of training on
-    alone."""
-    if cpus:
-        os.sched_setaffinity(0, cpus)
-    import ctypes
-    ctypes.CDLL(None).prctl(1, signal.SIGTERM)             # PR_SET_PDEATHSIG
 
 
 def _wait(procs, grace: float = 10.0) -> int:

@@ -20,12 +20,11 @@ import traceback
 import tftrain  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)
 from tftrain import doctor
 from tftrain.config import Config, ConfigError, json_schema, load_config
+from tftrain.core import exit_codes
 from tftrain.training.preemption import Preempted, Preemption
 
-EXIT_CONFIG, EXIT_RUNTIME, EXIT_PREEMPTED = 2, 1, 42
-# a target or budget missed, with something to ship: an artifact outside
-# export.max_accuracy_drop (the others kept), a compression search meeting no candidate
-EXIT_TARGET_MISSED = 3
+EXIT_CONFIG, EXIT_RUNTIME, EXIT_PREEMPTED = exit_codes.CONFIG, exit_codes.RUNTIME, exit_codes.PREEMPTED
+EXIT_TARGET_MISSED = exit_codes.TARGET_MISSED
 
 
 class _Parser(argparse.ArgumentParser):

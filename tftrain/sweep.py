@@ -39,11 +39,10 @@ from pathlib import Path
 import yaml
 
 from tftrain.core.config_types import ConfigError
+from tftrain.core.exit_codes import CONFIG as EXIT_CONFIG
 from tftrain.core.extras import missing
 from tftrain.launch import local_gpus, worker_setup
 from tftrain.runtime import forking
-
-EXIT_CONFIG = 2
 
 
 class NoTrialCompleted(RuntimeError):

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import Field, field_validator, model_validator
 
-from tftrain.core.config_types import Duration, Strict, _parse_duration
+from tftrain.core.config_types import Duration, Strict, _parse_duration, _size_bytes, size_schema
 
 _M_BY_N = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*$")
 
@@ -156,10 +156,79 @@ class DistillationConfig(Strict):
         return self
 
 
+_SECONDS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|min|m|h)?\s*$")
+
+
+def seconds_of(value) -> Optional[float]:
+    """90, '90s', '30min', '1.5h' -> seconds."""
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return value
+    m = _SECONDS.match(str(value))
+    if not m:
+        raise ValueError("expected seconds, or a time like '90s', '30min' or '2h'")
+    return float(m.group(1)) * {"s": 1, "sec": 1, None: 1, "min": 60, "m": 60, "h": 3600}[m.group(2)]
+
+
+class LatencySetting(Strict):
+    """How a deployment runs the model, for a latency target."""
+
+    runtime: Literal["tflite", "onnx"] = "tflite"      # LiteRT (XNNPack) or ONNX Runtime
+    batch: Literal[1, 32] = 1
+    threads: Literal[0, 1] = 1                          # 0: every core
+
+
+class TargetConfig(Strict):
+    """A deployment budget `python -m tftrain.search RUN_DIR` compresses a completed
+    run's dense model to: accuracy lost at most, and size and latency at most (each
+    optional), measured on the deployed file on this machine."""
+
+    # accuracy the deployed file may lose against the dense model's deployed (float) file
+    max_accuracy_drop: float = Field(0.01, ge=0, le=1)
+    max_bytes: Optional[int] = Field(None, gt=0, json_schema_extra=size_schema)
+    max_latency_ms: Optional[float] = Field(None, gt=0)
+    # of the dense model's float file of the same runtime, timed in turn with it
+    max_latency_ratio: Optional[float] = Field(None, gt=0)
+    latency: LatencySetting = LatencySetting()
+    size: Literal["file", "gzip"] = "file"              # what max_bytes counts
+    # among the candidates meeting the target, the one chosen: fastest, smallest or
+    # most accurate
+    objective: Literal["latency", "bytes", "accuracy"] = "latency"
+    candidates: int = Field(12, ge=1)                   # the most the search tries
+    time_budget: Optional[float] = Field(None, gt=0, json_schema_extra=lambda schema: schema.update(
+        anyOf=[{"type": "number", "exclusiveMinimum": 0}, {"type": "string",
+               "pattern": _SECONDS.pattern}, {"type": "null"}]))   # seconds; '30min', '2h'
+    fine_tune_epochs: int = Field(2, ge=1)              # each pruning candidate's stage
+    qat_epochs: int = Field(1, ge=1)                    # each QAT candidate's stage
+    # of `candidates`, those a multi-objective sampler (Optuna) proposes after the ordered
+    # list (pruning levels between and beyond the list's)
+    refine: int = Field(3, ge=0)
+    seed: int = 0
+
+    @field_validator("max_bytes", mode="before")
+    @classmethod
+    def _bytes(cls, v):
+        return _size_bytes(v)
+
+    @field_validator("time_budget", mode="before")
+    @classmethod
+    def _time(cls, v):
+        return seconds_of(v)
+
+    @model_validator(mode="after")
+    def _refine_within(self):
+        if self.refine >= self.candidates:
+            raise ValueError(f"compression.target.refine: {self.refine} of "
+                             f"{self.candidates} candidates would leave none to the ordered "
+                             "list; set refine below candidates")
+        return self
+
+
 class CompressionConfig(Strict):
     distillation: DistillationConfig = DistillationConfig()
     pruning: PruningConfig = PruningConfig()
     quantization: QuantizationConfig = QuantizationConfig()
+    # what `python -m tftrain.search` compresses to (plain runs leave it unused)
+    target: TargetConfig = TargetConfig()
 
 
 class ExportConfig(Strict):

@@ -176,6 +176,30 @@ DESCRIPTIONS = {
     "compression.distillation.alpha": "the weight of the hard labels' loss",
     "compression.distillation.epochs": "epochs of distillation",
     "compression.distillation.learning_rate": "a constant rate (default: training's schedule)",
+    "compression.target": "the deployment budget `python -m tftrain.search RUN_DIR` compresses "
+                          "to (see [compression to a budget](compression_search.md))",
+    "compression.target.max_accuracy_drop": "accuracy the deployed file may lose against the dense "
+                                            "model's float file",
+    "compression.target.max_bytes": "the deployed file's size at most, e.g. `300KB`",
+    "compression.target.max_latency_ms": "ms per example at most, as `latency` runs it",
+    "compression.target.max_latency_ratio": "latency at most this share of the dense float file's "
+                                            "(of the same runtime, timed in turn)",
+    "compression.target.latency": "how a deployment runs the file, for the latency targets",
+    "compression.target.latency.runtime": "`tflite` (LiteRT, XNNPack) or `onnx` (ONNX Runtime)",
+    "compression.target.latency.batch": "examples per call: 1 or 32",
+    "compression.target.latency.threads": "1, or 0 for every core",
+    "compression.target.size": "what `max_bytes` counts: the `file`, or the file `gzip`ped",
+    "compression.target.objective": "among candidates meeting the target, the one chosen: least "
+                                    "`latency`, fewest `bytes` or most `accuracy`",
+    "compression.target.candidates": "the most candidates the search fine-tunes and measures",
+    "compression.target.time_budget": "the search stops starting candidates after this long "
+                                      "(seconds, or `30min`, `2h`)",
+    "compression.target.fine_tune_epochs": "epochs each pruning candidate fine-tunes from the dense "
+                                           "model",
+    "compression.target.qat_epochs": "epochs of each candidate's quantization-aware training",
+    "compression.target.refine": "of `candidates`, those Optuna's multi-objective sampler proposes "
+                                 "after the ordered list",
+    "compression.target.seed": "the sampler's seed",
     # export
     "export.saved_model": "a SavedModel with a `serving_default` signature (`inputs` -> `logits`)",
     "export.saved_model_int8": "also a SavedModel whose kernels are int8 codes with scales",

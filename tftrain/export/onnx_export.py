@@ -126,7 +126,7 @@ def int8_format(cpu_flags: str | None = None) -> str:
     digits CNN, so `U8U8` (weights uint8 around 128), which runs as fast there and
     exactly (0.035 vs 0.034 ms per example; S8S8 0.111 ms). S8S8 (the TFLite file's own layout) takes ONNX Runtime's slow path on x86."""
     if cpu_flags is None:
-        from tftrain.runtime.precision import cpu_flags as read
+        from tftrain.core.cpu import cpu_flags as read
         cpu_flags = read()
     return "U8S8" if any(f" {f}" in cpu_flags for f in ("avx512_vnni", "avx_vnni")) \
         else "U8U8"

@@ -82,7 +82,7 @@ def cpu_runs_sparse(flags: str | None = None) -> tuple[bool, str]:
     import platform
 
     if flags is None:
-        from tftrain.runtime.precision import cpu_flags
+        from tftrain.core.cpu import cpu_flags
         flags = cpu_flags()
     x86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
     if x86 and " avx" in flags:

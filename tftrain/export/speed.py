@@ -142,7 +142,8 @@ def versus_reference(blob: bytes, kind: str, x: np.ndarray, reference: str,
     """`export.latency_reference`: the file at `reference` (of the artifact's runtime,
     `kind`) timed in turn with the artifact (`round_times`, `rounds` rounds), its grid and
     how many times as fast the artifact runs in each setting (`speedups`); {} when the
-    reference is of another runtime."""
+    reference is of another runtime. The artifact's own grid from those rounds comes too
+    (`latency_grid_beside_reference`)."""
     from pathlib import Path
 
     if Path(reference).suffix != f".{kind}":
@@ -152,6 +153,7 @@ def versus_reference(blob: bytes, kind: str, x: np.ndarray, reference: str,
     times, ref_times = round_times([makers_for(blob, kind, x, int8),
                                     makers_for(other, kind, x, ref_int8)], x, budget, rounds)
     return {"reference": str(reference), "reference_latency_grid": medians(ref_times),
+            "latency_grid_beside_reference": medians(times),
             "speedup_vs_reference": speedups(ref_times, times)}
 
 
@@ -162,12 +164,9 @@ def _onnx_is_int8(blob: bytes) -> bool:
 
 def cpu_int8(flags: str | None = None) -> str:
     """The CPU's int8 dot-product instructions, which decide whether int8 beats float."""
-    if flags is None:
-        from tftrain.runtime.precision import cpu_flags
-        flags = cpu_flags()
-    found = [name for flag, name in (("avx512_vnni", "AVX-512 VNNI"), ("avx_vnni", "AVX-VNNI"),
-                                     ("amx_int8", "AMX-INT8"), ("asimddp", "ARM dot product"))
-             if f" {flag}" in flags]
+    from tftrain.core.cpu import cpu_flags, int8_instructions
+    flags = cpu_flags() if flags is None else flags
+    found = int8_instructions(flags)
     if found:
         return ", ".join(found)
     return "AVX2, no VNNI" if " avx2" in flags else "no int8 dot-product instructions found"

@@ -43,6 +43,29 @@ def forks(mode: str, gpus: list) -> bool:
     return mode == "fork" or (mode == "auto" and not gpus and not started())
 
 
+def worker_setup(cpus) -> None:
+    """In a worker (or a sweep's trial, a search's candidate) before it starts: pinned to `cpus` (if any), and
+    sent SIGTERM if its parent dies (Linux), so it saves and stops instead of training on
+    alone."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    import ctypes
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)             # PR_SET_PDEATHSIG
+
+
+def local_gpus() -> list[str]:
+    """The GPU ids this machine offers (CUDA_VISIBLE_DEVICES, else `nvidia-smi -L`), read
+    without starting TensorFlow, which would claim them in the launcher."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [g for g in visible.split(",") if g.strip() and g.strip() != "-1"]
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [str(i) for i, line in enumerate(listing.stdout.splitlines()) if line.startswith("GPU ")]
+
+
 def started() -> bool:
     """Whether TensorFlow's runtime has started in this process: an op ran, or its
     devices were listed (as configuring logical devices does; on a GPU machine that

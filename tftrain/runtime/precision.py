@@ -9,20 +9,12 @@ from __future__ import annotations
 import contextlib
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 
 import tensorflow as tf
 
 from tftrain.core.keras import keras
 from tftrain.config import DistributeConfig, PrecisionConfig
-
-
-def cpu_flags() -> str:
-    """The CPU's feature flags as /proc/cpuinfo lists them ("" where there is none)."""
-    try:
-        return Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
+from tftrain.core.cpu import cpu_flags
 
 
 def cpu_has_bf16() -> bool:

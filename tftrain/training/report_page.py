@@ -22,6 +22,9 @@ def write(run_dir: Path, summary: dict | None = None) -> Path:
 
     run_dir = Path(run_dir)
     summary = summary or json.loads((run_dir / "summary.json").read_text())
+    searched = run_dir / "search" / "search.json"      # python -m tftrain.search RUN_DIR
+    if "search" not in summary and searched.exists():
+        summary = {**summary, "search": json.loads(searched.read_text())}
     figures = [("Training, per update", _updates(run_dir, summary)),
                ("Training, per epoch", _epochs(run_dir, summary)),
                ("Accuracy by stage and artifact", _accuracy(summary)),
@@ -198,20 +201,44 @@ def _layers(summary: dict):
 
 
 def _search(summary: dict):
+    """The compression search's candidates (`search/search.json`): accuracy against
+    latency, marker size by bytes, the Pareto front in red, the chosen one ringed, the
+    target's limits as lines."""
     import plotly.graph_objects as go
 
     search = summary.get("search")
     if not search or not search.get("candidates"):
         return None
-    done = [c for c in search["candidates"] if c.get("latency_ms") is not None]
-    front = {c["name"] for c in search.get("front", [])}
+    done = [dict(figures, name=name) for name, c in search["candidates"].items()
+            if (figures := c.get("figures"))]
+    if not done:
+        return None
+    front = set(search.get("front", []))
+    largest = max(d["bytes"] for d in done)
     fig = go.Figure(go.Scatter(
-        x=[c["latency_ms"] for c in done], y=[c["accuracy"] for c in done], mode="markers",
-        marker=dict(size=[8 + 20 * c["bytes"] / max(d["bytes"] for d in done) for c in done],
-                    color=["#d62728" if c["name"] in front else "#1f77b4" for c in done]),
-        text=[f"{c['name']}: {c['bytes'] / 1024:.0f} KiB" for c in done],
-        hovertemplate="%{text}<br>%{x:.3f} ms, accuracy %{y:.4f}"))
-    fig.update_layout(height=420, xaxis_title="ms per example (batch 1, 1 thread)",
+        x=[c["latency_ms"] for c in done], y=[c["accuracy"] for c in done], mode="markers+text",
+        marker=dict(size=[10 + 24 * c["bytes"] / largest for c in done],
+                    color=["#d62728" if c["name"] in front else "#1f77b4" for c in done],
+                    line=dict(width=[4 if c["name"] == search.get("chosen") else 0
+                                     for c in done], color="black")),
+        text=[c["name"] for c in done], textposition="top center",
+        customdata=[f"{c['bytes'] / 1024:.1f} KiB, {c['latency_ratio']:.2f}x dense"
+                    for c in done],
+        hovertemplate="%{text}: %{customdata}<br>%{x:.3f} ms, accuracy %{y:.4f}"))
+    target, dense = search.get("target", {}), search.get("dense")
+    if dense and "max_accuracy_drop" in target:
+        fig.add_hline(y=dense["accuracy"] - target["max_accuracy_drop"], line_dash="dot",
+                      annotation_text="accuracy floor")
+    limits = [target.get("max_latency_ms")] + (
+        [target["max_latency_ratio"] * dense["latency_ms"]]
+        if dense and target.get("max_latency_ratio") else [])
+    for limit in [x for x in limits if x]:
+        fig.add_vline(x=limit, line_dash="dot", annotation_text="latency limit")
+    setting = target.get("latency", {})
+    fig.update_layout(height=460, showlegend=False,
+                      xaxis_title=f"ms per example ({setting.get('runtime', 'tflite')}, batch "
+                                  f"{setting.get('batch', 1)}, {setting.get('threads', 1) or 'every'}"
+                                  " thread)",
                       yaxis_title="validation accuracy (deployed)")
     return fig
 

@@ -155,7 +155,7 @@ def cache_key(model, strategy, policy: str, batch: tuple[int, int]) -> str:
     import json
     import platform
 
-    from tftrain.runtime.precision import cpu_flags
+    from tftrain.core.cpu import cpu_flags
     gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
     parts = [model.to_json(), type(strategy).__name__, strategy.num_replicas_in_sync, policy,
              list(batch), platform.processor() or platform.machine(), cpu_flags(), gpus,

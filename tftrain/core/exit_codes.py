@@ -1,0 +1,10 @@
+"""The exit codes of tftrain's commands (run, launch, sweep, search), in one place."""
+
+OK = 0
+RUNTIME = 1            # a runtime failure: a bug (with its traceback), a faulty artifact
+CONFIG = 2             # bad config, arguments, data or files: one line each, nothing written
+# a target or budget missed with something to ship: an artifact that works but loses more
+# than export.max_accuracy_drop (every file kept, the best within budget named), a
+# compression search that met no candidate (the front written, the closest exported)
+TARGET_MISSED = 3
+PREEMPTED = 42         # stopped at a safe point by SIGTERM/SIGINT: rerun to resume

@@ -1,0 +1,84 @@
+"""What a search leaves: the chosen candidate's file in `search/chosen/` with the config
+that makes it, `candidates.csv`, the table printed, the chart in the run's report.html."""
+from __future__ import annotations
+
+import csv
+import shutil
+
+from tftrain.core import console
+
+COLUMNS = ("candidate", "status", "accuracy", "drop_pt", "bytes", "latency_ms",
+           "latency_ratio", "meets", "front", "seconds", "estimate", "launches", "label")
+
+
+def ship(search, chosen: dict) -> None:
+    """The chosen candidate's deployed file and its config, in `search/chosen/`."""
+    from tftrain.training.rundir import artifact_path
+
+    out = search.dir / "chosen"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    source = search.dir / "runs" / chosen["name"] / artifact_path(chosen["artifact"])
+    shutil.copy2(source, out / source.name)
+    shutil.copy2(search.dir / "configs" / f"{chosen['name']}.yaml", out / "config.yaml")
+    search.record["chosen_file"] = str(out / source.name)
+
+
+def rows(search) -> list[dict]:
+    from tftrain.search import front
+
+    found = []
+    for name, entry in search.record["candidates"].items():
+        f = entry.get("figures") or {}
+        found.append({
+            "candidate": name, "status": entry.get("status", "not run"),
+            "accuracy": f"{f['accuracy']:.4f}" if f else "",
+            "drop_pt": f"{f['drop'] * 100:.2f}" if f else "",
+            "bytes": f.get("bytes", ""), "latency_ms": f"{f['latency_ms']:.4f}" if f else "",
+            "latency_ratio": f"{f['latency_ratio']:.3f}" if f else "",
+            "meets": front.meets(f, search.target) if f else "",
+            "front": name in search.record.get("front", []),
+            "seconds": f"{entry.get('seconds', 0.0):.0f}", "estimate": entry.get("estimate", ""),
+            "launches": entry.get("launches", 0), "label": f.get("label", "")})
+    return found
+
+
+def show(search) -> None:
+    """candidates.csv, the table, the chosen candidate and where things are, and the
+    report page with the search's chart."""
+    from tftrain.training import report_page
+
+    table = rows(search)
+    with open(search.dir / "candidates.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, COLUMNS)
+        writer.writeheader()
+        writer.writerows(table)
+    width = max(len(r["candidate"]) for r in table)
+    lines = [f"{'candidate':{width}}  {'accuracy':>8} {'drop':>7} {'size':>10} {'ms':>8} "
+             f"{'vs dense':>8}  status"]
+    for r in table:
+        mark = ("reference" if r["candidate"] == "float" else "meets" if r["meets"] is True
+                else "misses" if r["meets"] is False else r["status"])
+        lines.append(f"{r['candidate']:{width}}  {r['accuracy']:>8} "
+                     f"{(r['drop_pt'] + ' pt') if r['drop_pt'] else '':>7} "
+                     f"{console.size(r['bytes']) if r['bytes'] != '' else '':>10} "
+                     f"{r['latency_ms'][:6] if r['latency_ms'] else '':>8} "
+                     f"{(r['latency_ratio'][:4] + 'x') if r['latency_ratio'] else '':>8}  "
+                     f"{mark}{' (front)' if r['front'] else ''}")
+    rule = "-" * min(console.WIDTH, max(len(line) for line in lines))
+    record = search.record
+    chosen = record.get("chosen")
+    verdict = (f"chosen: {chosen} meets the target ({search.target.objective} first): "
+               f"{record.get('chosen_file')}" if record.get("met") else
+               f"no candidate meets the target; the closest, {chosen}, is exported: "
+               f"{record.get('chosen_file')}" if chosen else "no candidate finished")
+    for line in [rule, *lines, rule, verdict,
+                 f"front: {', '.join(record.get('front', []))}",
+                 f"search: {search.record_path}, {search.dir / 'candidates.csv'}; "
+                 f"{console.seconds(record.get('seconds', 0.0))} in all"]:
+        console.say(line)
+    try:
+        page = report_page.write(search.run_dir)
+        console.say(f"report: {page}")
+    except (OSError, ValueError, KeyError) as err:      # the run's own files are missing
+        console.say(f"report: not written ({type(err).__name__}: {err})")

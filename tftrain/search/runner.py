@@ -1,0 +1,340 @@
+"""The search: a completed run's dense model compressed to `compression.target`.
+
+Each candidate is a run of its own under `RUN/search/runs/<name>/`, started with the
+dense run's config changed by the candidate (`Candidate.config`) and the dense run's
+checkpoints of its dense stages (training, a frozen phase, distillation) linked in with
+their results: `tftrain.run` then skips those stages as finished and runs only the
+candidate's pruning and QAT stages, from the dense weights, and its export. The dense
+float file (`float`) runs first: every other file is timed in turn with it
+(`export.latency_reference`) and its accuracy is the one the drop is counted from.
+
+`RUN/search/search.json` is written after every candidate: a rerun of the same command
+reads it and never fine-tunes a finished candidate again (a candidate cut short resumes
+its own checkpoints).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import yaml
+
+from tftrain.config import ConfigError, dump_config, load_config
+from tftrain.core import console
+from tftrain.search import candidates as cands
+from tftrain.search import front
+
+COMPRESSION_STAGES = ("prune", "channels", "qat")
+STARTUP_SECONDS = 4.0       # a candidate's own start: imports, devices, data, the plan
+
+
+def dense_run(run_dir: Path) -> tuple[dict, dict]:
+    """(the dense run's summary, its stage results): a run whose stages all finished."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        stages = json.loads((run_dir / "stages.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        raise ConfigError(f"RUN_DIR: {run_dir} is not a finished run (no summary.json and "
+                          "stages.json); run python -m tftrain.run CONFIG first, then search "
+                          "its run directory") from None
+    if summary.get("status") not in ("completed", "accuracy budget missed"):
+        raise ConfigError(f"RUN_DIR: {run_dir} ended with status {summary.get('status')!r}; "
+                          "search a run whose stages finished")
+    return summary, stages
+
+
+class Search:
+    def __init__(self, run_dir, target: list[str] = (), sets: list[str] = ()):
+        """`target`: `KEY=VALUE` settings of `compression.target`; `sets`: other config
+        overrides for every candidate (`--set`)."""
+        self.run_dir = Path(run_dir)
+        self.summary, stages = dense_run(self.run_dir)
+        overrides = [*sets, *(f"compression.target.{t}" for t in target)]
+        cfg = load_config(self.run_dir / "config.yaml", overrides)
+        self.target = cfg.compression.target
+        self.base = yaml.safe_load(dump_config(cfg))
+        self.dense_stages = {k: v for k, v in stages.items() if k not in COMPRESSION_STAGES}
+        self.dir = self.run_dir / "search"
+        self.record_path = self.dir / "search.json"
+        try:
+            self.record = json.loads(self.record_path.read_text())
+        except (OSError, json.JSONDecodeError):
+            self.record = {"candidates": {}, "order": []}
+        self.record["target"] = self.target.model_dump()
+        train = stages.get("train", {})
+        self.steps_per_epoch = self.summary.get("steps_per_epoch") or 1
+        self.per_update = (train["seconds"] / train["updates"] if train.get("updates")
+                           else self._per_update_from_flops())
+        spent = sum(s.get("seconds", 0.0) for s in stages.values())
+        self.overhead = max(5.0, self.summary.get("seconds", 0.0) - spent) + STARTUP_SECONDS
+
+    def _per_update_from_flops(self) -> float:
+        """Seconds per update of a dense run that trained none (`train.epochs: 0`): its
+        FLOPs per example at a fifth of the measured peak."""
+        t = self.summary.get("throughput", {})
+        flops = 3 * t.get("flops_per_example", 0.0) * self.summary["global_batch_size"]
+        return flops / max(0.2 * t.get("peak_flops_per_sec") or 1e10, 1.0)
+
+    # -- the plan ---------------------------------------------------------------------------
+    def estimate(self, candidate) -> float:
+        return candidate.updates(self.steps_per_epoch, self.target) * self.per_update + self.overhead
+
+    def plan(self) -> list:
+        """The ordered list (after the dense reference): as recorded when resumed."""
+        from tftrain.core.cpu import int8_instructions
+        if self.record["order"]:
+            return [cands.from_dict(c) for c in self.record["order"]]
+        dense = {"bytes": self._dense_bytes()}
+        listed = cands.ordered(self.target, dense, self.steps_per_epoch,
+                               bool(int8_instructions()))
+        self.record["order"] = [c.as_dict() for c in [cands.DENSE, *listed]]
+        return [cands.DENSE, *listed]
+
+    def _dense_bytes(self) -> float:
+        """The float file's bytes, for predictions: the dense run's float artifact, else
+        4 bytes a parameter."""
+        for name in ("tflite_float", "onnx", "saved_model"):
+            if name in self.summary.get("artifacts", {}):
+                return self.summary["artifacts"][name]["size_bytes"]
+        return 4.0 * self.summary.get("parameters", 1e6)
+
+    def describe(self, listed: list) -> str:
+        t = self.target
+        limits = [f"accuracy drop <= {t.max_accuracy_drop * 100:g} pt"] + \
+            ([f"{'gzipped ' if t.size == 'gzip' else ''}size <= {t.max_bytes:,} B "
+              f"({console.size(t.max_bytes)})"]
+             if t.max_bytes else []) + \
+            ([f"latency <= {t.max_latency_ms:g} ms"] if t.max_latency_ms else []) + \
+            ([f"latency <= {t.max_latency_ratio:g}x the dense float file's"]
+             if t.max_latency_ratio else [])
+        total = sum(self.estimate(c) for c in listed) + t.refine * max(
+            self.estimate(c) for c in listed)
+        return "\n".join([
+            f"target: {', '.join(limits)} ({t.latency.runtime}, batch {t.latency.batch}, "
+            f"{t.latency.threads or 'every'} thread{'s' if t.latency.threads != 1 else ''}); "
+            f"objective: {t.objective}",
+            f"candidates: {len(listed) - 1} and the dense reference, then {t.refine} proposed "
+            f"by Optuna: {', '.join(c.name for c in listed[1:])}",
+            f"estimate: about {console.seconds(total)} ({self.per_update * 1e3:.1f} ms per "
+            f"update measured by the dense run, {self.overhead:.0f} s to start and export "
+            "each candidate)"
+            + (f"; time budget {console.seconds(t.time_budget)}" if t.time_budget else "")])
+
+    # -- running -------------------------------------------------------------------------
+    def run(self) -> dict:
+        from tftrain.runtime import forking
+
+        listed = self.plan()
+        for line in self.describe(listed).splitlines():
+            console.say(line)
+        self.fork = forking.forks("auto", forking.local_gpus())
+        if self.fork:
+            forking.preload("tftrain.run")
+        began, spent_estimate, spent = time.monotonic(), 0.0, 0.0
+        queue = list(listed)
+        while queue or self._refining():
+            candidate = queue.pop(0) if queue else self._propose()
+            if candidate is None:
+                break
+            estimate = self.estimate(candidate)
+            pace = spent / spent_estimate if spent_estimate else 1.0
+            budget = self.target.time_budget
+            if budget and not candidate.reference and \
+                    time.monotonic() - began + estimate * pace > budget:
+                console.say(f"time budget: {console.seconds(budget)} would be passed by "
+                            f"{candidate.name} (about {console.seconds(estimate * pace)}); "
+                            "the search stops here")
+                self.record["stopped"] = "time budget"
+                break
+            took = self._candidate(candidate, estimate * pace)
+            if took is not None:
+                spent_estimate, spent = spent_estimate + estimate, spent + took
+        self.record["seconds"] = self.record.get("seconds", 0.0) + time.monotonic() - began
+        return self.finish()
+
+    def _refining(self) -> bool:
+        done = [n for n, c in self.record["candidates"].items() if c.get("origin") == "optuna"]
+        return len(done) < self.target.refine
+
+    def _propose(self):
+        history = [(cands.from_dict(c["candidate"]), c["figures"])
+                   for c in self.record["candidates"].values() if c.get("figures")]
+        candidate = cands.proposed(history, self.target, self.target.seed + len(history),
+                                   set(self.record["candidates"]))
+        if candidate is not None:
+            self.record["order"].append(candidate.as_dict())
+        return candidate
+
+    def _candidate(self, candidate, estimate: float) -> float | None:
+        """Run one candidate (unless finished before); its seconds, None when not run."""
+        entry = self.record["candidates"].setdefault(
+            candidate.name, {"candidate": candidate.as_dict(), "origin": candidate.origin,
+                             "launches": 0})
+        if entry.get("status") in ("done", "refused", "failed"):
+            return None
+        number = list(self.record["candidates"]).index(candidate.name)
+        entry["estimate"] = round(estimate, 1)
+        console.say(f"[candidate {number}] {candidate.name}: about {console.seconds(estimate)}...")
+        began = time.monotonic()
+        try:
+            config = candidate.config(self.base, self.target, self._reference())
+            path = self._prepare(candidate, config)
+        except ConfigError as err:
+            entry.update(status="refused", reason=err.problems[0])
+            console.say(f"[candidate {number}] refused: {err.problems[0]}")
+            self._save()
+            return None
+        code = self._launch(candidate, entry, path)
+        took = time.monotonic() - began
+        entry["seconds"] = entry.get("seconds", 0.0) + took
+        summary = _summary_of(path)
+        if code in (0, 3) and summary is not None:
+            dense = None if candidate.reference else self.record["dense"]
+            entry["figures"] = front.figures(summary, candidate.artifact(
+                self.target.latency.runtime), self.target, dense)
+            if candidate.reference:
+                self.record["dense"] = entry["figures"]
+            entry["status"] = "done"
+            f = entry["figures"]
+            met = front.meets(f, self.target)
+            console.say(f"[candidate {number}] done in {console.seconds(took)}: accuracy "
+                        f"{f['accuracy']:.4f} ({-f['drop'] * 100:+.2f} pt), "
+                        f"{console.size(f['bytes'])}, {f['latency_ms']:.3f} ms "
+                        f"({f['latency_ratio']:.2f}x dense)"
+                        + ("" if candidate.reference else
+                           "; meets the target" if met else "; misses the target"))
+        else:
+            reason = _last_error(path.parent / f"{candidate.name}.log")
+            entry.update(status="refused" if code == 2 else "failed", reason=reason,
+                         exit_code=code)
+            console.say(f"[candidate {number}] {'refused' if code == 2 else 'failed'} "
+                        f"(exit {code}): {reason}")
+            if candidate.reference:
+                self._save()
+                raise RuntimeError(f"the dense reference could not be exported: {reason}")
+        self._save()
+        return took
+
+    def _reference(self) -> str | None:
+        """The dense float file every candidate is timed against (None: the dense one)."""
+        if "dense" not in self.record:
+            return None
+        name = "model.onnx" if self.target.latency.runtime == "onnx" else "model.tflite"
+        return str(self.dir / "runs" / cands.DENSE.name / "export" / name)
+
+    def _prepare(self, candidate, config: dict) -> Path:
+        """The candidate's run directory with the dense stages finished in it (checked
+        config, links to the dense checkpoints, their results); as it is when it exists."""
+        from tftrain.config.loading import validate
+        from tftrain.training.rundir import atomic_write
+
+        runs = self.dir / "runs"
+        config["run"].update(dir=str(runs), name=candidate.name)
+        cfg = validate(config, f"candidate {candidate.name}")
+        path = runs / candidate.name
+        (self.dir / "configs").mkdir(parents=True, exist_ok=True)
+        atomic_write(self.dir / "configs" / f"{candidate.name}.yaml", dump_config(cfg))
+        if (path / "config.yaml").exists():
+            return path
+        staging = runs / f".{candidate.name}.new"
+        shutil.rmtree(staging, ignore_errors=True)
+        (staging / "checkpoints").mkdir(parents=True)
+        atomic_write(staging / "config.yaml", dump_config(cfg))
+        shutil.copy(self.run_dir / "topology.json", staging / "topology.json")
+        atomic_write(staging / "stages.json", json.dumps(self.dense_stages, indent=2) + "\n")
+        source = self.run_dir / "checkpoints"
+        for item in source.iterdir():
+            if item.is_file():
+                _link(item, staging / "checkpoints" / item.name)
+            elif item.name in self.dense_stages:
+                shutil.copytree(item, staging / "checkpoints" / item.name, copy_function=_link)
+        os.replace(staging, path)
+        return path
+
+    def _launch(self, candidate, entry: dict, path: Path) -> int:
+        """`python -m tftrain.run` on the candidate's config, its output in a log; the
+        exit code. A run left by a search killed before (signalled when its parent died)
+        is waited for first."""
+        from tftrain.runtime import forking
+
+        _wait_for(entry.get("pid"))
+        log = open(path.parent / f"{candidate.name}.log", "a")
+        proc = forking.start("tftrain.run", [str(self.dir / "configs" / f"{candidate.name}.yaml")],
+                             fork=self.fork, stdout=log, setup=lambda: forking.worker_setup(None))
+        entry["launches"] += 1
+        entry["pid"] = proc.pid
+        self._save()
+        try:
+            return proc.wait()
+        except BaseException:
+            proc.terminate()
+            proc.wait()
+            raise
+        finally:
+            log.close()
+
+    def _save(self) -> None:
+        from tftrain.training.rundir import atomic_write
+        self.dir.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.record_path, json.dumps(self.record, indent=2) + "\n")
+
+    # -- the end -----------------------------------------------------------------------------
+    def finish(self) -> dict:
+        """The front, the candidate to ship (its file copied to `search/chosen/`), the
+        table, the chart in the run's report.html."""
+        from tftrain.search import report
+
+        rows = [{"name": n, **c["figures"]} for n, c in self.record["candidates"].items()
+                if c.get("figures")]
+        chosen, met = front.choose(rows, self.target)
+        self.record.update(front=[r["name"] for r in front.pareto(rows)], met=met,
+                           chosen=chosen["name"] if chosen else None)
+        if chosen is not None:
+            report.ship(self, chosen)
+        self._save()
+        report.show(self)
+        return self.record
+
+
+def _summary_of(path: Path) -> dict | None:
+    try:
+        return json.loads((path / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _last_error(log: Path) -> str:
+    """The line a failed or refused candidate run ended with."""
+    try:
+        lines = [line for line in log.read_text().splitlines() if line.startswith("tftrain: ")]
+    except OSError:
+        return "no log"
+    return lines[-1].removeprefix("tftrain: ") if lines else f"see {log}"
+
+
+def _link(source, target) -> None:
+    """A hard link where the file system allows one, else a copy."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def _wait_for(pid: int | None, timeout: float = 120.0) -> None:
+    """Wait while a candidate run a killed search left (SIGTERMed when it died) saves and
+    exits."""
+    if not pid:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"tftrain" not in f.read():
+                    return                     # the pid is another process's now
+        except (OSError, ProcessLookupError):
+            return
+        time.sleep(0.5)
