@@ -156,6 +156,25 @@ def test_settings_and_refusals():
     assert votes == [[1.0]] and not agreed.compiled and "vote" in agreed.reason
 
 
+def test_a_model_whose_trace_alone_would_pass_the_budget_is_not_traced():
+    """`longest`: the stage's steps at most (from its FLOPs): a model of N layers whose
+    trace is estimated past 10% of it is decided off without tracing (no batch built)."""
+    strategy = mirrored()
+    net = _net(strategy)
+    layers = len(net.submodules)
+
+    def no_batch():
+        raise AssertionError("the batch is built only to measure")
+    tight = layers * xla.TRACE_PER_LAYER / xla.BUDGET * 0.9
+    skipped = xla.decide("auto", net, strategy, no_batch, steps=100, longest=tight)
+    assert not skipped.compiled and skipped.reason.startswith(
+        f"off, not probed: tracing the step alone would take about")
+    assert f"({layers} layers)" in skipped.reason
+    roomy = xla.decide("auto", net, strategy, _batch(), steps=100, longest=tight * 1000,
+                       margin=0.0)
+    assert "tracing the step alone" not in roomy.reason
+
+
 @pytest.mark.parametrize("sets,what", [
     (["distribute.strategy=auto", "model.placement={devices: ['/cpu:0', '/cpu:1'], stages: auto}"],
      "model placement"),

@@ -59,7 +59,7 @@ def check(cfg, stage, parallel) -> None:
 
 def decide(setting, model, strategy, batch, vote=None, refused: str = "",
            margin: float = 1.05, rounds: int = 3, calls: int = 3, steps: int | None = None,
-           key: str | None = None) -> Decision:
+           key: str | None = None, longest: float | None = None) -> Decision:
     """Whether `model` (a compiled `TrainModel`) computes its gradients under XLA.
     `batch`: one replica batch `(x, y[, weight])`, or a function giving it (called only
     when a measurement needs it); `vote(values) -> values`: the mean
@@ -67,7 +67,10 @@ def decide(setting, model, strategy, batch, vote=None, refused: str = "",
     (`refusal`), "" if it can be tried. `steps`: the updates the stage will make: the
     measurement is skipped when it would cost more than `BUDGET` of their time. `key`
     (one worker): a decision measured before under the same key (`cache_key`: model,
-    strategy, precision, batch, hardware and TensorFlow) is reused."""
+    strategy, precision, batch, hardware and TensorFlow) is reused. `longest`: the most
+    the stage's steps can take (from its FLOPs at `SLOWEST_MFU` of the peak): a model whose
+    trace alone, estimated from its layers (`TRACE_PER_LAYER`), would cost more than
+    `BUDGET` of it is not even traced to be measured."""
     if setting is False:
         return Decision(False, "off (train.jit_compile: false)")
     if refused:
@@ -81,6 +84,11 @@ def decide(setting, model, strategy, batch, vote=None, refused: str = "",
     cached = _cached(key) if key and vote is None else None
     if cached is not None:
         return cached
+    tracing = TRACE_PER_LAYER * len(model.submodules)
+    if longest is not None and tracing > BUDGET * longest:
+        return Decision(False, f"off, not probed: tracing the step alone would take about "
+                               f"{tracing:.0f} s ({len(model.submodules)} layers), over "
+                               f"{BUDGET:.0%} of the stage's {longest:.0f} s of steps at most")
     try:
         speedup, cost, planned = _measure(model, strategy, batch() if callable(batch) else batch,
                                           rounds, calls, steps=steps)
@@ -126,10 +134,14 @@ def for_stage(stage, model, jit, plan, setting, batch) -> Decision:
     key = (cache_key(model, parallel.strategy, plan.precision.policy,
                      (plan.batches.per_replica, plan.batches.accumulation))
            if parallel.mean is None and measuring else None)
+    longest = None                  # the stage's steps at the slowest plausible pace
+    if plan.flops_per_example and stage.updates:
+        longest = (3 * plan.flops_per_example * plan.batches.global_batch * stage.updates
+                   / (SLOWEST_MFU * plan.peak.flops))
     with (console.phase("xla", f"{stage.name}: timing compiled steps against plain ones")
           if measuring else contextlib.nullcontext()) as note:
         decision = decide(setting, model, parallel.strategy, batch, parallel.mean, refused,
-                          steps=stage.updates, key=key)
+                          steps=stage.updates, key=key, longest=longest)
         if note is not None:
             note["detail"] = decision.reason
     jit.assign(ON if decision.compiled else OFF)
@@ -139,6 +151,8 @@ def for_stage(stage, model, jit, plan, setting, batch) -> Decision:
 
 
 BUDGET = 0.10            # the most of a stage's planned step time the probe may take
+SLOWEST_MFU = 0.05       # a stage's steps reach at least this share of the peak FLOP/s
+TRACE_PER_LAYER = 0.03   # seconds of tracing per layer at least (MobileNetV2: 0.06 s)
 
 
 class _OverBudget(Exception):

@@ -1,0 +1,132 @@
+"""`python -m tftrain.search` on the quickstart's completed run: a size target met and
+its file shipped, a target nothing meets (exit 3, the closest exported), a search killed
+after its third candidate resumed without fine-tuning those again."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from helpers import start_run
+
+pytestmark = pytest.mark.slow
+QUICK = ["--target", "fine_tune_epochs=1", "--target", "qat_epochs=1"]
+
+
+def copied(run_path: Path, tmp_path: Path) -> Path:
+    """The shared quickstart run, copied: a search writes into its run directory."""
+    copy = Path(shutil.copytree(run_path, tmp_path / run_path.name,
+                                ignore=shutil.ignore_patterns("search")))
+    config = copy / "config.yaml"
+    config.write_text(config.read_text().replace(str(run_path.parent), str(tmp_path)))
+    return copy
+
+
+def search(run_dir, *args, timeout=900):
+    proc = start_run(str(run_dir), *QUICK, *args, module="tftrain.search")
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+def record_of(run_dir) -> dict:
+    return json.loads((run_dir / "search" / "search.json").read_text())
+
+
+def test_a_size_target_is_met_and_the_chosen_file_is_what_the_search_measured(
+        quickstart_run, tmp_path):
+    from tftrain.config import load_config
+    from tftrain.data import BatchPlan, load_source, val_dataset
+    from tftrain.export.artifacts import tflite_logits
+
+    run_dir = copied(quickstart_run[0], tmp_path)
+    code, out, err = search(run_dir, "--target", "max_bytes=60KB", "--target", "candidates=4",
+                            "--target", "refine=1")
+    assert code == 0, err[-3000:]
+    record = record_of(run_dir)
+    assert record["met"] and record["chosen"] in record["front"]
+    done = {n: c for n, c in record["candidates"].items() if c["status"] == "done"}
+    assert len(record["candidates"]) == 5 and set(done) == set(record["candidates"])
+    assert sum(c["origin"] == "optuna" for c in record["candidates"].values()) == 1
+    assert all(c["launches"] == 1 for c in record["candidates"].values())
+    chosen = record["candidates"][record["chosen"]]["figures"]
+    assert chosen["bytes"] <= 60_000 and chosen["drop"] <= 0.01
+    shipped = Path(record["chosen_file"])
+    assert shipped.stat().st_size == chosen["bytes"]
+    # the shipped file scores on the validation split what the search recorded
+    cfg = load_config(run_dir / "config.yaml")
+    source = load_source(cfg.data, cfg.run.seed)
+    x, y = (np.concatenate(p) for p in zip(*val_dataset(source, BatchPlan(256, 1, 1), cfg.data)
+                                           .as_numpy_iterator()))
+    logits = tflite_logits(shipped.read_bytes(), x)[0]
+    assert float(np.mean(np.argmax(logits, -1) == y)) == pytest.approx(chosen["accuracy"], abs=1e-9)
+    # the dense reference is the float file every other was timed against
+    assert record["candidates"]["float"]["figures"]["latency_ratio"] == 1.0
+    assert record["dense"]["accuracy"] == pytest.approx(0.9963, abs=0.01)
+    assert "estimate: about" in out and "[candidate 4]" in out
+    rows = (run_dir / "search" / "candidates.csv").read_text().splitlines()
+    assert len(rows) == 6 and rows[0].startswith("candidate,status,accuracy")
+    assert '<div id="chart-6"' in (run_dir / "report.html").read_text()
+
+
+def test_a_target_nothing_meets_writes_the_front_exports_the_closest_and_exits_3(
+        quickstart_run, tmp_path):
+    run_dir = copied(quickstart_run[0], tmp_path)
+    code, out, err = search(run_dir, "--target", "max_bytes=2KB", "--target", "candidates=3",
+                            "--target", "refine=0")
+    assert code == 3, err[-3000:]
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("tftrain: target missed: no candidate meets it")
+    record = record_of(run_dir)
+    assert not record["met"] and record["front"] and record["chosen"]
+    sizes = {n: c["figures"]["bytes"] for n, c in record["candidates"].items()}
+    assert record["chosen"] == min(sizes, key=sizes.get)       # only the size misses: smallest
+    assert Path(record["chosen_file"]).exists()
+    assert "no candidate meets the target; the closest" in out
+
+
+def test_a_search_killed_after_its_third_candidate_resumes_without_redoing_them(
+        quickstart_run, tmp_path):
+    """SIGKILL once three candidates are done (the dense file and two fine-tuned ones: a
+    20 KB target puts channel pruning with QAT first); the rerun fine-tunes each of those
+    zero more times and finishes the rest."""
+    run_dir = copied(quickstart_run[0], tmp_path)
+    args = [str(run_dir), *QUICK, "--target", "max_bytes=20KB", "--target", "candidates=4",
+            "--target", "refine=0"]
+    proc = start_run(*args, module="tftrain.search", session=True, stdout=None, stderr=None)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        try:
+            done = [n for n, c in record_of(run_dir)["candidates"].items()
+                    if c.get("status") == "done"]
+        except (OSError, json.JSONDecodeError):
+            done = []
+        if len(done) >= 3 or proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    assert proc.poll() is None, "the search ended before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)               # the search alone: its candidate gets SIGTERM
+    proc.wait()
+    first = {n: dict(c) for n, c in record_of(run_dir)["candidates"].items()
+             if c.get("status") == "done"}
+    assert len(first) == 3
+    tuned = [n for n in first if n != "float"]
+    assert all(n.endswith("-qat") for n in tuned), tuned
+
+    def fine_tunes(name):       # stage starts in the candidate's log, over every launch
+        log = (run_dir / "search" / "runs" / f"{name}.log").read_text()
+        return sum(log.count(f"[{stage}] ") for stage in ("channels", "qat")) // 2
+    before = {n: fine_tunes(n) for n in tuned}
+    code, out, err = search(run_dir, "--target", "max_bytes=20KB", "--target", "candidates=4",
+                            "--target", "refine=0")
+    assert code in (0, 3), err[-3000:]
+    record = record_of(run_dir)
+    assert all(record["candidates"][n]["launches"] == 1 for n in first)
+    assert {n: fine_tunes(n) for n in tuned} == before              # not fine-tuned again
+    assert all(c["status"] in ("done", "refused") for c in record["candidates"].values())
+    assert len(record["candidates"]) == 5              # the dense reference and 4

@@ -1,0 +1,101 @@
+"""The search's candidates: names, files, configs, predictions, the order they are tried
+in and what Optuna proposes after them."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from tftrain.config import dump_config, load_config
+from tftrain.config.loading import validate
+from tftrain.search import candidates as cands
+from tftrain.search.candidates import Candidate
+
+from helpers import QUICKSTART
+
+
+def target(*sets):
+    return load_config(None, [f"compression.target.{s}" for s in sets]).compression.target
+
+
+def test_names_and_the_file_each_deploys():
+    assert cands.DENSE.name == "float" and cands.DENSE.reference
+    qat = Candidate("qat", channels=0.35)
+    assert qat.name == "channels35-qat" and not qat.reference
+    assert qat.artifact("tflite") == "tflite_int8" and qat.artifact("onnx") == "onnx_int8"
+    assert Candidate("float16").artifact("tflite") == "tflite_float16"
+    assert Candidate("float", sparsity=0.5).name == "sparse50-float"
+    assert Candidate("float").artifact("onnx") == "onnx"
+    assert cands.from_dict(qat.as_dict()) == qat
+    assert qat.as_dict() == {"precision": "qat", "channels": 0.35, "origin": "list"}
+
+
+def test_a_candidate_s_config_changes_compression_and_export_only_and_validates(tmp_path):
+    base = yaml.safe_load(dump_config(load_config(QUICKSTART)))
+    t = target("fine_tune_epochs=3", "qat_epochs=2", "max_accuracy_drop=0.02")
+    config = Candidate("qat", channels=0.5).config(base, t, str(tmp_path / "dense.tflite"))
+    assert config["compression"]["pruning"] == {"enabled": True, "structure": "channels",
+                                                "target_flops": 0.5, "epochs": 3}
+    assert config["compression"]["quantization"]["enabled"] is True
+    assert config["compression"]["quantization"]["epochs"] == 2
+    export = config["export"]
+    assert (export["tflite"], export["int8_fallback"], export["max_accuracy_drop"]) == \
+        ("int8", "auto", 0.02)
+    assert export["latency_reference"] == str(tmp_path / "dense.tflite")
+    assert not export["saved_model"] and not export["onnx"] and not export["preflight"]
+    unchanged = {k: v for k, v in config.items() if k not in ("compression", "export")}
+    assert unchanged == {k: v for k, v in base.items() if k not in ("compression", "export")}
+    (tmp_path / "dense.tflite").write_bytes(b"x")
+    validate(config)                                      # a config tftrain.run takes
+    plain = Candidate("int8").config(base, t, None)
+    assert plain["compression"]["pruning"] == {"enabled": False}
+    assert plain["export"]["tflite"] == "int8" and plain["export"]["int8_fallback"] == "off"
+    onnx = Candidate("float", channels=0.5).config(base, target("latency={runtime: onnx}"), None)
+    assert onnx["export"]["onnx"] and onnx["export"]["tflite"] == "none"
+    assert base["compression"]["pruning"]["enabled"] is False          # base left as it was
+
+
+def test_fine_tuning_cost_counts_pruning_and_weighs_qat():
+    t = target("fine_tune_epochs=2", "qat_epochs=1")
+    assert Candidate("int8").updates(10, t) == 0
+    assert Candidate("qat").updates(10, t) == 10 * cands.QAT_STEP
+    assert Candidate("float", channels=0.5).updates(10, t) == 2 * 10 * 0.5
+    assert Candidate("qat", channels=0.5).updates(10, t) == 2 * 10 * 0.5 + 10 * 0.5 * cands.QAT_STEP
+
+
+def test_the_list_puts_predicted_feasible_and_cheap_first():
+    dense = {"bytes": 200_000}
+    t = target("max_bytes=60KB", "candidates=6", "refine=1")
+    order = cands.ordered(t, dense, 10, int8_fast=True)
+    assert len(order) == 5
+    predicted = [cands.feasible(cands.predicted(c, t, dense, True), t, dense) for c in order]
+    assert predicted == sorted(predicted, reverse=True)             # feasible ones first
+    assert [c.name for c in order[:2]] == ["int8", "dynamic"]       # no fine-tuning: cheapest
+    assert "float16" not in [c.name for c in order]                 # 104 KB: predicted too big
+    # a latency target without VNNI: int8 predicted slower, channel pruning first
+    slow = cands.ordered(target("max_latency_ratio=0.6", "candidates=4", "refine=0"), dense, 10,
+                         int8_fast=False)
+    assert all(c.channels for c in slow[:2]), [c.name for c in slow]
+    # ONNX Runtime: float and int8 only; sparsity where the size counts gzipped
+    onnx = cands.listed(target("latency={runtime: onnx}"))
+    assert {c.precision for c in onnx} == {"int8", "qat", "float"}
+    assert not any(c.sparsity for c in onnx)
+    assert any(c.sparsity for c in cands.listed(target("size=gzip")))
+
+
+def test_violations_are_shares_past_each_limit():
+    t = target("max_accuracy_drop=0.01", "max_bytes=1000", "max_latency_ms=2.0")
+    over = {"drop": 0.02, "bytes": 1500, "latency_ms": 1.0, "latency_ratio": 0.5}
+    assert cands.violations(over, t) == pytest.approx([1.0, 0.5, -0.5, -1.0])
+
+
+def test_optuna_proposes_an_untried_candidate_alike_for_a_seed():
+    t = target("max_bytes=60KB")
+    history = [(Candidate(p, channels=k), {"accuracy": 0.99 - 0.1 * (1 - (k or 1)), "drop": 0.0,
+                                          "bytes": 200_000 * (k or 1) * cands.BYTES[p],
+                                          "latency_ms": 0.01 * (k or 1), "latency_ratio": k or 1})
+               for p in ("float", "qat") for k in (None, 0.5, 0.25)]
+    tried = {c.name for c, _ in history}
+    first = cands.proposed(history, t, seed=3, tried=tried)
+    assert first is not None and first.origin == "optuna" and first.name not in tried
+    assert first.precision in ("float", "qat")
+    assert cands.proposed(history, t, seed=3, tried=tried) == first
