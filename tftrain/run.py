@@ -241,6 +241,7 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
         raise
     summary = report.summary(plan, results, artifacts, net)
     summary["seconds"] = time.perf_counter() - began        # this session, from the plan
+    summary["phase_seconds"] = {k: round(v, 2) for k, v in console.PHASE_SECONDS.items()}
     summary["run_dir"] = str(run.path)
     if runner.batch_changes:       # resumes that changed the global batch: not exact
         summary["batch_changes"] = runner.batch_changes

@@ -14,7 +14,20 @@ from helpers import QUICKSTART
 
 
 def target(*sets):
+    """A target with fine-tuning lengths set (a search resolves unset ones: `resolved`)."""
+    sets = ("fine_tune_epochs=2", "qat_epochs=1", *sets)
     return load_config(None, [f"compression.target.{s}" for s in sets]).compression.target
+
+
+def test_unset_fine_tuning_lengths_come_from_the_run_s_config():
+    from tftrain.search.runner import resolved
+    assert (lambda t: (t.fine_tune_epochs, t.qat_epochs))(resolved(load_config(QUICKSTART))) == (7, 2)
+    pruned = load_config(QUICKSTART, ["compression.pruning={enabled: true, epochs: 5}",
+                                      "compression.quantization={enabled: true, epochs: 3}",
+                                      "export.tflite=int8"])
+    assert (resolved(pruned).fine_tune_epochs, resolved(pruned).qat_epochs) == (5, 3)
+    given = load_config(QUICKSTART, ["compression.target.fine_tune_epochs=1"])
+    assert resolved(given).fine_tune_epochs == 1
 
 
 def test_names_and_the_file_each_deploys():

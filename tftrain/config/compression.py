@@ -197,8 +197,11 @@ class TargetConfig(Strict):
     time_budget: Optional[float] = Field(None, gt=0, json_schema_extra=lambda schema: schema.update(
         anyOf=[{"type": "number", "exclusiveMinimum": 0}, {"type": "string",
                "pattern": _SECONDS.pattern}, {"type": "null"}]))   # seconds; '30min', '2h'
-    fine_tune_epochs: int = Field(2, ge=1)              # each pruning candidate's stage
-    qat_epochs: int = Field(1, ge=1)                    # each QAT candidate's stage
+    # each pruning candidate's stage; unset: the run's compression.pruning.epochs when
+    # it pruned, else half its training epochs
+    fine_tune_epochs: Optional[int] = Field(None, ge=1)
+    # each QAT candidate's stage; unset: compression.quantization.epochs
+    qat_epochs: Optional[int] = Field(None, ge=1)
     # of `candidates`, those a multi-objective sampler (Optuna) proposes after the ordered
     # list (pruning levels between and beyond the list's)
     refine: int = Field(3, ge=0)

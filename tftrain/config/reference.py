@@ -195,8 +195,10 @@ DESCRIPTIONS = {
     "compression.target.time_budget": "the search stops starting candidates after this long "
                                       "(seconds, or `30min`, `2h`)",
     "compression.target.fine_tune_epochs": "epochs each pruning candidate fine-tunes from the dense "
-                                           "model",
-    "compression.target.qat_epochs": "epochs of each candidate's quantization-aware training",
+                                           "model (unset: the run's pruning epochs if it pruned, "
+                                           "else half its training epochs)",
+    "compression.target.qat_epochs": "epochs of each candidate's quantization-aware training "
+                                     "(unset: `compression.quantization.epochs`)",
     "compression.target.refine": "of `candidates`, those Optuna's multi-objective sampler proposes "
                                  "after the ordered list",
     "compression.target.seed": "the sampler's seed",

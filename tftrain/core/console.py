@@ -7,6 +7,7 @@ import sys
 import time
 
 WIDTH = 120
+PHASE_SECONDS: dict[str, float] = {}     # each phase's seconds in this process, summed
 
 
 def say(text: str) -> None:
@@ -45,7 +46,9 @@ def phase(name: str, what: str = ""):
         say(f"[{name}] stopped after {seconds(time.perf_counter() - began)}")
         raise
     detail = note.get("detail")
-    say(f"[{name}] done in {seconds(time.perf_counter() - began)}"
+    took = time.perf_counter() - began
+    PHASE_SECONDS[name] = PHASE_SECONDS.get(name, 0.0) + took
+    say(f"[{name}] done in {seconds(took)}"
         + (f": {detail}" if detail else ""))
 
 

@@ -31,6 +31,16 @@ COMPRESSION_STAGES = ("prune", "channels", "qat")
 STARTUP_SECONDS = 4.0       # a candidate's own start: imports, devices, data, the plan
 
 
+def resolved(cfg):
+    """`compression.target` with its unset fine-tuning lengths taken from the run's
+    config: pruning's epochs when the run pruned (else half its training), QAT's."""
+    target, compression = cfg.compression.target, cfg.compression
+    tune = target.fine_tune_epochs or (compression.pruning.epochs if compression.pruning.enabled
+                                       else max(1, cfg.train.epochs // 2))
+    return target.model_copy(update={"fine_tune_epochs": tune, "qat_epochs":
+                                     target.qat_epochs or compression.quantization.epochs})
+
+
 def dense_run(run_dir: Path) -> tuple[dict, dict]:
     """(the dense run's summary, its stage results): a run whose stages all finished."""
     try:
@@ -54,7 +64,7 @@ class Search:
         self.summary, stages = dense_run(self.run_dir)
         overrides = [*sets, *(f"compression.target.{t}" for t in target)]
         cfg = load_config(self.run_dir / "config.yaml", overrides)
-        self.target = cfg.compression.target
+        self.target = resolved(cfg)
         self.base = yaml.safe_load(dump_config(cfg))
         self.dense_stages = {k: v for k, v in stages.items() if k not in COMPRESSION_STAGES}
         self.dir = self.run_dir / "search"
@@ -63,13 +73,39 @@ class Search:
             self.record = json.loads(self.record_path.read_text())
         except (OSError, json.JSONDecodeError):
             self.record = {"candidates": {}, "order": []}
-        self.record["target"] = self.target.model_dump()
+        before, now = self.record.get("target"), self.target.model_dump()
+        if before is not None and before != now:
+            changed = sorted(k for k in now if before.get(k) != now[k])
+            raise ConfigError(f"RUN_DIR: {self.dir} holds a search for another target "
+                              f"({', '.join(changed)} differ); rerun it with the same target to "
+                              f"resume it, or delete {self.dir} to search for this one")
+        self.record["target"] = now
         train = stages.get("train", {})
         self.steps_per_epoch = self.summary.get("steps_per_epoch") or 1
         self.per_update = (train["seconds"] / train["updates"] if train.get("updates")
                            else self._per_update_from_flops())
-        spent = sum(s.get("seconds", 0.0) for s in stages.values())
-        self.overhead = max(5.0, self.summary.get("seconds", 0.0) - spent) + STARTUP_SECONDS
+        self.overhead = self._overhead(stages)
+        dense = self.record["candidates"].get(cands.DENSE.name, {})
+        if dense.get("status") == "done":            # resumed: what was learned
+            self.overhead = dense["seconds"]
+        seen = self.record.get("per_update_seen")
+        if seen:
+            self.per_update = sorted(seen)[len(seen) // 2]
+
+    def _overhead(self, stages: dict) -> float:
+        """Seconds a candidate spends outside its fine-tuning: its start, its plan and
+        the export of one file, from the dense run's phases (`phase_seconds`: the plan
+        without its export preflight, the export over its files); a run from before
+        they were kept: what its session spent outside its stages."""
+        phases = self.summary.get("phase_seconds")
+        if phases:
+            files = max(1, len(self.summary.get("artifacts", {})))
+            own = (phases.get("plan", 0.0) - phases.get("preflight", 0.0)
+                   + phases.get("export", 0.0) / files)
+        else:
+            own = self.summary.get("seconds", 0.0) - sum(s.get("seconds", 0.0)
+                                                          for s in stages.values())
+        return max(5.0, own) + STARTUP_SECONDS
 
     def _per_update_from_flops(self) -> float:
         """Seconds per update of a dense run that trained none (`train.epochs: 0`): its
@@ -133,27 +169,37 @@ class Search:
         self.fork = forking.forks("auto", forking.local_gpus())
         if self.fork:
             forking.preload("tftrain.run")
-        began, spent_estimate, spent = time.monotonic(), 0.0, 0.0
+        began = time.monotonic()
         queue = list(listed)
         while queue or self._refining():
             candidate = queue.pop(0) if queue else self._propose()
             if candidate is None:
                 break
             estimate = self.estimate(candidate)
-            pace = spent / spent_estimate if spent_estimate else 1.0
             budget = self.target.time_budget
             if budget and not candidate.reference and \
-                    time.monotonic() - began + estimate * pace > budget:
+                    time.monotonic() - began + estimate > budget:
                 console.say(f"time budget: {console.seconds(budget)} would be passed by "
-                            f"{candidate.name} (about {console.seconds(estimate * pace)}); "
+                            f"{candidate.name} (about {console.seconds(estimate)}); "
                             "the search stops here")
                 self.record["stopped"] = "time budget"
                 break
-            took = self._candidate(candidate, estimate * pace)
+            took = self._candidate(candidate, estimate)
             if took is not None:
-                spent_estimate, spent = spent_estimate + estimate, spent + took
+                self._learn(candidate, took)
         self.record["seconds"] = self.record.get("seconds", 0.0) + time.monotonic() - began
         return self.finish()
+
+    def _learn(self, candidate, took: float) -> None:
+        """The estimates from what candidates took: the dense reference (no fine-tuning)
+        is a candidate's overhead; a fine-tuned one's time past it, per update."""
+        updates = candidate.updates(self.steps_per_epoch, self.target)
+        if not updates:
+            self.overhead = took if candidate.reference else 0.5 * (self.overhead + took)
+        elif took > self.overhead:
+            seen = self.record.setdefault("per_update_seen", [])
+            seen.append((took - self.overhead) / updates)
+            self.per_update = sorted(seen)[len(seen) // 2]
 
     def _refining(self) -> bool:
         done = [n for n, c in self.record["candidates"].items() if c.get("origin") == "optuna"]
