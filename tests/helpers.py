@@ -240,6 +240,25 @@ class MlflowServer:
         self.proc.wait(timeout=30)
 
 
+def digit_tfrecords(directory, sizes) -> None:
+    """The digits (scaled to [0, 1]) written in order as TFRecord files
+    `part-<i>.tfrecord` of `sizes[i]` examples (features `x`: 64 floats, `y`: the label)."""
+    import numpy as np
+    import tensorflow as tf
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    at = 0
+    for i, n in enumerate(sizes):
+        with tf.io.TFRecordWriter(str(Path(directory) / f"part-{i}.tfrecord")) as w:
+            for x, y in zip(digits.images[at:at + n] / 16.0, digits.target[at:at + n]):
+                w.write(tf.train.Example(features=tf.train.Features(feature={
+                    "x": tf.train.Feature(float_list=tf.train.FloatList(value=list(np.ravel(x)))),
+                    "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(y)]))}))
+                    .SerializeToString())
+        at += n
+
+
 def unwrapped(text: str) -> list[str]:
     """What a run printed, as its lines before `console.say` wrapped them at 120 columns
     (a wrapped line goes on in lines indented by four spaces)."""

@@ -22,7 +22,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from helpers import QUICKSTART, ROOT, model_weights, resumed_at, shared_run, start_run
+from helpers import (QUICKSTART, ROOT, digit_tfrecords, model_weights, resumed_at, shared_run,
+                     start_run)
 
 SETS = ["run.deterministic=true", "train.checkpoint.every=10", "export.tflite=none",
         "export.saved_model=false", "export.preflight=false", "train.verbose=0",
@@ -216,18 +217,7 @@ def digit_files(tmp_path_factory):
     """The digits as 5 TFRecord files of uneven sizes (FILE sharding reads them as
     streams) and a validation file."""
     def build(out):
-        import tensorflow as tf
-        from sklearn.datasets import load_digits
-        digits = load_digits()
-        at = 0
-        for i, n in enumerate([300, 330, 290, 310, 270, 297]):
-            with tf.io.TFRecordWriter(str(out / f"part-{i}.tfrecord")) as w:
-                for x, y in zip(digits.images[at:at + n] / 16.0, digits.target[at:at + n]):
-                    w.write(tf.train.Example(features=tf.train.Features(feature={
-                        "x": tf.train.Feature(float_list=tf.train.FloatList(value=list(np.ravel(x)))),
-                        "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(y)]))}))
-                        .SerializeToString())
-                at += n
+        digit_tfrecords(out, [300, 330, 290, 310, 270, 297])
     return shared_run(tmp_path_factory, "elastic-files", build)[0]
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import (ROOT, model_weights, quick_config, resumed_at, shared_run, start_run,
-                     wait_for_checkpoint)
+from helpers import (ROOT, digit_tfrecords, model_weights, quick_config, resumed_at, shared_run,
+                     start_run, wait_for_checkpoint)
 from tftrain.launch import _wait, cpu_sets, free_ports, gpu_sets, local_gpus, worker_env
 from tftrain.run import run
 
@@ -285,20 +285,9 @@ def test_a_killed_launch_on_uneven_file_shards_with_padding_and_augmentation_res
     data.remainder: pad and random crops: killed as 2 workers, as 1 worker of 2 replicas,
     finished as 2 workers of 2: the weights equal the uninterrupted 2-worker run's (each
     update read the same examples from the reassigned files, cropped alike)."""
-    from sklearn.datasets import load_digits
-    import tensorflow as tf
-    digits = load_digits()
     sizes = [300, 330, 290, 310, 270, 297]                # part-0: validation; 5 for training
     (tmp_path / "files").mkdir()
-    at = 0
-    for i, n in enumerate(sizes):
-        with tf.io.TFRecordWriter(str(tmp_path / "files" / f"part-{i}.tfrecord")) as w:
-            for x, y in zip(digits.images[at:at + n] / 16.0, digits.target[at:at + n]):
-                w.write(tf.train.Example(features=tf.train.Features(feature={
-                    "x": tf.train.Feature(float_list=tf.train.FloatList(value=list(np.ravel(x)))),
-                    "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(y)]))}))
-                    .SerializeToString())
-            at += n
+    digit_tfrecords(tmp_path / "files", sizes)
     sets = ["data.name=tfrecord", "data.validation_fraction=0.17", "data.shard_policy=file",
             f"data.params={{files: '{tmp_path}/files/part-*.tfrecord', shape: [8, 8, 1], "
             "num_classes: 10}", "data.cache=none", "data.remainder=pad",

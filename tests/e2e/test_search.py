@@ -130,3 +130,50 @@ def test_a_search_killed_after_its_third_candidate_resumes_without_redoing_them(
     assert {n: fine_tunes(n) for n in tuned} == before              # not fine-tuned again
     assert all(c["status"] in ("done", "refused") for c in record["candidates"].values())
     assert len(record["candidates"]) == 5              # the dense reference and 4
+
+
+# --- where the search meets the other features: the kinds of dense runs it starts from ---
+from test_bring_your_own import keras3_cnn_file  # noqa: E402,F401  (a fixture)
+
+PARENTS = {
+    # bfloat16 training; the candidates' QAT runs in float32 (tfmot's rule)
+    "mixed_bfloat16": ["precision.policy=mixed_bfloat16", "train.epochs=3"],
+    # gradients accumulated over 2 micro-batches on one device
+    "accumulation": ["distribute.strategy=one_device", "train.accumulation_steps=2",
+                     "data.per_replica_batch_size=32", "train.epochs=3"],
+    # a Keras 3 file, not trained here (train.epochs: 0): the converted model is the dense one
+    "keras3_file": ["train.epochs=0"],
+}
+
+
+@pytest.mark.parametrize("parent", list(PARENTS) + ["two_workers"])
+def test_a_search_starts_from_every_kind_of_dense_run(parent, tmp_path, request):
+    """The dense run trained under bfloat16, with accumulation, by a 2-worker launch (the
+    candidates run in one process: the global batch is kept, an elastic resume), or a
+    Keras 3 file taken as it is: the search fine-tunes its candidates from it, each
+    finishing or refused at its plan (never failing), and exports a file."""
+    from helpers import quick_config
+    from tftrain.run import run
+
+    if parent == "two_workers":
+        from test_launch import launch
+        proc = launch(tmp_path, "train.epochs=2", "export.tflite=float")
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, out[-3000:]
+        run_dir = tmp_path / "quickstart"
+    else:
+        sets = PARENTS[parent]
+        if parent == "keras3_file":
+            sets = [*sets, f"model={{name: 'file:{request.getfixturevalue('keras3_cnn_file')}'}}"]
+        run(quick_config(tmp_path, *sets, "export.tflite=float"))
+        run_dir = tmp_path / "quickstart"
+    # 16 KB: channel pruning to a quarter with QAT first (predicted 15 KB), then int8
+    code, out, err = search(run_dir, "--target", "max_bytes=16KB", "--target", "candidates=2",
+                            "--target", "refine=0")
+    assert code in (0, 3), err[-3000:]
+    record = record_of(run_dir)
+    statuses = {n: c["status"] for n, c in record["candidates"].items()}
+    assert len(statuses) == 3 and "failed" not in statuses.values(), record["candidates"]
+    assert statuses["float"] == "done" and Path(record["chosen_file"]).exists()
+    tuned = [n for n, s in statuses.items() if s == "done" and n != "float"]
+    assert tuned, statuses

@@ -18,6 +18,15 @@ def _dense(extra=None):
     return keras.Model(inputs, keras.layers.Dense(3, name="logits")(h))
 
 
+def _wide() -> bytes:
+    """A TFLite file with thousands of times `_dense`'s multiply-adds."""
+    inputs = keras.Input((6,))
+    h = inputs
+    for i in range(4):
+        h = keras.layers.Dense(384, activation="relu", name=f"wide_{i}")(h)
+    return _tflite(keras.Model(inputs, keras.layers.Dense(3)(h)))
+
+
 def test_xnnpack_names_the_ops_it_leaves_to_litert():
     """Every op of a dense model runs in XNNPack; a cumulative sum (which XNNPack has no
     kernel for) is named as falling back, and the ops around it still count as delegated."""
@@ -40,11 +49,7 @@ def test_files_timed_in_turn_keep_their_order_of_speed():
     thousands of times the multiply-adds is the slower in every setting, and an entry with
     a float file beside it carries both grids and how many times as fast it runs."""
     x = np.random.default_rng(0).normal(size=(40, 6)).astype(np.float32)
-    inputs = keras.Input((6,))
-    h = inputs
-    for i in range(4):
-        h = keras.layers.Dense(384, activation="relu", name=f"wide_{i}")(h)
-    wide = _tflite(keras.Model(inputs, keras.layers.Dense(3)(h)))
+    wide = _wide()
     narrow = _tflite(_dense())
     small, large = speed.tflite_grids([narrow, wide], x, budget=0.03)
     assert list(small) == list(large) == [speed.key(b, t) for b, t in speed.SETTINGS]
@@ -61,11 +66,7 @@ def test_an_artifact_timed_against_a_reference_file_of_its_runtime(tmp_path):
     one runs many times as fast in every setting, the wide one against itself about as
     fast; an ONNX reference says nothing about a TFLite file."""
     x = np.random.default_rng(0).normal(size=(40, 6)).astype(np.float32)
-    inputs = keras.Input((6,))
-    h = inputs
-    for i in range(4):
-        h = keras.layers.Dense(384, activation="relu", name=f"wide_{i}")(h)
-    wide = _tflite(keras.Model(inputs, keras.layers.Dense(3)(h)))
+    wide = _wide()
     (tmp_path / "wide.tflite").write_bytes(wide)
     narrow = speed.versus_reference(_tflite(_dense()), "tflite", x, str(tmp_path / "wide.tflite"),
                                     rounds=3, budget=0.06)
