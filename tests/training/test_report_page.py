@@ -61,6 +61,22 @@ def test_a_report_is_one_self_contained_page_of_every_chart(tmp_path):
     assert text.count('<div id="chart-') == 6                # no search: its chart is left out
     assert "tflite_int8" in text and "export/model.tflite" in text
     assert "data parallel, 1 stage(s): 2.0 MiB per device of 16.0 GiB" in text
+    # a compression search of the run adds its chart (search/search.json)
+    (tmp_path / "run" / "search").mkdir()
+    figures = lambda acc, ms, size: {"accuracy": acc, "latency_ms": ms, "bytes": size,  # noqa: E731
+                                     "latency_ratio": ms / 0.2, "drop": 0.95 - acc}
+    record = {"target": {"max_accuracy_drop": 0.01, "max_latency_ratio": 0.5,
+                         "latency": {"runtime": "tflite", "batch": 1, "threads": 1}},
+              "dense": figures(0.95, 0.2, 200_000), "front": ["float", "channels50-qat"],
+              "chosen": "channels50-qat",
+              "candidates": {"float": {"figures": figures(0.95, 0.2, 200_000)},
+                             "int8": {"figures": figures(0.93, 0.12, 60_000)},
+                             "channels50-qat": {"figures": figures(0.945, 0.08, 30_000)},
+                             "channels25-float": {"status": "refused"}}}
+    (tmp_path / "run" / "search" / "search.json").write_text(json.dumps(record))
+    text = report_page.write(tmp_path / "run").read_text()
+    assert text.count('<div id="chart-') == 7 and '<div id="chart-6"' in text
+    assert "channels50-qat" in text and "accuracy floor" in text and "latency limit" in text
 
 
 def test_the_browser_draws_every_chart(tmp_path):
