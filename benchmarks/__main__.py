@@ -44,6 +44,7 @@ SCRIPTS = {
     "sweep": ["--trials", "8", "--seeds", "3"],
     "elastic": ["--rounds", "5"],
     "first_step": ["--rounds", "3"],
+    "search": ["--recipe", "image_transfer", "--target", "max_latency_ratio=0.5"],
 }
 
 

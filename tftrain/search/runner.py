@@ -148,6 +148,7 @@ class Search:
              if t.max_latency_ratio else [])
         total = sum(self.estimate(c) for c in listed) + t.refine * max(
             self.estimate(c) for c in listed)
+        self.record.setdefault("estimate_seconds", round(total, 1))     # the first printed
         return "\n".join([
             f"target: {', '.join(limits)} ({t.latency.runtime}, batch {t.latency.batch}, "
             f"{t.latency.threads or 'every'} thread{'s' if t.latency.threads != 1 else ''}); "

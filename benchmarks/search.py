@@ -1,0 +1,115 @@
+"""Compression to a budget, measured: a recipe's dense run searched for a target
+(`python -m tftrain.search`), then the chosen file timed again on its own against the
+dense float file (LiteRT, the target's batch and threads, rounds alternating between the
+two files, the median of the rounds' ratios) and scored again on the validation split,
+beside what the search recorded. Reports the search's wall time against the estimate it
+printed, how many candidates it ran before the first that met the target, and the CPU's
+int8 and bfloat16 instructions (int8 outruns float only with VNNI).
+
+    python benchmarks/search.py --recipe image_transfer --target max_latency_ratio=0.5
+    python benchmarks/search.py --run runs/image-transfer --rounds 15      # a searched run
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+import record
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def searched(recipe: str, targets: list[str], runs: Path) -> Path:
+    """The recipe trained (once) under `runs` and searched for `targets`."""
+    import yaml
+    name = yaml.safe_load((ROOT / "configs" / f"{recipe}.yaml").read_text())["run"]["name"]
+    run_dir = runs / name
+    if not (run_dir / "summary.json").exists():
+        subprocess.run([sys.executable, "-m", "tftrain.run", f"configs/{recipe}.yaml",
+                        "--run-dir", str(runs)], cwd=ROOT, check=False)
+    args = [a for t in targets for a in ("--target", t)]
+    code = subprocess.run([sys.executable, "-m", "tftrain.search", str(run_dir), *args],
+                          cwd=ROOT).returncode
+    if code not in (0, 3):
+        raise SystemExit(f"the search failed (exit {code})")
+    return run_dir
+
+
+def timed_again(chosen: Path, dense: Path, batch: int, threads: int, rounds: int) -> float:
+    """The chosen file's latency over the dense file's, on its own: `rounds` rounds
+    alternating between them (the order reversed every other), the median ratio."""
+    from tftrain.export import speed
+    x = np.random.default_rng(0).normal(size=(64, *_input_shape(dense))).astype(np.float32)
+    makers = speed.tflite_makers([chosen.read_bytes(), dense.read_bytes()], x)
+    times, dense_times = speed.round_times(makers, x, 0.25 * rounds, rounds)
+    key = speed.key(batch, threads)
+    return float(np.median([a / b for a, b in zip(times[key], dense_times[key])]))
+
+
+def _input_shape(path: Path) -> tuple:
+    from ai_edge_litert.interpreter import Interpreter
+    return tuple(Interpreter(model_path=str(path)).get_input_details()[0]["shape"][1:])
+
+
+def accuracy_again(run_dir: Path, chosen: Path) -> float:
+    from tftrain.config import load_config
+    from tftrain.data import BatchPlan, load_source, val_dataset
+    from tftrain.export.artifacts import tflite_logits
+    cfg = load_config(run_dir / "config.yaml")
+    source = load_source(cfg.data, cfg.run.seed)
+    x, y = (np.concatenate(p) for p in zip(*val_dataset(source, BatchPlan(256, 1, 1), cfg.data)
+                                           .as_numpy_iterator()))
+    return float(np.mean(np.argmax(tflite_logits(chosen.read_bytes(), x)[0], -1) == y))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--recipe", default="image_transfer")
+    parser.add_argument("--target", action="append", default=[])
+    parser.add_argument("--run", type=Path, help="a run searched already: time its choice")
+    parser.add_argument("--rounds", type=int, default=15)
+    args = parser.parse_args()
+    run_dir = args.run or searched(args.recipe, args.target or ["max_latency_ratio=0.5"],
+                                   Path(tempfile.mkdtemp(prefix="tftrain-search-")))
+    rec = json.loads((run_dir / "search" / "search.json").read_text())
+    setting = rec["target"]["latency"]
+    chosen = rec["candidates"][rec["chosen"]]["figures"]
+    dense_file = run_dir / "search" / "runs" / "float" / "export" / "model.tflite"
+    again = timed_again(Path(rec["chosen_file"]), dense_file, setting["batch"],
+                        setting["threads"], args.rounds)
+    from tftrain.config.compression import TargetConfig
+    from tftrain.search.front import meets
+    target = TargetConfig(**rec["target"])
+    ran = list(rec["candidates"])
+    first = next((i for i, n in enumerate(ran)
+                  if n != "float" and rec["candidates"][n].get("figures") and
+                  meets(rec["candidates"][n]["figures"], target)), None)
+    record.rows([
+        ("search: target", ", ".join(f"{k} {v}" for k, v in rec["target"].items()
+                                     if k.startswith("max_") and v is not None)),
+        ("search: met; chosen", f"{rec['met']}; {rec['chosen']}"),
+        ("search: candidates run; first meeting the target",
+         f"{len(ran) - 1} and the dense reference; "
+         + (f"candidate {first}" if first is not None else "none")),
+        ("search: chosen file's accuracy (recorded / again); drop vs dense",
+         f"{chosen['accuracy']:.4f} / {accuracy_again(run_dir, Path(rec['chosen_file'])):.4f}; "
+         f"{chosen['drop'] * 100:.2f} pt"),
+        ("search: chosen latency / dense (recorded in the search / timed again)",
+         f"{chosen['latency_ratio']:.3f} / {again:.3f} ({args.rounds} rounds, batch "
+         f"{setting['batch']}, {setting['threads'] or 'every'} thread; CPU: "
+         f"{record.cpu_features()})"),
+        ("search: wall time / estimate printed",
+         f"{rec.get('seconds', 0) / 60:.1f} / {rec.get('estimate_seconds', 0) / 60:.1f} min"),
+    ])
+
+
+if __name__ == "__main__":
+    main()
