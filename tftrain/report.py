@@ -1,5 +1,5 @@
 """summary.json: what the run did, from its plan, each stage's results and the exported
-artifacts (the printed table is `rundir.report_table`)."""
+artifacts (the printed table is `training.report_table`)."""
 from __future__ import annotations
 
 import hashlib
@@ -33,6 +33,7 @@ def summary(plan, results: dict, artifacts: dict, net) -> dict:
                        "input_wait": first.get("input_wait"),
                        "input_wait_ms_per_batch": first.get("input_wait_ms_per_batch"),
                        "host_ms_per_call": first.get("host_ms_per_call"),
+                       "others_cores": first.get("others_cores"),
                        "host": first.get("host")},
         **plan.parallel.summary(net, lambda: _one_batch(plan), plan.stages[-1].loss()),
         "stages": results, "sparsity": _sparsity(results),

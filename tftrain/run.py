@@ -160,13 +160,14 @@ def _completed(cfg: Config, smoke: bool, done: dict) -> dict:
     """A completed run, given its own config again: reported, not retrained."""
     from tftrain.runtime.cluster import current_task
     from tftrain.training import rundir
+    from tftrain.training.report_table import report_table
 
     path = rundir.run_path(cfg, smoke)
     print(f"{path} already completed; use another run.name to train again")
     if cfg.tracking.mlflow is not None:          # what the tracker missed, logged now
         from tftrain.training import tracking
         tracking.finish_pending(cfg, path, done, current_task().chief)
-    print(rundir.report_table(done))
+    print(report_table(done))
     return done
 
 
@@ -185,6 +186,7 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
     from tftrain.config import dump_config
     from tftrain.export import keras3_file, verification
     from tftrain.training import board, report_page, rundir, tracking
+    from tftrain.training.report_table import report_table
     from tftrain.stages import StageRunner
 
     extras.require(cfg)                   # a missing optional package: config error, exit 2
@@ -256,7 +258,7 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
     runner.clean_up()
     failed = verification.failures(artifacts)
     tracker.finish(summary, run.export, ok=not failed)      # never raises: a rerun retries
-    print(rundir.report_table(summary))
+    print(report_table(summary))
     if failed and summary["status"] == report.BUDGET_MISSED:   # works, loses too much
         raise BudgetMissed(failed, summary)
     if failed:     # the artifacts stay, marked failed; the run is not completed
@@ -292,7 +294,7 @@ class BudgetMissed(ExportFailed):
 
 
 def rundir_path(name: str) -> str:
-    from tftrain.training.rundir import artifact_path
+    from tftrain.training.report_table import artifact_path
     return artifact_path(name)
 
 

@@ -307,8 +307,9 @@ def test_run_directory_contract(quickstart_run):
     import tensorflow as tf
     tags = {v.tag for f in (path / "tensorboard" / "train").glob("events.out.tfevents.*")
             for e in tf.compat.v1.train.summary_iterator(str(f)) for v in e.summary.value}
-    assert {"epoch_loss", "epoch_accuracy", "epoch_lr", "epoch_examples_per_sec",
+    assert {"epoch_loss", "epoch_accuracy", "epoch_learning_rate", "epoch_examples_per_sec",
             "epoch_model_flops_per_sec", "epoch_mfu"} <= tags
+    assert "epoch_lr" not in tags                                # the learning rate once
     summary = json.loads((path / "summary.json").read_text())
     for name, art in summary["artifacts"].items():
         assert art["size_bytes"] > art["gzip_bytes"] > 0, name
@@ -638,11 +639,11 @@ def test_multi_worker_strategy_single_worker_trains(tmp_path, launcher):
 
 
 @pytest.mark.slow
-def test_smoke_runs_whole_pipeline_on_one_device(tmp_path):
+def test_smoke_runs_whole_pipeline_with_the_configured_strategy(tmp_path):
     summary = run(quick_config(tmp_path, "compression.pruning.enabled=true", "export.tflite=int8",
                                "compression.quantization.enabled=true"), smoke=True)
-    assert summary["smoke"] and summary["strategy"] == "one_device"
-    assert summary["steps"] == 3 and summary["replicas"] == 1
+    assert summary["smoke"] and summary["strategy"] == "mirrored"
+    assert summary["steps"] == 3 and summary["replicas"] == 2
     assert [s["updates"] for s in summary["stages"].values()] == [3, 3, 3]
     assert (tmp_path / "quickstart-smoke" / "export" / "model.tflite").exists()
     assert not (tmp_path / "quickstart").exists()
@@ -771,7 +772,7 @@ def test_every_int8_artifact_reports_each_layer_and_says_what_it_is(compress_run
     printed report's five layers adding the most noise, and TensorBoard); each says
     whether all its compute is int8."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from tftrain.training.rundir import report_table
+    from tftrain.training.report_table import report_table
     path, summary = compress_run
     arts = summary["artifacts"]
     wrapped = {f"quant_{name}" for name in summary["sparsity"]}     # conv_0 ... logits
@@ -912,7 +913,8 @@ def test_tensorboard_reads_every_epoch_and_each_stage_under_its_tag(compress_run
     path, summary = compress_run
     tb = path / "tensorboard"
     train, val = tensorboard_scalars(tb / "train"), tensorboard_scalars(tb / "validation")
-    for tag in ("epoch_loss", "epoch_accuracy", "epoch_lr", "epoch_examples_per_sec", "epoch_mfu"):
+    for tag in ("epoch_loss", "epoch_accuracy", "epoch_learning_rate", "epoch_examples_per_sec",
+                "epoch_mfu"):
         assert [step for step, _ in train[tag]] == list(range(10)), tag
     assert [step for step, _ in val["epoch_accuracy"]] == list(range(10))
     assert val["epoch_accuracy"][-1][1] == pytest.approx(

@@ -77,7 +77,8 @@ def test_a_failed_export_check_exits_1_and_marks_the_artifact(tmp_path, capsys):
     from tftrain.run import main
     code = main([str(ROOT / "configs" / "quickstart.yaml"), "--run-dir", str(tmp_path),
                  "--set", "train.epochs=1", "--set", "train.verbose=0",
-                 "--set", "export.max_logit_diff=1e-12"])   # float TFLite rounds differently
+                 "--set", "export.max_logit_diff=1e-12",    # float TFLite rounds differently
+                 "--set", "export.preflight=false"])        # (the preflight refuses it: exit 2)
     assert code == 1
     err = capsys.readouterr().err
     assert "export verification failed: " in err and "tflite_float: largest logit difference" in err
@@ -92,7 +93,7 @@ def test_a_failed_export_check_exits_1_and_marks_the_artifact(tmp_path, capsys):
     with pytest.raises(ExportFailed) as failed:
         run(load_config(ROOT / "configs" / "quickstart.yaml", [
             f"run.dir={tmp_path}", "train.epochs=1", "train.verbose=0",
-            "export.max_logit_diff=1e-12"]))
+            "export.max_logit_diff=1e-12", "export.preflight=false"]))
     assert failed.value.failed == [f"tflite_float: {summary['artifacts']['tflite_float']['check']}"]
     assert failed.value.summary["status"] == "export verification failed"
     assert json.loads(json.dumps(failed.value.summary, default=str)) == json.loads(

@@ -148,6 +148,24 @@ def test_input_wait_warns_on_steady_epochs_only(capsys):
     assert "the steps wait for input" in out
 
 
+def test_input_wait_under_other_processes_load_is_not_called_the_bottleneck():
+    """Input waiting 1.5x the step while other processes keep one of two cores busy is what
+    sharing the remaining core explains (both slow down up to 2x): no bottleneck. Waiting 3x
+    the step is, and so is 1.5x on an idle machine."""
+    from unittest import mock
+
+    from tftrain.training.epoch_logs import InputWait
+
+    def judged(share, others):
+        wait = InputWait()
+        wait.per_epoch, wait.others = [0.9, share, share], [0.0, others, others]
+        with mock.patch("os.cpu_count", return_value=2):
+            return wait.bottleneck()
+    assert judged(0.6, 0.0) and not judged(0.6, 1.0) and not judged(0.6, 1.9)
+    assert judged(0.75, 1.0) and judged(0.75, 2.0)
+    assert not judged(0.45, 0.0)
+
+
 def test_input_wait_is_the_iterators_own_wait_not_the_calls_overhead(capsys):
     """Batches ready in memory: the iterator's wait is a small share of the step however
     much the host spends per call (callbacks, dispatch), which is reported apart."""

@@ -10,6 +10,9 @@ Optuna proposes more; each fine-tunes from the dense checkpoints for a bounded n
 updates (`runner.py`). Every candidate's figures, the Pareto front and the chosen one
 are kept in `RUN_DIR/search/`; when nothing meets the target the closest is exported
 and the command exits 3 (`tftrain.core.exit_codes.TARGET_MISSED`).
+
+May import: `tftrain.core`, `tftrain.config`, `tftrain.runtime`, `tftrain.training`
+(candidates run as `python -m tftrain.run` processes, never in this one).
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ COLUMNS = ("candidate", "status", "accuracy", "drop_pt", "bytes", "latency_ms",
 
 def ship(search, chosen: dict) -> None:
     """The chosen candidate's deployed file and its config, in `search/chosen/`."""
-    from tftrain.training.rundir import artifact_path
+    from tftrain.training.report_table import artifact_path
 
     out = search.dir / "chosen"
     shutil.rmtree(out, ignore_errors=True)

@@ -66,6 +66,10 @@ class Search:
         cfg = load_config(self.run_dir / "config.yaml", overrides)
         self.target = resolved(cfg)
         self.base = yaml.safe_load(dump_config(cfg))
+        # the candidates run in this machine's one process: a dense run trained by several
+        # workers resumes in them on another topology, keeping its examples per update
+        if self.summary.get("workers", 1) > 1:
+            self.base["train"]["global_batch_size"] = self.summary["global_batch_size"]
         self.dense_stages = {k: v for k, v in stages.items() if k not in COMPRESSION_STAGES}
         self.dir = self.run_dir / "search"
         self.record_path = self.dir / "search.json"
@@ -291,9 +295,12 @@ class Search:
         (staging / "checkpoints").mkdir(parents=True)
         atomic_write(staging / "config.yaml", dump_config(cfg))
         shutil.copy(self.run_dir / "topology.json", staging / "topology.json")
-        atomic_write(staging / "stages.json", json.dumps(self.dense_stages, indent=2) + "\n")
         source = self.run_dir / "checkpoints"
-        for item in source.iterdir():
+        # a run that trained nothing (`train.epochs: 0`, a file's model taken as it is)
+        # kept no checkpoint: the candidate takes the model as it did (seconds, no update)
+        if source.is_dir():
+            atomic_write(staging / "stages.json", json.dumps(self.dense_stages, indent=2) + "\n")
+        for item in source.iterdir() if source.is_dir() else ():
             if item.is_file():
                 _link(item, staging / "checkpoints" / item.name)
             elif item.name in self.dense_stages:

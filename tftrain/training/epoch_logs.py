@@ -4,11 +4,13 @@ rate, the metrics over all replicas, TensorBoard, and the steps each call runs
 from __future__ import annotations
 
 import math
+import os
 import time
 
 from tftrain.core.keras import keras
 from tftrain.optim.rates import current_lr
 from tftrain.core import console
+from tftrain.core.cpu import busy_seconds, others_cores
 
 
 def steady_median(per_epoch: list[float], empty):
@@ -61,8 +63,9 @@ class InputWait(keras.callbacks.Callback):
     over input and step), `input_wait_ms` per batch and `host_ms_per_call` to the epoch
     logs. A call that traced the step is left out (its seconds are tracing and
     compilation). Warns once, naming `remedies` (what applies to this run's pipeline), when
-    an epoch after the stage's first waits on input at least as long as it computes (half
-    the time: input is then the bottleneck; below it, the iterator's own work and the
+    the epochs after the stage's first wait on input at least as long as they compute (half
+    the time, their median: input is then the bottleneck, when by more than other processes'
+    load on the cores explains, see `bottleneck`; below it, the iterator's own work and the
     input pipeline's share of the CPU with the step: the quickstart's 2 replicas on 2
     cores wait about 1.5 ms a batch, 20-30% of their 5 ms steps). Not
     measured under op determinism (TensorFlow refuses clocks there) or at one step per
@@ -78,6 +81,7 @@ class InputWait(keras.callbacks.Callback):
         self.per_batch_ms: list[float] = []
         self.host_ms: list[float] = []
         self.call_seconds: list[float] = []    # each epoch's wall time of the calls counted
+        self.others: list[float] = []          # cores other processes kept busy, per epoch
         self._warned = False
 
     def _read(self) -> tuple[float, float]:
@@ -88,6 +92,7 @@ class InputWait(keras.callbacks.Callback):
         self._calls = self._batches = 0
         self._wall = 0.0
         self._step = self._input = 0.0
+        self._load = busy_seconds(), time.perf_counter()
 
     def _traces(self) -> int:
         function = getattr(self.model, "train_tf_function", None)
@@ -121,11 +126,14 @@ class InputWait(keras.callbacks.Callback):
         self.call_seconds.append(self._wall)
         self.per_batch_ms.append(1e3 * self._input / self._batches)
         self.host_ms.append(1e3 * max(0.0, self._wall - self._step - self._input) / self._calls)
+        others = others_cores(self._load[0], busy_seconds(), time.perf_counter() - self._load[1])
+        if others is not None:
+            self.others.append(others)
         logs.update(input_wait=share, input_wait_ms=self.per_batch_ms[-1],
                     host_ms_per_call=self.host_ms[-1])
-        # judged on steady epochs only: a stage's first epoch also sizes the calls
-        # (`steps_per_execution: auto` starts at one step per call) and warms up
-        if len(self.per_epoch) > 1 and share > self.threshold and not self._warned:
+        # judged on the steady epochs' median (a stage's first epoch also sizes the calls,
+        # `steps_per_execution: auto` starting at one step per call, and warms up)
+        if len(self.per_epoch) > 1 and not self._warned and self.bottleneck():
             self._warned = True
             console.warn(f"the steps wait for input {share:.0%} of the time "
                          f"({self.per_batch_ms[-1]:.1f} ms per batch against "
@@ -138,11 +146,27 @@ class InputWait(keras.callbacks.Callback):
         the first (it includes tracing); None when nothing was measured."""
         return steady_median(self.per_epoch, None)
 
+    def bottleneck(self) -> bool:
+        """Whether input is the bottleneck: the steady epochs wait on it longer than they
+        compute (half the time), by more than a busy machine explains. While other
+        processes keep c of the n cores busy, the input pipeline and the step share what is
+        left and both slow down by up to n / (n - c) (at most n): input waiting 1.2x the
+        step with one of two cores taken is the machine's load, not the pipeline (the
+        report names the load)."""
+        share = self.fraction()
+        if share is None or share <= self.threshold:
+            return False
+        cores = os.cpu_count() or 1
+        others = steady_median(self.others, 0.0)
+        slowed = cores / max(cores - others, 1.0)
+        return share / max(1.0 - share, 1e-9) > slowed
+
     def figures(self) -> dict:
-        """Median input wait per batch (ms) and host overhead per call (ms), as
-        `fraction` takes them."""
+        """Median input wait per batch (ms), host overhead per call (ms) and cores other
+        processes kept busy, as `fraction` takes them."""
         return {"input_wait_ms_per_batch": steady_median(self.per_batch_ms, None),
-                "host_ms_per_call": steady_median(self.host_ms, None)}
+                "host_ms_per_call": steady_median(self.host_ms, None),
+                "others_cores": steady_median(self.others, None)}
 
 
 def input_remedies(data_cfg, source, cached: str, steps_per_execution) -> list[str]:

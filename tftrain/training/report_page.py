@@ -274,7 +274,7 @@ def _memory(plan: dict | None) -> str:
 
 
 def _artifact_table(summary: dict) -> str:
-    from tftrain.training.rundir import artifact_path
+    from tftrain.training.report_table import artifact_path
 
     arts = summary.get("artifacts") or {}
     if not arts:
