@@ -202,3 +202,27 @@ def test_a_layer_the_groups_cannot_follow_is_refused_by_name(monkeypatch, tmp_pa
     err = capsys.readouterr().err
     assert code == 2 and "cannot follow my_scale (Scale)" in err and "Traceback" not in err
     assert not runs.exists()
+
+
+def test_auto_importance_ranks_by_batch_norm_scale_where_a_group_has_one_else_by_filter_norm():
+    """`auto`: the group whose conv feeds a batch norm ranks channels by |gamma| (its
+    filters' norms say otherwise), the group without one by L1; `bn` refuses the latter."""
+    inputs = keras.Input((8, 8, 3))
+    h = keras.layers.Conv2D(8, 3, name="plain")(inputs)                  # no batch norm
+    h = keras.layers.Conv2D(8, 3, use_bias=False, name="normed")(h)
+    h = keras.layers.BatchNormalization(name="normed_bn")(h)
+    outputs = keras.layers.Dense(10)(keras.layers.GlobalAveragePooling2D()(h))
+    model = keras.Model(inputs, outputs)
+    ramp = np.arange(1, 9, dtype=np.float32)
+    for name, order in (("plain", ramp), ("normed", ramp[::-1])):
+        layer = model.get_layer(name)
+        layer.kernel.assign(np.ones(layer.kernel.shape, np.float32) * order)
+    model.get_layer("normed_bn").gamma.assign(ramp)            # gamma: the opposite order
+    graph = channels.ChannelGraph(model)
+    by_group = {graph.groups[g].producers[0]: g for g in graph.prunable()}
+    auto, l1 = channels.importance(graph, "auto"), channels.importance(graph, "l1")
+    assert np.argmax(auto[by_group["normed"]]) == 7 and np.argmax(l1[by_group["normed"]]) == 0
+    assert np.argmax(auto[by_group["plain"]]) == 7
+    np.testing.assert_allclose(auto[by_group["plain"]], l1[by_group["plain"]])
+    with pytest.raises(ConfigError, match="bn needs a batch norm .* plain"):
+        channels.importance(graph, "bn")

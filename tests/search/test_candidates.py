@@ -47,7 +47,8 @@ def test_a_candidate_s_config_changes_compression_and_export_only_and_validates(
     t = target("fine_tune_epochs=3", "qat_epochs=2", "max_accuracy_drop=0.02")
     config = Candidate("qat", channels=0.5).config(base, t, str(tmp_path / "dense.tflite"))
     assert config["compression"]["pruning"] == {"enabled": True, "structure": "channels",
-                                                "target_flops": 0.5, "epochs": 3}
+                                                "target_flops": 0.5, "epochs": 3,
+                                                "importance": "auto", "distill": True}
     assert config["compression"]["quantization"]["enabled"] is True
     assert config["compression"]["quantization"]["epochs"] == 2
     export = config["export"]

@@ -33,7 +33,8 @@ class PruningConfig(Strict):
     learning_rate: Optional[float] = Field(None, gt=0)
     # structure: channels: the share of the dense model's multiply-add FLOPs kept
     target_flops: float = Field(0.5, gt=0, le=1)
-    importance: Literal["l1", "l2", "bn"] = "l1"    # filter norm, or batch-norm |gamma|
+    # filter norm, batch-norm |gamma|, or auto: |gamma| where a group has a batch norm
+    importance: Literal["l1", "l2", "bn", "auto"] = "l1"
     min_channels: int = Field(4, ge=1)              # a narrowed group keeps at least these
     channel_multiple: int = Field(8, ge=1)          # kept channels rounded to a multiple
     # the narrowed model also learns the trained wide model's logits (knowledge

@@ -153,7 +153,7 @@ DESCRIPTIONS = {
     "compression.pruning.learning_rate": "a constant rate (default: training's / 10; channels: "
                                          "training's schedule)",
     "compression.pruning.target_flops": "channels: the share of the dense model's FLOPs kept",
-    "compression.pruning.importance": "channels: `l1`, `l2` (filter norms) or `bn` (batch-norm scales)",
+    "compression.pruning.importance": "channels: `l1`, `l2` (filter norms), `bn` (batch-norm scales) or `auto` (`bn` where a group has a batch norm, else `l1`)",
     "compression.pruning.min_channels": "channels: the fewest a group keeps",
     "compression.pruning.channel_multiple": "channels: kept channels rounded to a multiple of this",
     "compression.pruning.distill": "channels: the narrowed model also learns the wide model's logits",

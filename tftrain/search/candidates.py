@@ -68,8 +68,13 @@ class Candidate:
         compression = cfg.setdefault("compression", {})
         pruning = {"enabled": False}
         if self.channels:
+            # a narrowed model relearns what its lost channels computed: its channels chosen
+            # by batch-norm scale where it has batch norms, and taught by the dense model's
+            # logits (image recipe, half the FLOPs, 66 updates: 0.78 by filter norm alone,
+            # 0.85 distilled, 0.91 by scale, 0.91 by both with a lower loss)
             pruning = {"enabled": True, "structure": "channels", "target_flops": self.channels,
-                       "epochs": target.fine_tune_epochs}
+                       "epochs": target.fine_tune_epochs, "importance": "auto",
+                       "distill": True}
         elif self.sparsity:
             pruning = {"enabled": True, "final_sparsity": self.sparsity,
                        "epochs": target.fine_tune_epochs}
