@@ -21,8 +21,10 @@ SPARSITY_LEVELS = (0.5, 0.75)
 # a file's bytes against the float file's, by precision (weights 2 or 4 times smaller,
 # scales and the graph around them)
 BYTES = {"float": 1.0, "float16": 0.52, "dynamic": 0.28, "int8": 0.28, "qat": 0.28}
-# updates cost against a plain training update (fake-quant ops in the step)
+# updates cost against a plain training update: fake-quant ops in the step; a forward
+# pass of the dense teacher (a third of its update)
 QAT_STEP = 2.0
+TEACHER = 1 / 3
 
 
 @dataclass(frozen=True)
@@ -52,10 +54,13 @@ class Candidate:
 
     def updates(self, steps_per_epoch: int, target) -> float:
         """Fine-tuning cost in plain training updates (QAT's weigh `QAT_STEP`; a narrower
-        model's steps cost its share of the FLOPs)."""
+        model's steps cost its share of the FLOPs, and the dense teacher's forward pass,
+        a third of a dense update, while it is distilled)."""
         cost = 0.0
-        if self.channels or self.sparsity:
-            cost += target.fine_tune_epochs * steps_per_epoch * (self.channels or 1.0)
+        if self.channels:
+            cost += target.fine_tune_epochs * steps_per_epoch * (self.channels + TEACHER)
+        elif self.sparsity:
+            cost += target.fine_tune_epochs * steps_per_epoch
         if self.precision == "qat":
             cost += target.qat_epochs * steps_per_epoch * (self.channels or 1.0) * QAT_STEP
         return cost
