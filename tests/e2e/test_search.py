@@ -51,9 +51,10 @@ def test_a_size_target_is_met_and_the_chosen_file_is_what_the_search_measured(
     record = record_of(run_dir)
     assert record["met"] and record["chosen"] in record["front"]
     done = {n: c for n, c in record["candidates"].items() if c["status"] == "done"}
-    assert len(record["candidates"]) == 5 and set(done) == set(record["candidates"])
-    assert sum(c["origin"] == "optuna" for c in record["candidates"].values()) == 1
-    assert all(c["launches"] == 1 for c in record["candidates"].values())
+    ran = {n for n, c in record["candidates"].items() if c["status"] != "skipped"}
+    assert len(ran) == 5 and set(done) == ran         # a skipped one's slot went to Optuna
+    assert sum(record["candidates"][n]["origin"] == "optuna" for n in ran) >= 1
+    assert all(record["candidates"][n]["launches"] == 1 for n in ran)
     chosen = record["candidates"][record["chosen"]]["figures"]
     assert chosen["bytes"] <= 60_000 and chosen["drop"] <= 0.01
     shipped = Path(record["chosen_file"])
@@ -70,7 +71,7 @@ def test_a_size_target_is_met_and_the_chosen_file_is_what_the_search_measured(
     assert record["dense"]["accuracy"] == pytest.approx(0.9963, abs=0.01)
     assert "estimate: about" in out and "[candidate 4]" in out
     rows = (run_dir / "search" / "candidates.csv").read_text().splitlines()
-    assert len(rows) == 6 and rows[0].startswith("candidate,status,accuracy")
+    assert len(rows) == len(record["candidates"]) + 1 and rows[0].startswith("candidate,status,accuracy")
     assert '<div id="chart-6"' in (run_dir / "report.html").read_text()
 
 
@@ -128,8 +129,10 @@ def test_a_search_killed_after_its_third_candidate_resumes_without_redoing_them(
     record = record_of(run_dir)
     assert all(record["candidates"][n]["launches"] == 1 for n in first)
     assert {n: fine_tunes(n) for n in tuned} == before              # not fine-tuned again
-    assert all(c["status"] in ("done", "refused") for c in record["candidates"].values())
-    assert len(record["candidates"]) == 5              # the dense reference and 4
+    assert all(c["status"] in ("done", "refused", "skipped")
+               for c in record["candidates"].values())
+    ran = [c for c in record["candidates"].values() if c["status"] != "skipped"]
+    assert len(ran) == 5                               # the dense reference and 4
 
 
 # --- where the search meets the other features: the kinds of dense runs it starts from ---

@@ -77,14 +77,17 @@ def test_fine_tuning_cost_counts_pruning_and_weighs_qat():
         2 * 10 * (0.5 + 1 / 3) + 10 * 0.5 * cands.QAT_STEP)
 
 
-def test_the_list_puts_predicted_feasible_and_cheap_first():
+def test_the_list_puts_predicted_feasible_first_then_milder_then_cheaper():
     dense = {"bytes": 200_000}
     t = target("max_bytes=60KB", "candidates=6", "refine=1")
     order = cands.ordered(t, dense, 10, int8_fast=True)
     assert len(order) == 5
     predicted = [cands.feasible(cands.predicted(c, t, dense, True), t, dense) for c in order]
     assert predicted == sorted(predicted, reverse=True)             # feasible ones first
-    assert [c.name for c in order[:2]] == ["int8", "dynamic"]       # no fine-tuning: cheapest
+    # the dense width first (no fine-tuning, the most kept), then narrower
+    assert [c.name for c in order[:3]] == ["int8", "dynamic", "qat"]
+    kept = [c.channels or 1.0 for c in order if predicted[order.index(c)]]
+    assert kept == sorted(kept, reverse=True)
     assert "float16" not in [c.name for c in order]                 # 104 KB: predicted too big
     # a latency target without VNNI: int8 predicted slower, channel pruning first
     slow = cands.ordered(target("max_latency_ratio=0.6", "candidates=4", "refine=0"), dense, 10,
@@ -95,6 +98,27 @@ def test_the_list_puts_predicted_feasible_and_cheap_first():
     assert {c.precision for c in onnx} == {"int8", "qat", "float"}
     assert not any(c.sparsity for c in onnx)
     assert any(c.sparsity for c in cands.listed(target("size=gzip")))
+
+
+def test_a_measured_miss_rules_out_the_harsher_or_the_milder_of_its_kind():
+    """channels50-float lost 2 pt: channels35-float and channels25-float will lose more;
+    its 0.62x latency was over 0.5x: channels70-float will be slower. QAT candidates,
+    and a sparser or denser one at another width, are not judged by it."""
+    t = target("max_accuracy_drop=0.01", "max_latency_ratio=0.5")
+    lost = {"drop": 0.02, "bytes": 700_000, "latency_ms": 0.03, "latency_ratio": 0.62}
+    measured = [(Candidate("float", channels=0.5), lost)]
+    assert "lost 2.00 pt" in cands.ruled_out(Candidate("float", channels=0.35), measured, t)
+    assert "over the size or latency limit" in cands.ruled_out(Candidate("float", channels=0.7),
+                                                               measured, t)
+    assert cands.ruled_out(Candidate("qat", channels=0.35), measured, t) == ""
+    assert cands.ruled_out(Candidate("qat", sparsity=0.5), measured, t) == ""
+    # within the budget and the limits: rules out nothing
+    fine = {**lost, "drop": 0.005, "latency_ratio": 0.45}
+    assert cands.ruled_out(Candidate("float", channels=0.35), [(measured[0][0], fine)], t) == ""
+    # sparsity at one width: a sparser one after an accuracy miss
+    sparse = [(Candidate("qat", sparsity=0.5), {**lost, "latency_ratio": 0.4})]
+    assert cands.ruled_out(Candidate("qat", sparsity=0.7), sparse, t)
+    assert cands.ruled_out(Candidate("qat", sparsity=0.3), sparse, t) == ""
 
 
 def test_violations_are_shares_past_each_limit():

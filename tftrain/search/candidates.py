@@ -150,13 +150,37 @@ def listed(target) -> list[Candidate]:
 
 def ordered(target, dense: dict, steps_per_epoch: int, int8_fast: bool) -> list[Candidate]:
     """The list in the order it is tried: predicted to meet the size and latency target
-    first, then the cheaper to fine-tune, then the milder compression (more accuracy
-    kept); `target.candidates - target.refine` of them."""
+    first, then the milder compression (more accuracy kept: likelier within the accuracy
+    budget, and a miss rules the harsher out, see `ruled_out`), then the cheaper to
+    fine-tune; `target.candidates - target.refine` of them."""
     def key(candidate):
         meets = feasible(predicted(candidate, target, dense, int8_fast), target, dense)
         mild = (candidate.channels or 1.0) * (1.0 - (candidate.sparsity or 0.0))
-        return (not meets, candidate.updates(steps_per_epoch, target), -mild)
+        return (not meets, -mild, candidate.updates(steps_per_epoch, target))
     return sorted(listed(target), key=key)[:target.candidates - target.refine]
+
+
+def ruled_out(candidate: Candidate, measured: list[tuple[Candidate, dict]], target) -> str:
+    """Why the candidates measured so far say this one will miss the target ("": they do
+    not): one of the same precision and sparsity that kept more channels (or of the same
+    channels that was less sparse) and still lost more accuracy than the budget (a
+    harsher cut loses more), or one that kept less and was still over a size or latency
+    limit (a milder cut is bigger and slower)."""
+    for other, figures in measured:
+        if other.precision != candidate.precision or other.reference:
+            continue
+        if other.sparsity == candidate.sparsity:
+            kept, keep = other.channels or 1.0, candidate.channels or 1.0
+        elif other.channels == candidate.channels:
+            kept, keep = 1.0 - (other.sparsity or 0.0), 1.0 - (candidate.sparsity or 0.0)
+        else:
+            continue
+        over = violations(figures, target)
+        if over[0] > 0 and keep <= kept:
+            return f"{other.name} kept as much or more and lost {figures['drop'] * 100:.2f} pt"
+        if max(over[1:]) > 0 and keep >= kept:
+            return f"{other.name} kept as much or less and was over the size or latency limit"
+    return ""
 
 
 def proposed(history: list[tuple[Candidate, dict]], target, seed: int, tried: set[str]):

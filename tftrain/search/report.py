@@ -8,7 +8,7 @@ import shutil
 from tftrain.core import console
 
 COLUMNS = ("candidate", "status", "accuracy", "drop_pt", "bytes", "latency_ms",
-           "latency_ratio", "meets", "front", "seconds", "estimate", "launches", "label")
+           "latency_ratio", "meets", "front", "seconds", "estimate", "launches", "label", "reason")
 
 
 def ship(search, chosen: dict) -> None:
@@ -39,7 +39,8 @@ def rows(search) -> list[dict]:
             "meets": front.meets(f, search.target) if f else "",
             "front": name in search.record.get("front", []),
             "seconds": f"{entry.get('seconds', 0.0):.0f}", "estimate": entry.get("estimate", ""),
-            "launches": entry.get("launches", 0), "label": f.get("label", "")})
+            "launches": entry.get("launches", 0), "label": f.get("label", ""),
+            "reason": entry.get("reason", "")})
     return found
 
 

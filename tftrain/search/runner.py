@@ -180,6 +180,8 @@ class Search:
             candidate = queue.pop(0) if queue else self._propose()
             if candidate is None:
                 break
+            if self._ruled_out(candidate):
+                continue
             estimate = self.estimate(candidate)
             budget = self.target.time_budget
             if budget and not candidate.reference and \
@@ -206,9 +208,32 @@ class Search:
             seen.append((took - self.overhead) / updates)
             self.per_update = sorted(seen)[len(seen) // 2]
 
+    def _ruled_out(self, candidate) -> bool:
+        """Skip (and record why) a candidate the measured ones say misses the target
+        (`candidates.ruled_out`): its slot goes to one more Optuna proposal."""
+        entry = self.record["candidates"].get(candidate.name)
+        if entry:                            # judged before (a resumed search): as then
+            return entry.get("status") == "skipped"
+        measured = [(cands.from_dict(c["candidate"]), c["figures"])
+                    for c in self.record["candidates"].values() if c.get("figures")]
+        why = cands.ruled_out(candidate, measured, self.target)
+        if why:
+            self.record["candidates"][candidate.name] = {
+                "candidate": candidate.as_dict(), "origin": candidate.origin,
+                "launches": 0, "status": "skipped", "reason": why}
+            console.say(f"[skipped] {candidate.name}: {why}")
+            self._save()
+        return bool(why)
+
     def _refining(self) -> bool:
-        done = [n for n, c in self.record["candidates"].items() if c.get("origin") == "optuna"]
-        return len(done) < self.target.refine
+        entries = self.record["candidates"].values()
+        done = [c for c in entries if c.get("origin") == "optuna" and c.get("status") != "skipped"]
+        skipped = [c for c in entries if c.get("status") == "skipped"]
+        proposed_skipped = sum(c.get("origin") == "optuna" for c in skipped)
+        # a skipped candidate's slot goes to Optuna, within the candidates' number (and
+        # as many skipped proposals)
+        return (len(done) < min(self.target.refine + len(skipped), self.target.candidates)
+                and proposed_skipped < self.target.candidates)
 
     def _propose(self):
         history = [(cands.from_dict(c["candidate"]), c["figures"])
