@@ -112,6 +112,15 @@ def test_a_measured_miss_rules_out_the_harsher_or_the_milder_of_its_kind():
                                                                measured, t)
     assert cands.ruled_out(Candidate("qat", channels=0.35), measured, t) == ""
     assert cands.ruled_out(Candidate("qat", sparsity=0.5), measured, t) == ""
+    # an int8 file after training over the size limit: QAT's int8 file of that width too
+    # (its accuracy is its own: QAT trains)
+    big = [(Candidate("int8"), {**lost, "drop": 0.0, "bytes": 63_000, "latency_ratio": 0.4})]
+    sized = target("max_bytes=60KB")
+    assert "over the size" in cands.ruled_out(Candidate("qat"), big, sized)
+    assert cands.ruled_out(Candidate("qat", channels=0.7), big, sized) == ""
+    assert cands.ruled_out(Candidate("dynamic"), big, sized) == ""
+    worse = [(Candidate("int8"), {**lost, "bytes": 50_000, "latency_ratio": 0.4})]
+    assert cands.ruled_out(Candidate("qat"), worse, sized) == ""
     # within the budget and the limits: rules out nothing
     fine = {**lost, "drop": 0.005, "latency_ratio": 0.45}
     assert cands.ruled_out(Candidate("float", channels=0.35), [(measured[0][0], fine)], t) == ""

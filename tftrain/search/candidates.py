@@ -25,6 +25,9 @@ BYTES = {"float": 1.0, "float16": 0.52, "dynamic": 0.28, "int8": 0.28, "qat": 0.
 # pass of the dense teacher (a third of its update)
 QAT_STEP = 2.0
 TEACHER = 1 / 3
+# the file each precision deploys: its size and speed (not its accuracy) alike
+FILE_KIND = {"float": "float", "float16": "float16", "dynamic": "dynamic", "int8": "int8",
+             "qat": "int8"}
 
 
 @dataclass(frozen=True)
@@ -164,10 +167,11 @@ def ruled_out(candidate: Candidate, measured: list[tuple[Candidate, dict]], targ
     """Why the candidates measured so far say this one will miss the target ("": they do
     not): one of the same precision and sparsity that kept more channels (or of the same
     channels that was less sparse) and still lost more accuracy than the budget (a
-    harsher cut loses more), or one that kept less and was still over a size or latency
-    limit (a milder cut is bigger and slower)."""
+    harsher cut loses more), or one whose file is of the same kind (int8 after training
+    or after QAT alike) that kept less and was still over a size or latency limit (a
+    milder cut is bigger and slower)."""
     for other, figures in measured:
-        if other.precision != candidate.precision or other.reference:
+        if other.reference or FILE_KIND[other.precision] != FILE_KIND[candidate.precision]:
             continue
         if other.sparsity == candidate.sparsity:
             kept, keep = other.channels or 1.0, candidate.channels or 1.0
@@ -176,7 +180,7 @@ def ruled_out(candidate: Candidate, measured: list[tuple[Candidate, dict]], targ
         else:
             continue
         over = violations(figures, target)
-        if over[0] > 0 and keep <= kept:
+        if over[0] > 0 and keep <= kept and other.precision == candidate.precision:
             return f"{other.name} kept as much or more and lost {figures['drop'] * 100:.2f} pt"
         if max(over[1:]) > 0 and keep >= kept:
             return f"{other.name} kept as much or less and was over the size or latency limit"

@@ -217,6 +217,11 @@ class Search:
         measured = [(cands.from_dict(c["candidate"]), c["figures"])
                     for c in self.record["candidates"].values() if c.get("figures")]
         why = cands.ruled_out(candidate, measured, self.target)
+        # a model channel pruning cannot narrow at one level cannot at another
+        refused = [n for n, c in self.record["candidates"].items() if c.get("status") == "refused"
+                   and c["candidate"].get("channels") and "channels" in c.get("reason", "")]
+        if candidate.channels and refused and not why:
+            why = f"{refused[0]} was refused at its plan (channel pruning of this model)"
         if why:
             self.record["candidates"][candidate.name] = {
                 "candidate": candidate.as_dict(), "origin": candidate.origin,

@@ -1,0 +1,57 @@
+"""The search's runner without running candidates: which candidates the record so far
+skips (and why, kept in search.json), and how many Optuna proposals a skip frees."""
+from __future__ import annotations
+
+import json
+
+from tftrain.search import candidates as cands
+from tftrain.search.candidates import Candidate
+from tftrain.search.runner import Search
+
+from test_candidates import target
+
+
+def _search(tmp_path, entries: dict, *sets) -> Search:
+    found = object.__new__(Search)          # the record alone: no dense run needed
+    found.target = target(*sets)
+    found.dir, found.record_path = tmp_path, tmp_path / "search.json"
+    found.record = {"candidates": entries, "order": []}
+    return found
+
+
+def _done(candidate, **figures):
+    base = {"accuracy": 0.9, "drop": 0.0, "bytes": 50_000, "latency_ms": 0.01,
+            "latency_ratio": 0.4, "label": "", "fallback": []}
+    return {"candidate": candidate.as_dict(), "origin": candidate.origin, "launches": 1,
+            "status": "done", "figures": {**base, **figures}}
+
+
+def test_a_candidate_ruled_out_is_recorded_skipped_and_its_slot_goes_to_optuna(tmp_path):
+    half = Candidate("float", channels=0.5)
+    search = _search(tmp_path, {"float": _done(cands.DENSE), half.name: _done(half, drop=0.03)},
+                     "max_accuracy_drop=0.01", "candidates=4", "refine=1")
+    before = search._refining()
+    harsher = Candidate("float", channels=0.35)
+    assert search._ruled_out(harsher)
+    saved = json.loads((tmp_path / "search.json").read_text())["candidates"][harsher.name]
+    assert saved["status"] == "skipped" and "lost 3.00 pt" in saved["reason"]
+    assert search._ruled_out(harsher)                       # as recorded, when resumed
+    assert not search._ruled_out(Candidate("qat", channels=0.35))
+    # one refinement and one freed slot: two Optuna candidates before it stops refining
+    assert before
+    for k in range(2):
+        proposal = Candidate("qat", channels=0.6 + 0.1 * k, origin="optuna")
+        search.record["candidates"][proposal.name] = _done(proposal)
+    assert not search._refining()
+
+
+def test_after_channel_pruning_is_refused_at_its_plan_no_other_level_is_tried(tmp_path):
+    refused = Candidate("qat", channels=0.25)
+    entry = {"candidate": refused.as_dict(), "origin": "list", "launches": 1,
+             "status": "refused", "reason": "config error: compression.pruning.structure: "
+                                             "channels found no group of channels the model can lose"}
+    search = _search(tmp_path, {"float": _done(cands.DENSE), refused.name: entry})
+    assert search._ruled_out(Candidate("float", channels=0.7))
+    reason = search.record["candidates"]["channels70-float"]["reason"]
+    assert reason.startswith("channels25-qat was refused at its plan")
+    assert not search._ruled_out(Candidate("qat"))                # no channel pruning in it
