@@ -15,8 +15,6 @@ its own checkpoints).
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
 from pathlib import Path
 
@@ -24,6 +22,7 @@ import yaml
 
 from tftrain.config import ConfigError, dump_config, load_config
 from tftrain.core import console
+from tftrain.search import candidate_runs
 from tftrain.search import candidates as cands
 from tftrain.search import front
 
@@ -271,7 +270,7 @@ class Search:
         code = self._launch(candidate, entry, path)
         took = time.monotonic() - began
         entry["seconds"] = entry.get("seconds", 0.0) + took
-        summary = _summary_of(path)
+        summary = candidate_runs.summary_of(path)
         if code in (0, 3) and summary is not None:
             dense = None if candidate.reference else self.record["dense"]
             entry["figures"] = front.figures(summary, candidate.artifact(
@@ -288,7 +287,7 @@ class Search:
                         + ("" if candidate.reference else
                            "; meets the target" if met else "; misses the target"))
         else:
-            reason = _last_error(path.parent / f"{candidate.name}.log")
+            reason = candidate_runs.last_error(path.parent / f"{candidate.name}.log")
             entry.update(status="refused" if code == 2 else "failed", reason=reason,
                          exit_code=code)
             console.say(f"[candidate {number}] {'refused' if code == 2 else 'failed'} "
@@ -307,58 +306,11 @@ class Search:
         return str(self.dir / "runs" / cands.DENSE.name / "export" / name)
 
     def _prepare(self, candidate, config: dict) -> Path:
-        """The candidate's run directory with the dense stages finished in it (checked
-        config, links to the dense checkpoints, their results); as it is when it exists."""
-        from tftrain.config.loading import validate
-        from tftrain.training.rundir import atomic_write
-
-        runs = self.dir / "runs"
-        config["run"].update(dir=str(runs), name=candidate.name)
-        cfg = validate(config, f"candidate {candidate.name}")
-        path = runs / candidate.name
-        (self.dir / "configs").mkdir(parents=True, exist_ok=True)
-        atomic_write(self.dir / "configs" / f"{candidate.name}.yaml", dump_config(cfg))
-        if (path / "config.yaml").exists():
-            return path
-        staging = runs / f".{candidate.name}.new"
-        shutil.rmtree(staging, ignore_errors=True)
-        (staging / "checkpoints").mkdir(parents=True)
-        atomic_write(staging / "config.yaml", dump_config(cfg))
-        shutil.copy(self.run_dir / "topology.json", staging / "topology.json")
-        source = self.run_dir / "checkpoints"
-        # a run that trained nothing (`train.epochs: 0`, a file's model taken as it is)
-        # kept no checkpoint: the candidate takes the model as it did (seconds, no update)
-        if source.is_dir():
-            atomic_write(staging / "stages.json", json.dumps(self.dense_stages, indent=2) + "\n")
-        for item in source.iterdir() if source.is_dir() else ():
-            if item.is_file():
-                _link(item, staging / "checkpoints" / item.name)
-            elif item.name in self.dense_stages:
-                shutil.copytree(item, staging / "checkpoints" / item.name, copy_function=_link)
-        os.replace(staging, path)
-        return path
+        return candidate_runs.prepare(self.dir, self.run_dir, self.dense_stages,
+                                      candidate.name, config)
 
     def _launch(self, candidate, entry: dict, path: Path) -> int:
-        """`python -m tftrain.run` on the candidate's config, its output in a log; the
-        exit code. A run left by a search killed before (signalled when its parent died)
-        is waited for first."""
-        from tftrain.runtime import forking
-
-        _wait_for(entry.get("pid"))
-        log = open(path.parent / f"{candidate.name}.log", "a")
-        proc = forking.start("tftrain.run", [str(self.dir / "configs" / f"{candidate.name}.yaml")],
-                             fork=self.fork, stdout=log, setup=lambda: forking.worker_setup(None))
-        entry["launches"] += 1
-        entry["pid"] = proc.pid
-        self._save()
-        try:
-            return proc.wait()
-        except BaseException:
-            proc.terminate()
-            proc.wait()
-            raise
-        finally:
-            log.close()
+        return candidate_runs.launch(self.dir, candidate.name, entry, path, self.fork, self._save)
 
     def _save(self) -> None:
         from tftrain.training.rundir import atomic_write
@@ -381,44 +333,3 @@ class Search:
         self._save()
         report.show(self)
         return self.record
-
-
-def _summary_of(path: Path) -> dict | None:
-    try:
-        return json.loads((path / "summary.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-def _last_error(log: Path) -> str:
-    """The line a failed or refused candidate run ended with."""
-    try:
-        lines = [line for line in log.read_text().splitlines() if line.startswith("tftrain: ")]
-    except OSError:
-        return "no log"
-    return lines[-1].removeprefix("tftrain: ") if lines else f"see {log}"
-
-
-def _link(source, target) -> None:
-    """A hard link where the file system allows one, else a copy."""
-    try:
-        os.link(source, target)
-    except OSError:
-        shutil.copy2(source, target)
-
-
-def _wait_for(pid: int | None, timeout: float = 120.0) -> None:
-    """Wait while a candidate run a killed search left (SIGTERMed when it died) saves and
-    exits."""
-    if not pid:
-        return
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"tftrain" not in f.read():
-                    return                     # the pid is another process's now
-        except (OSError, ProcessLookupError):
-            return
-        time.sleep(0.5)
