@@ -5,9 +5,9 @@ one process) with the trial's values as `--set` overrides, or a `tftrain.launch`
 several workers (`--workers K`); where no GPU is visible it is forked from the sweep,
 which imports TensorFlow once (`tftrain.runtime.forking`). Optuna samples with TPE and
 prunes with the median rule on the per-epoch validation metric the trial writes to its
-metrics.csv (a pruned trial gets SIGTERM and stops at a safe point). The study lives in `DIR/NAME/study.db`: rerunning
-the same command resumes the sweep, never rerunning a finished trial; a trial the
-interruption cut short runs again with the same values, resuming its own checkpoints.
+metrics.csv (a pruned trial gets SIGTERM, stops at a safe point). `DIR/NAME/study.db`
+holds the study: rerunning the command resumes the sweep, never rerunning a finished
+trial; one cut short runs again with the same values, resuming its own checkpoints.
 
 SPACE.yaml:
     metric: val_accuracy          # a per-epoch metric of metrics.csv and summary.json
@@ -142,8 +142,8 @@ class Sweep:
             print(f"trial {cut.number} was cut short: it runs again with the same values")
         while self.ended() < self.trials:
             trial = self.study.ask()
+            _beat(trial)                       # owned at once: see `_alive`
             values = {k: _suggest(trial, k, d) for k, d in self.space["params"].items()}
-            _beat(trial)
             trial.set_user_attr("run", str(self.directory / "runs" / _trial_name(values)))
             twin = self._twin(trial, values)
             if twin is not None:               # trained by another trial: its result
@@ -328,9 +328,10 @@ def _beat(trial) -> None:
 
 
 def _alive(trial) -> bool:
-    """Whether a RUNNING trial's sweep still runs it: its process is alive (on this host)
-    or it beat recently (elsewhere)."""
+    """Whether a RUNNING trial is run: its owner alive here, a recent beat, or just asked."""
     owner = trial.user_attrs.get("owner", "")
+    if not owner and trial.datetime_start is not None:
+        return time.time() - trial.datetime_start.timestamp() < STALE_AFTER
     host, _, pid = owner.rpartition(":")
     if host == socket.gethostname() and pid.isdigit():
         try:

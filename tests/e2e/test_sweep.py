@@ -185,3 +185,21 @@ def test_two_sweeps_on_one_study_train_each_trial_once(tmp_path):
         assert epochs == ["0", "1"], (run, epochs)
         assert "resuming from" not in (tmp_path / "space" / f"{run.name}.log").read_text()
     assert len(list((tmp_path / "space" / "runs").iterdir())) == len(trained)
+
+
+def test_a_trial_just_asked_by_another_sweep_is_not_taken_for_one_cut_short():
+    """Between `ask` and its first beat a trial has no owner: a sweep starting then must
+    not fail it and run it again (two sweeps on one study raced on this), but an unowned
+    trial begun long ago is cut short."""
+    import datetime
+
+    import optuna
+
+    from tftrain import sweep
+
+    study = optuna.create_study()
+    study.ask()
+    frozen, = study.get_trials(deepcopy=True)
+    assert not frozen.user_attrs.get("owner") and sweep._alive(frozen)
+    frozen.datetime_start -= datetime.timedelta(seconds=sweep.STALE_AFTER + 1)
+    assert not sweep._alive(frozen)
