@@ -120,9 +120,8 @@ def predicted(candidate: Candidate, target, dense: dict, int8_fast: bool) -> dic
     size = dense["bytes"] * keep * BYTES[candidate.precision]
     if candidate.sparsity and target.size == "gzip":
         size *= 1.0 - 0.8 * candidate.sparsity
-    speed = {"float": 1.0, "float16": 1.0, "dynamic": 0.9,
-             "int8": 0.6 if int8_fast else 1.2, "qat": 0.6 if int8_fast else 1.2}
-    return {"bytes": size, "latency_ratio": keep ** 0.8 * speed[candidate.precision]}
+    speed = {"float": 1.0, "float16": 1.0, "dynamic": 0.9, "int8": 0.6 if int8_fast else 1.2}
+    return {"bytes": size, "latency_ratio": keep ** 0.8 * speed[FILE_KIND[candidate.precision]]}
 
 
 def feasible(prediction: dict, target, dense: dict) -> bool:

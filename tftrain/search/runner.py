@@ -15,6 +15,7 @@ its own checkpoints).
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -91,9 +92,8 @@ class Search:
         dense = self.record["candidates"].get(cands.DENSE.name, {})
         if dense.get("status") == "done":            # resumed: what was learned
             self.overhead = dense["seconds"]
-        seen = self.record.get("per_update_seen")
-        if seen:
-            self.per_update = sorted(seen)[len(seen) // 2]
+        if self.record.get("per_update_seen"):
+            self.per_update = statistics.median_high(self.record["per_update_seen"])
 
     def _overhead(self, stages: dict) -> float:
         """Seconds a candidate spends outside its fine-tuning: its start, its plan and
@@ -205,7 +205,7 @@ class Search:
         elif took > self.overhead:
             seen = self.record.setdefault("per_update_seen", [])
             seen.append((took - self.overhead) / updates)
-            self.per_update = sorted(seen)[len(seen) // 2]
+            self.per_update = statistics.median_high(seen)
 
     def _ruled_out(self, candidate) -> bool:
         """Skip (and record why) a candidate the measured ones say misses the target
@@ -213,18 +213,15 @@ class Search:
         entry = self.record["candidates"].get(candidate.name)
         if entry:                            # judged before (a resumed search): as then
             return entry.get("status") == "skipped"
-        measured = [(cands.from_dict(c["candidate"]), c["figures"])
-                    for c in self.record["candidates"].values() if c.get("figures")]
-        why = cands.ruled_out(candidate, measured, self.target)
+        why = cands.ruled_out(candidate, self._measured(), self.target)
         # a model channel pruning cannot narrow at one level cannot at another
         refused = [n for n, c in self.record["candidates"].items() if c.get("status") == "refused"
                    and c["candidate"].get("channels") and "channels" in c.get("reason", "")]
         if candidate.channels and refused and not why:
             why = f"{refused[0]} was refused at its plan (channel pruning of this model)"
         if why:
-            self.record["candidates"][candidate.name] = {
-                "candidate": candidate.as_dict(), "origin": candidate.origin,
-                "launches": 0, "status": "skipped", "reason": why}
+            self.record["candidates"][candidate.name] = _entry(candidate, status="skipped",
+                                                               reason=why)
             console.say(f"[skipped] {candidate.name}: {why}")
             self._save()
         return bool(why)
@@ -239,9 +236,13 @@ class Search:
         return (len(done) < min(self.target.refine + len(skipped), self.target.candidates)
                 and proposed_skipped < self.target.candidates)
 
+    def _measured(self) -> list:
+        """(candidate, figures) of every candidate measured so far."""
+        return [(cands.from_dict(c["candidate"]), c["figures"])
+                for c in self.record["candidates"].values() if c.get("figures")]
+
     def _propose(self):
-        history = [(cands.from_dict(c["candidate"]), c["figures"])
-                   for c in self.record["candidates"].values() if c.get("figures")]
+        history = self._measured()
         candidate = cands.proposed(history, self.target, self.target.seed + len(history),
                                    set(self.record["candidates"]))
         if candidate is not None:
@@ -250,9 +251,7 @@ class Search:
 
     def _candidate(self, candidate, estimate: float) -> float | None:
         """Run one candidate (unless finished before); its seconds, None when not run."""
-        entry = self.record["candidates"].setdefault(
-            candidate.name, {"candidate": candidate.as_dict(), "origin": candidate.origin,
-                             "launches": 0})
+        entry = self.record["candidates"].setdefault(candidate.name, _entry(candidate))
         if entry.get("status") in ("done", "refused", "failed"):
             return None
         number = list(self.record["candidates"]).index(candidate.name)
@@ -333,3 +332,8 @@ class Search:
         self._save()
         report.show(self)
         return self.record
+
+
+def _entry(candidate, **more) -> dict:
+    """A candidate's record in search.json, before it runs."""
+    return {"candidate": candidate.as_dict(), "origin": candidate.origin, "launches": 0, **more}
