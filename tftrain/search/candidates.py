@@ -162,13 +162,16 @@ def ordered(target, dense: dict, steps_per_epoch: int, int8_fast: bool) -> list[
     return sorted(listed(target), key=key)[:target.candidates - target.refine]
 
 
-def ruled_out(candidate: Candidate, measured: list[tuple[Candidate, dict]], target) -> str:
+def ruled_out(candidate: Candidate, measured: list[tuple[Candidate, dict]], target,
+              refused: list[tuple[Candidate, str]] = ()) -> str:
     """Why the candidates measured so far say this one will miss the target ("": they do
     not): one of the same precision and sparsity that kept more channels (or of the same
     channels that was less sparse) and still lost more accuracy than the budget (a
     harsher cut loses more), or one whose file is of the same kind (int8 after training
     or after QAT alike) that kept less and was still over a size or latency limit (a
-    milder cut is bigger and slower)."""
+    milder cut is bigger and slower). Of the candidates `refused` at their plan (with the
+    reason): a channel-pruned one refused for its channels rules out every channel level
+    (a model channel pruning cannot narrow at one level cannot at another)."""
     for other, figures in measured:
         if other.reference or FILE_KIND[other.precision] != FILE_KIND[candidate.precision]:
             continue
@@ -183,6 +186,9 @@ def ruled_out(candidate: Candidate, measured: list[tuple[Candidate, dict]], targ
             return f"{other.name} kept as much or more and lost {figures['drop'] * 100:.2f} pt"
         if max(over[1:]) > 0 and keep >= kept:
             return f"{other.name} kept as much or less and was over the size or latency limit"
+    for other, reason in refused:
+        if candidate.channels and other.channels and "channels" in reason:
+            return f"{other.name} was refused at its plan (channel pruning of this model)"
     return ""
 
 

@@ -213,12 +213,9 @@ class Search:
         entry = self.record["candidates"].get(candidate.name)
         if entry:                            # judged before (a resumed search): as then
             return entry.get("status") == "skipped"
-        why = cands.ruled_out(candidate, self._measured(), self.target)
-        # a model channel pruning cannot narrow at one level cannot at another
-        refused = [n for n, c in self.record["candidates"].items() if c.get("status") == "refused"
-                   and c["candidate"].get("channels") and "channels" in c.get("reason", "")]
-        if candidate.channels and refused and not why:
-            why = f"{refused[0]} was refused at its plan (channel pruning of this model)"
+        refused = [(cands.from_dict(c["candidate"]), c.get("reason", ""))
+                   for c in self.record["candidates"].values() if c.get("status") == "refused"]
+        why = cands.ruled_out(candidate, self._measured(), self.target, refused)
         if why:
             self.record["candidates"][candidate.name] = _entry(candidate, status="skipped",
                                                                reason=why)
