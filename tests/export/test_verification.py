@@ -54,3 +54,30 @@ def test_a_file_that_only_loses_too_much_accuracy_is_a_budget_missed_with_someth
                    by_labels=False)
     assert not smoke["tflite_int8"]["verified"] and not only_budget_missed(smoke)
     assert best_within_budget({"tflite_int8": {"verified": False, "size_bytes": 1}}) is None
+
+
+def test_without_labels_an_int8_file_compared_layer_by_layer_is_judged_by_its_noisiest_layer():
+    """A smoke-trained deep model amplifies rounding: a QAT MobileNetV2's int8 layers each
+    add noise 45-57 dB down and its logits end 6.3 dB above their difference. Judged by
+    its layers it passes; one layer 8x off fails it, QAT model or not; without a layer
+    comparison a QAT model's file is held to `export.min_layer_sqnr` at its logits."""
+    cfg = load_config(None, []).export
+    amplified = {"logit_sqnr_db": 6.3, "top1_agreement": 0.6, "logit_spread": 1.0,
+                 "max_abs_logit_diff": 0.5, "accuracy": 0.1}
+    layers = [{"layer": f"quant_block_{i}", "local_sqnr_db": 45.8 + i} for i in range(16)]
+    x8 = [*layers[:5], {"layer": "quant_block_5", "local_sqnr_db": -16.0}, *layers[6:]]
+    for qat in (True, False):
+        ok = verify({"tflite_int8": {**amplified, "layers": layers}}, cfg, 0.1, qat=qat,
+                    by_labels=False)["tflite_int8"]
+        assert ok["verified"], ok["check"]
+        assert ok["check"].startswith("the noisiest layer, quant_block_0, adds noise 45.8 dB "
+                                      "below its values >= export.min_layer_sqnr 20")
+        bad = verify({"tflite_int8": {**amplified, "layers": x8}}, cfg, 0.1, qat=qat,
+                     by_labels=False)["tflite_int8"]
+        assert not bad["verified"] and "quant_block_5, adds noise -16.0 dB" in bad["check"]
+    bare = verify({"tflite_int8": dict(amplified)}, cfg, 0.1, qat=True, by_labels=False)
+    assert not bare["tflite_int8"]["verified"]
+    assert "6.3 dB above their difference from the QAT model's < export.min_layer_sqnr 20" in \
+        bare["tflite_int8"]["check"]
+    assert verify({"tflite_int8": {**amplified, "logit_sqnr_db": 39.0}}, cfg, 0.1, qat=True,
+                  by_labels=False)["tflite_int8"]["verified"]
