@@ -115,15 +115,14 @@ _took: dict[str, float] = {}
 
 def estimate(item, known: dict) -> float:
     """A test's expected seconds: as it took when last run here, else a feature-matrix
-    row's cost (`test_matrix.cost`: 3.8 s per unit on 2 cores, the matrix's 60 rows in
-    .ci/run at 354c85a; a refused row 0.3 s), else 60 s for a slow test and 1 s for
-    another."""
+    row's (`test_matrix.seconds`: its cost times the fitted seconds of the base row; a
+    refused row 0.3 s), else 60 s for a slow test and 1 s for another."""
     if item.nodeid in known:
         return known[item.nodeid]
     row = item.callspec.params.get("row") if hasattr(item, "callspec") else None
     if isinstance(row, dict):           # tests/e2e/test_matrix.py
         matrix = item.module
-        return 3.8 * matrix.cost(row) if matrix.runs(row) else 0.3
+        return matrix.seconds(row) if matrix.runs(row) else 0.3
     return 60.0 if item.get_closest_marker("slow") else 1.0
 
 

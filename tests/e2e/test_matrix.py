@@ -134,6 +134,14 @@ PAIR_COST = {(MOBILENET, ("stages", "prune+qat")): 1.74,
              (MOBILENET, ("precision", "mixed_bfloat16")): 0.76}
 
 
+BASE_SECONDS = 8.0      # the fitted time of a row of every dimension's first value (and a cnn)
+
+
+def seconds(row: dict) -> float:
+    """The row's expected seconds in a whole run of the suite (3 workers on 2 cores)."""
+    return BASE_SECONDS * cost(row)
+
+
 def cost(row: dict) -> float:
     return math.prod(COST[d].get(row[d], 1.0) for d in COST) * \
         math.prod(f for ((a, va), (b, vb)), f in PAIR_COST.items()
