@@ -76,3 +76,22 @@ def test_the_input_row_names_other_processes_load_and_artifact_paths():
     assert row[0].endswith("(2 checks)")
     assert artifact_path("tflite_int8") == "export/model.tflite"
     assert artifact_path("onnx_int8") == "export/model_int8.onnx"
+
+
+def test_ops_xnnpack_leaves_to_the_cpu_are_counted_by_kind_not_named_one_by_one():
+    fused = ("mobilenetv2/block_{0}_depthwise_relu/Relu6;mobilenetv2/block_{0}_depthwise_BN/"
+             "FusedBatchNormV3;mobilenetv2/block_{0}_depthwise/depthwise1")
+    art = {"size_bytes": 10, "gzip_bytes": 5, "accuracy": 0.1,
+           "latency_grid": {"batch1_threads1": 0.059, "batch32_threads1": 0.05,
+                            "batch1_threadsall": 0.075, "batch32_threadsall": 0.048},
+           "xnnpack": {"delegated": 56,
+                       "fallback": [f"DEPTHWISE_CONV_2D ({fused.format(i)})" for i in range(7, 17)]
+                       + ["MEAN (mobilenetv2/global_average_pooling2d/Mean)"]}}
+    table = report_table({"status": "completed", "strategy": "one_device", "replicas": 1,
+                          "precision": "float32", "global_batch_size": 64, "epochs": 1, "steps": 3,
+                          "throughput": {"examples_per_sec": 10.0}, "metrics": {},
+                          "artifacts": {"tflite_dynamic": art}})
+    assert "mobilenetv2/" not in table
+    words = " ".join(table.split())         # the row wraps at 120 columns
+    assert "XNNPack runs 56 ops, not DEPTHWISE_CONV_2D x10, MEAN" in words
+    assert sum("latency" in line for line in table.splitlines()) == 1

@@ -166,6 +166,7 @@ def _artifact_rows(name: str, art: dict) -> list[tuple[str, str]]:
 
 
 def _ops(names: list[str]) -> str:
-    """Op names counted by kind: `LOG x2, MUL x9` rather than 55 names in a row."""
-    counts = Counter(name.split(":")[0] for name in names)
+    """Op names counted by kind: `LOG x2, MUL x9` rather than 55 names in a row (each
+    name `OP`, `OP:detail` or `OP (its output tensor)`; summary.json keeps them whole)."""
+    counts = Counter(name.split(" (")[0].split(":")[0] for name in names)
     return ", ".join(f"{op} x{n}" if n > 1 else op for op, n in counts.most_common())
