@@ -45,7 +45,7 @@ FAULTS = [
           " * tf.distribute.get_replica_context().num_replicas_in_sync",
           ("tests/training/test_train_step.py::test_mirrored_two_replicas_equals_one_device_double_batch",
            "tests/e2e/test_matrix.py::test_every_combination_works_or_is_refused_before_training"
-           "[mirrored-float32-1-sgd-transformer-tf_keras_file-none-drop-prune-tflite_int8-off]")),
+           "[mirrored-float32-3-sgd-cnn-keras3_file-mixup-pad-distill-saved_model-off]")),
     Fault("accumulation_short",
           "gradient accumulation one micro-batch short",
           "tftrain/training/train_step.py",
