@@ -187,9 +187,19 @@ def ruled_out(candidate: Candidate, measured: list[tuple[Candidate, dict]], targ
         if max(over[1:]) > 0 and keep >= kept:
             return f"{other.name} kept as much or less and was over the size or latency limit"
     for other, reason in refused:
-        if candidate.channels and other.channels and "channels" in reason:
+        if candidate.channels and other.channels and refused_key(reason) == CHANNELS_KEY:
             return f"{other.name} was refused at its plan (channel pruning of this model)"
     return ""
+
+
+# the key a run's refusal of channel pruning names (its plan's config error)
+CHANNELS_KEY = "compression.pruning.structure"
+
+
+def refused_key(reason: str) -> str:
+    """The config key a refusal names: a config error says the key first (`KEY: what is
+    wrong`, after `config error: ` in a refused run's last line)."""
+    return reason.removeprefix("config error: ").split(":", 1)[0]
 
 
 def proposed(history: list[tuple[Candidate, dict]], target, seed: int, tried: set[str]):

@@ -257,13 +257,15 @@ class Search:
         began = time.monotonic()
         try:
             config = candidate.config(self.base, self.target, self._reference())
-            path = self._prepare(candidate, config)
+            path = candidate_runs.prepare(self.dir, self.run_dir, self.dense_stages,
+                                          candidate.name, config)
         except ConfigError as err:
             entry.update(status="refused", reason=err.problems[0])
             console.say(f"[candidate {number}] refused: {err.problems[0]}")
             self._save()
             return None
-        code = self._launch(candidate, entry, path)
+        code = candidate_runs.launch(self.dir, candidate.name, entry, path, self.fork,
+                                     self._save)
         took = time.monotonic() - began
         entry["seconds"] = entry.get("seconds", 0.0) + took
         summary = candidate_runs.summary_of(path)
@@ -300,13 +302,6 @@ class Search:
             return None
         name = "model.onnx" if self.target.latency.runtime == "onnx" else "model.tflite"
         return str(self.dir / "runs" / cands.DENSE.name / "export" / name)
-
-    def _prepare(self, candidate, config: dict) -> Path:
-        return candidate_runs.prepare(self.dir, self.run_dir, self.dense_stages,
-                                      candidate.name, config)
-
-    def _launch(self, candidate, entry: dict, path: Path) -> int:
-        return candidate_runs.launch(self.dir, candidate.name, entry, path, self.fork, self._save)
 
     def _save(self) -> None:
         from tftrain.training.rundir import atomic_write
