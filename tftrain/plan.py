@@ -141,7 +141,7 @@ def sketch(cfg: Config, smoke: bool = False) -> str:
     if cfg.train.global_batch_size:
         b = cfg.train.global_batch_size // (replicas * acc)
     g = b * replicas * acc
-    lines = [f"plan, from the config (--dry-run --full builds the model, --dry-run --preflight "
+    lines = ["plan, from the config (--dry-run --full builds the model, --dry-run --preflight "
              "also converts the exports):",
              f"strategy: {kind}   replicas: {replicas}   workers: "
              f"{'from TF_CONFIG' if cluster else 1}   devices: "

@@ -203,7 +203,6 @@ def test_plateau_rejects_warmup():
 
 
 def test_every_shipped_config_validates():
-    from pathlib import Path
     configs = sorted((ROOT / "configs").glob("*.yaml"))
     assert len(configs) >= 8
     for path in configs:
@@ -245,7 +244,6 @@ def test_every_shipped_config_passes_the_json_schema():
     import jsonschema
 
     from tftrain.config.loading import parse_yaml
-    from pathlib import Path
     checker = jsonschema.Draft202012Validator(json_schema())
     for path in sorted((ROOT / "configs").glob("*.yaml")):
         assert not list(checker.iter_errors(parse_yaml(path.read_text()))), path

@@ -824,7 +824,7 @@ def test_compressed_saved_model_matches_and_runs_in_saved_model_cli(compress_run
 def test_compressed_int8_saved_model_is_8x_smaller_keeps_zeros_and_runs_alone(compress_run,
                                                                             tmp_path):
     path, summary = compress_run
-    int8, lite = summary["artifacts"]["saved_model_int8"], summary["artifacts"]["tflite_int8"]
+    int8 = summary["artifacts"]["saved_model_int8"]
     float32 = summary["stages"]["train"]
     assert int8["variables_gzip_bytes"] * 8 <= float32["float32_variables_gzip_bytes"]
     assert int8["accuracy"] >= float32["metrics"]["val_accuracy"] - 0.01 and int8["verified"]

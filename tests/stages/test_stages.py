@@ -141,10 +141,37 @@ def test_batch_norm_is_re_estimated_at_the_end_of_every_stage(tmp_path):
                            "export.tflite=none", "export.saved_model=false"))
     assert "raw_metrics" not in off["stages"]["train"]
 
-    class Trained:
-        history = type("H", (), {"history": {"accuracy": [0.5, 0.94]}})()
-    assert "batch-norm moving statistics" in generalisation_gap(Trained(), {"val_accuracy": 0.09})
-    assert generalisation_gap(Trained(), {"val_accuracy": 0.9}) == ""
+    from tftrain.core.keras import keras
+    inputs = keras.Input((4,))
+    with_bn = keras.Model(inputs, keras.layers.BatchNormalization()(inputs))
+    history = {"accuracy": [0.5, 0.94]}
+    assert "batch-norm moving statistics" in generalisation_gap(with_bn, history, {"val_accuracy": 0.09})
+    assert generalisation_gap(with_bn, history, {"val_accuracy": 0.9}) == ""
+
+
+@pytest.mark.slow
+def test_an_overfit_model_without_batch_norm_is_warned_of_in_one_line(tmp_path, capsys):
+    """Digits with 60% of the labels drawn at random, a wide MLP trained until it has
+    memorised them: the run completes and says so, in one line (the warning once could
+    not fire: Keras' evaluate had replaced the history it was read from)."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+    from helpers import quick_config
+    from tftrain.run import run
+    digits = load_digits()
+    labels = digits.target.copy()
+    rng = np.random.default_rng(0)
+    noisy = rng.choice(len(labels), int(0.6 * len(labels)), replace=False)
+    labels[noisy] = rng.integers(0, 10, len(noisy))
+    np.savez(tmp_path / "noisy.npz", x=(digits.images / 16.0).astype("float32")[..., None], y=labels)
+    summary = run(quick_config(
+        tmp_path, "data.name=npz", f"data.params.path={tmp_path / 'noisy.npz'}", "model.name=mlp",
+        "model.params={hidden: [1024, 1024]}", "train.epochs=40", "distribute.strategy=one_device",
+        "export.tflite=none", "export.saved_model=false"))
+    assert summary["status"] == "completed" and summary["metrics"]["val_accuracy"] < 0.5
+    warned = [line for line in capsys.readouterr().out.splitlines() if "warning: stage train" in line]
+    assert len(warned) == 1 and "training" in warned[0] and "overfit" in warned[0], warned
+    assert len(warned[0]) <= 120
 
 
 def test_auto_recalibration_uses_about_2048_examples_at_most_an_epoch():

@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import json
 
-import pytest
 
 from helpers import blue_pixels, charts_drawn, render
 from tftrain.training import report_page

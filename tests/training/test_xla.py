@@ -168,7 +168,7 @@ def test_a_model_whose_trace_alone_would_pass_the_budget_is_not_traced():
     tight = layers * xla.TRACE_PER_LAYER / xla.BUDGET * 0.9
     skipped = xla.decide("auto", net, strategy, no_batch, steps=100, longest=tight)
     assert not skipped.compiled and skipped.reason.startswith(
-        f"off, not probed: tracing the step alone would take about")
+        "off, not probed: tracing the step alone would take about")
     assert f"({layers} layers)" in skipped.reason
     roomy = xla.decide("auto", net, strategy, _batch(), steps=100, longest=tight * 1000,
                        margin=0.0)

@@ -19,7 +19,6 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 
 from tftrain.config import ConfigError
 from tftrain.core.keras import keras, keras3

@@ -7,7 +7,6 @@ does not redo.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import shutil
@@ -16,6 +15,7 @@ import time
 from pathlib import Path
 
 from tftrain.config import ConfigError
+from tftrain.core import console
 from tftrain.training import xla
 from tftrain.training.preemption import Preempted, Preemption  # noqa: F401  (Preempted: re-exported)
 
@@ -122,7 +122,6 @@ class StageRunner:
                 self.auto_batches() if n is None else n))
             if begun:
                 print(f"stage {stage.name}: {begun}", flush=True)
-        from tftrain.core import console
         what = (f"{stage.epochs} epochs x {self.steps_per_epoch} updates" if stage.updates
                 else "evaluating the starting model")
         with console.phase(stage.name, what) as note:
@@ -281,6 +280,8 @@ class StageRunner:
             raise Preempted(f"stopped by {self.stop.requested or 'a signal to another worker'}"
                             f"{where} at update {checkpointer.update}/{stage.updates}; "
                             "checkpoint saved, rerun the same command to resume")
+        # read before evaluating: Keras' evaluate replaces the model's history
+        trained = dict(getattr(getattr(model, "history", None), "history", None) or {})
         result = {"updates": int(optimizer.iterations.numpy()),   # made (skipped ones not)
                   "batches": checkpointer.update, "epochs": -(-checkpointer.update // spe),
                   "metrics": self._evaluate(model),
@@ -295,7 +296,7 @@ class StageRunner:
         if settled:               # evaluated again, beside the weights as trained
             result["raw_metrics"], result["metrics"] = result["metrics"], self._evaluate(model)
             result["settled"] = settled
-        gap = epoch_logs.generalisation_gap(model, result["metrics"])
+        gap = epoch_logs.generalisation_gap(model, trained, result["metrics"])
         if gap:
             console.warn(f"stage {stage.name}: {gap}")
         return result

@@ -332,17 +332,23 @@ class LearningRateLogger(keras.callbacks.Callback):
             logs["lr"] = current_lr(self.model.optimizer)
 
 
-def generalisation_gap(model, metrics: dict, margin: float = 0.3) -> str:
-    """A warning when the last epoch's training accuracy exceeds validation accuracy by
-    more than `margin` ("": none)."""
-    history = getattr(getattr(model, "history", None), "history", {}) or {}
-    train = history.get("accuracy", [None])[-1]
+def generalisation_gap(model, history: dict, metrics: dict, margin: float = 0.3) -> str:
+    """A warning when the last epoch's training accuracy (`history`, Keras' History of
+    the fit) exceeds validation accuracy by more than `margin` ("": none). With batch
+    norm the usual cause is moving statistics that lag the weights; without, the model
+    has memorised its training data."""
+    from tftrain.optim.averaging import has_batch_norm
+
+    train = (history.get("accuracy") or [None])[-1]
     val = metrics.get("val_accuracy")
     if train is None or val is None or train - val <= margin:
         return ""
-    return (f"training accuracy {train:.2f} but validation accuracy {val:.2f}; batch-norm "
-            "moving statistics that lag the weights are the usual cause (set "
-            "train.recalibrate_batch_norm: auto, or lower the batch-norm momentum)")
+    seen = f"accuracy {train:.2f} training, {val:.2f} validation"
+    if has_batch_norm(model):
+        return (f"{seen}: batch-norm moving statistics that lag the weights are the usual "
+                "cause (set train.recalibrate_batch_norm: auto, or lower the batch-norm "
+                "momentum)")
+    return f"{seen}: overfit (check labels; train less, regularise)"
 
 
 def host_figures(model, checkpointer, sizer) -> dict:
