@@ -124,9 +124,10 @@ def test_what_cannot_be_converted_is_named_with_what_to_do():
         "with tf_keras, or register a converter (tftrain.models.keras3.register_converter)"]
     with pytest.raises(ValueError, match="layer scale \\(Scale"):
         convert.to_tf_keras(custom)
-    op = k3.Model(inputs, k3.layers.Dense(2)(inputs) * 2.0)
+    op = k3.Model(inputs, k3.ops.sin(k3.layers.Dense(2)(inputs)))
     assert convert.refusal(op) == [
-        "multiply is a Keras op (Multiply) applied to tensors, not a layer; use the layer form "
+        "sin is a Keras op (Sin) applied to tensors, not a layer tftrain converts (it converts "
+        "+, -, * and / with a constant and +, -, * between tensors); use the layer form "
         "(e.g. keras.layers.Add) or register a converter"]
 
     class Subclassed(k3.Model):
@@ -150,3 +151,27 @@ def test_a_registered_converter_converts_a_layer_of_your_own():
         np.testing.assert_allclose(converted(x).numpy(), np.asarray(model(x)), atol=1e-6)
     finally:
         convert._CONVERTERS.pop("Scale")
+
+
+def test_arithmetic_on_tensors_converts_as_keras_applications_write_it():
+    """Keras 3 ops on tensors (MobileNetV3's `ReLU(6)(x + 3) * (1 / 6)`, a constant on
+    either side, two tensors) become tf_keras layers that compute the same, to 1e-6."""
+    import numpy as np
+    from tftrain.models.tensor_ops import HardSigmoid, HardSwish, as_layers
+    k3 = keras3()
+    inputs = k3.Input((6,))
+    x = k3.layers.Dense(6, name="d")(inputs)
+    gate = k3.layers.ReLU(6.0)(x + 3.0) * (1.0 / 6.0)
+    y = (1.0 - x) / 4.0 + x * gate - (x - 2.0) * x
+    model = k3.Model(inputs, k3.layers.Dense(3, name="head")(y))
+    assert convert.refusal(model) == []
+    converted, diff = convert.checked(model, "arithmetic")
+    kinds = sorted(type(layer).__name__ for layer in converted.layers)
+    assert kinds.count("Rescaling") == 5 and kinds.count("Multiply") == 2 and "Subtract" in kinds
+    sample = np.random.default_rng(0).uniform(-4, 4, (32, 6)).astype("float32")
+    expected = np.asarray(model(sample))
+    assert np.abs(converted(sample).numpy() - expected).max() <= 1e-6 * np.abs(expected).max()
+    fused = as_layers(converted)      # x * (ReLU(6)(x + 3) * 1/6): one layer, a hard-swish
+    assert [type(layer) for layer in fused.layers].count(HardSwish) == 1
+    assert not any(isinstance(layer, HardSigmoid) for layer in fused.layers)
+    assert np.abs(fused(sample).numpy() - expected).max() <= 1e-6 * np.abs(expected).max()

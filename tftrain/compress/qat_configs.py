@@ -20,8 +20,11 @@ from tensorflow_model_optimization.python.core.quantization.keras.default_8bit i
     default_8bit_quantize_registry as registry,
 )
 
+import tensorflow as tf
+
 from tftrain.compress.qat_base import PrunePreservingConfig
 from tftrain.core.keras import keras
+from tftrain.models.tensor_ops import HardSigmoid, HardSwish, affine_of
 
 
 @keras.utils.register_keras_serializable("tftrain")
@@ -127,6 +130,31 @@ class PositionEmbeddingQuantizeConfig(PrunePreservingConfig):
     WEIGHTS, OUTPUT = ("positions",), True
 
 
+def _fake_quant(x, low: float, high: float):
+    return tf.quantization.fake_quant_with_min_max_args(x, low, high, num_bits=8)
+
+
+@keras.utils.register_keras_serializable("tftrain")
+class QuantizableHardSigmoid(HardSigmoid):
+    """`HardSigmoid` as the int8 file computes it: relu6(x + 3) on 8 bits of [0, 6] (an
+    int8 ADD with a fused RELU6), then / 6 on 8 bits of [0, 1] (an int8 MUL): both
+    ranges are known, so fixed (no range to learn). Written as one expression, the
+    converter would fuse it into HARD_SWISH (with the multiply by x), whose int8 kernel
+    XNNPack does not run; without the inner range it would stay float."""
+
+    def call(self, x):
+        return _fake_quant(_fake_quant(tf.nn.relu6(x + 3.0), 0.0, 6.0) * (1.0 / 6.0), 0.0, 1.0)
+
+
+@keras.utils.register_keras_serializable("tftrain")
+class QuantizableHardSwish(HardSwish):
+    """`HardSwish` as x times `QuantizableHardSigmoid`: three int8 ops XNNPack runs (ADD
+    with RELU6, MUL, MUL); its output range is learned (the layer's quantize config)."""
+
+    def call(self, x):
+        return x * QuantizableHardSigmoid.call(self, x)
+
+
 def configs_for(model, preserve_sparsity: bool) -> dict:
     """The QuantizeConfig tftrain gives each layer of `model` that needs one, by name.
 
@@ -211,8 +239,14 @@ def config_for(layer, preserve_sparsity: bool) -> Optional[object]:
         return EmbeddingQuantizeConfig(preserve_sparsity)
     if preserve_sparsity and isinstance(layer, keras.layers.DepthwiseConv2D):
         return DepthwisePrunePreserveConfig()
-    if isinstance(layer, (keras.layers.MaxPooling1D, keras.layers.GlobalMaxPooling1D)):
-        return configs.NoOpQuantizeConfig()
+    if isinstance(layer, (keras.layers.MaxPooling1D, keras.layers.GlobalMaxPooling1D,
+                          HardSigmoid)):
+        return configs.NoOpQuantizeConfig()        # (a hard sigmoid's ranges are fixed)
+    # an elementwise product (squeeze-excite's) and an affine map (input rescaling) are
+    # int8 MUL and ADD in TFLite: their output range is learned
+    if isinstance(layer, (HardSwish, keras.layers.Multiply, keras.layers.Rescaling,
+                          keras.layers.Normalization)):
+        return configs.Default8BitOutputQuantizeConfig()
     # layer normalization computes in float (TFLite has no int8 kernel for it): its output
     # is quantized, so the int8 ops around it read int8
     if isinstance(layer, (AudioFeatures, Preprocess, TokenMean,
@@ -235,6 +269,14 @@ def quantizable_form(layer):
         return qt.SequenceDense.from_config(layer.get_config())
     if qt.last_axis_norm(layer):
         return qt.PlainLayerNorm.from_config(layer.get_config())
+    if type(layer) in (HardSigmoid, HardSwish):
+        form = QuantizableHardSigmoid if type(layer) is HardSigmoid else QuantizableHardSwish
+        return form.from_config(layer.get_config())
+    if isinstance(layer, keras.layers.Normalization) and affine_of(layer) is not None:
+        # (x - mean) / std as x * scale + offset: int8 MUL and ADD (TFLite has no int8 DIV)
+        scale, offset = affine_of(layer)
+        return keras.layers.Rescaling([float(v) for v in scale], [float(v) for v in offset],
+                                      name=layer.name)
     return layer.__class__.from_config(layer.get_config())
 
 
@@ -251,4 +293,6 @@ def quantize_input(model) -> bool:
     if model.inputs[0].dtype.is_integer:
         return False
     first = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
-    return not (first and isinstance(first[0], AudioFeatures))
+    # an input rescaling's output range is the input's quantization: quantizing the raw
+    # input too would put its float MUL and ADD between a DEQUANTIZE and a QUANTIZE
+    return not (first and isinstance(first[0], (AudioFeatures, keras.layers.Rescaling)))

@@ -63,8 +63,11 @@ def refusal(model) -> list[str]:
         op = node.operation
         kind = type(op).__name__
         if not isinstance(op, k3.layers.Layer):
-            problems.append(f"{op.name} is a Keras op ({kind}) applied to tensors, not a layer; "
-                            "use the layer form (e.g. keras.layers.Add) or register a converter")
+            if _op_layer(node) is None:
+                problems.append(f"{op.name} is a Keras op ({kind}) applied to tensors, not a "
+                                "layer tftrain converts (it converts +, -, * and / with a "
+                                "constant and +, -, * between tensors); use the layer form "
+                                "(e.g. keras.layers.Add) or register a converter")
         elif kind not in LAYERS and kind not in _CONVERTERS:
             problems.append(f"layer {op.name} ({kind}, from {type(op).__module__}) has no tf_keras "
                             "form tftrain knows; rewrite it with tf_keras, or register a converter "
@@ -157,10 +160,17 @@ def _rebuild(model, nodes, convert, make_input, make_model, owner, node_index):
             outputs[(layer.name, 0)] = [make_input(
                 shape=tuple(spec.shape[1:]), dtype=spec.dtype, name=layer.name)]
             continue
+        lookup = lambda t: outputs[(owner(t).name, node_index(t))][_tensor_index(t)]  # noqa: E731
+        op = _op_layer(node) if hasattr(node, "operation") else None
+        if op is not None:             # a Keras 3 op on tensors: a layer without weights
+            made_op, tensors = op
+            result = made_op([lookup(t) for t in tensors] if len(tensors) > 1
+                             else lookup(tensors[0]))
+            outputs[(layer.name, _index_of(layer, node))] = tf.nest.flatten(result)
+            continue
         if layer.name not in made:
             made[layer.name] = convert(layer)
         args, kwargs = _arguments(node)
-        lookup = lambda t: outputs[(owner(t).name, node_index(t))][_tensor_index(t)]  # noqa: E731
         args = tf.nest.map_structure(lambda v: lookup(v) if _is_tensor(v) else v, args)
         kwargs = {k: tf.nest.map_structure(lambda v: lookup(v) if _is_tensor(v) else v, v)
                   for k, v in kwargs.items() if v is not None}
@@ -174,6 +184,37 @@ def _rebuild(model, nodes, convert, make_input, make_model, owner, node_index):
     for name, layer in made.items():
         _copy_weights(model.get_layer(name), layer)
     return new
+
+
+_OP_LAYERS = {"Add": "Add", "Subtract": "Subtract", "Multiply": "Multiply"}
+
+
+def _op_layer(node):
+    """(tf_keras layer, the tensors it is called on) for a Keras 3 arithmetic op node, as
+    Keras Applications write them: `x + 3.0`, `x * (1 / 6)`, `x - c`, `x / c` as a
+    `Rescaling`; `a + b`, `a - b`, `a * b` between tensors as `Add`, `Subtract`,
+    `Multiply` (tf_keras's merge layers broadcast as the ops do). None: not one of them."""
+    op = node.operation
+    kind = type(op).__name__
+    args = list(node.arguments.args)
+    if node.arguments.kwargs or len(args) != 2 or \
+            kind not in ("Add", "Subtract", "Multiply", "Divide", "TrueDivide"):
+        return None
+    tensors = [a for a in args if _is_tensor(a)]
+    if len(tensors) == 2:
+        name = _OP_LAYERS.get(kind)
+        return (getattr(keras.layers, name)(name=op.name), tensors) if name else None
+    constant = args[1] if _is_tensor(args[0]) else args[0]
+    if np.ndim(constant) != 0:
+        return None
+    c, first = float(constant), _is_tensor(args[0])
+    scale, offset = {"Add": (1.0, c), "Multiply": (c, 0.0),
+                     "Subtract": (1.0, -c) if first else (-1.0, c)}.get(kind, (None, None))
+    if kind in ("Divide", "TrueDivide"):
+        if not first or c == 0:
+            return None
+        scale, offset = 1.0 / c, 0.0
+    return keras.layers.Rescaling(scale, offset, name=op.name), tensors
 
 
 def _arguments(node):
@@ -205,10 +246,21 @@ def _copy_weights(source, target) -> None:
 
 
 # -- one layer ----------------------------------------------------------------------------
+# Keras 3 activations tf_keras names otherwise or computes otherwise (tf_keras's
+# `hard_sigmoid` is 0.2x + 0.5 clipped; Keras 3's is relu6(x + 3) / 6)
+_ACTIVATIONS = {"hard_silu": "HardSwish", "hard_swish": "HardSwish",
+                "hard_sigmoid": "HardSigmoid"}
+
+
 def _to_tf_keras_layer(layer):
+    from tftrain.models import tensor_ops
+
     kind = type(layer).__name__
     if kind in _CONVERTERS:
         return _CONVERTERS[kind](layer)
+    if kind == "Activation" and layer.get_config().get("activation") in _ACTIVATIONS:
+        form = getattr(tensor_ops, _ACTIVATIONS[layer.get_config()["activation"]])
+        return form(name=layer.name, dtype=layer.dtype_policy.name)
     cls = getattr(keras.layers, kind)
     config = _mapped(layer)
     config["dtype"] = layer.dtype_policy.name
@@ -284,6 +336,9 @@ def _plain(value):
 def _to_keras3_layer(layer):
     k3 = keras3()
     kind = type(layer).__name__
+    if kind in ("HardSwish", "HardSigmoid"):       # tftrain's layers of Keras 3 activations
+        return k3.layers.Activation("hard_silu" if kind == "HardSwish" else "hard_sigmoid",
+                                    name=layer.name)
     cls = getattr(k3.layers, kind, None)
     if cls is None:
         raise ValueError(f"layer {layer.name} ({kind}) has no Keras 3 form")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from tftrain.core.keras import ensure_tf_keras_model
 from tftrain.config import ConfigError, ModelConfig
 from tftrain.core.registry import Registry, check_params, import_function
-from tftrain.models import keras3
+from tftrain.models import keras3, tensor_ops
 
 MODELS = Registry("model", "model.name")
 APPLICATIONS = "keras_applications:"      # + a keras.applications model name
@@ -39,12 +39,13 @@ def build_model(cfg: ModelConfig, spec, section: str = "model"):
         built = builder(spec, **cfg.params)
         if keras3.is_keras3(built):
             _KERAS3.add(cfg.name)
-        return tf_keras_model(built, cfg.name, section)
+        return tensor_ops.as_layers(tf_keras_model(built, cfg.name, section))
     try:
         model = builder(spec, **cfg.params)
     except ValueError as err:     # the bundled builders' own checks of their params
         raise ConfigError(f"{section}.params: {cfg.name} rejected {cfg.params} ({err})") from None
-    return ensure_tf_keras_model(model, f"model '{cfg.name}'")
+    # operations on tensors as layers (MobileNetV3's hard-swish): what compression reads
+    return tensor_ops.as_layers(ensure_tf_keras_model(model, f"model '{cfg.name}'"))
 
 
 _KERAS3: set[str] = set()          # model names whose builder returned a Keras 3 model
