@@ -392,3 +392,40 @@ def test_a_prune_preserving_qat_model_clones_with_its_masks():
     copy.set_weights(q.get_weights())
     x = np.random.default_rng(0).uniform(0, 1, (4, 8, 8, 1)).astype("float32")
     np.testing.assert_array_equal(copy(x).numpy(), q(x).numpy())
+
+
+def test_hard_swish_and_squeeze_excite_quantize_to_int8_ops_xnnpack_runs(tmp_path):
+    """MobileNetV3's block (hard-swish after conv and batch norm, a squeeze-excite gate
+    of a hard sigmoid multiplied into the features) through QAT: the int8 file has no
+    float op between its input QUANTIZE and output DEQUANTIZE, no HARD_SWISH (XNNPack has
+    no int8 kernel for it: the converter fuses one when the expression is written whole),
+    XNNPack runs every op, and the file computes what the QAT model does."""
+    from tftrain.export import artifacts, speed
+    from tftrain.models.tensor_ops import HardSigmoid, HardSwish
+    from ai_edge_litert.interpreter import Interpreter
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((16, 16, 3))
+    h = keras.layers.Conv2D(8, 3, padding="same", use_bias=False, name="conv")(inputs)
+    h = HardSwish(name="swish_0")(keras.layers.BatchNormalization(name="bn_0")(h))
+    h = keras.layers.DepthwiseConv2D(3, padding="same", use_bias=False, name="depthwise")(h)
+    h = HardSwish(name="swish_1")(keras.layers.BatchNormalization(name="bn_1")(h))
+    g = keras.layers.GlobalAveragePooling2D(keepdims=True, name="squeeze")(h)
+    g = keras.layers.ReLU(name="se_relu")(keras.layers.Conv2D(4, 1, name="se_reduce")(g))
+    g = HardSigmoid(name="se_gate")(keras.layers.Conv2D(8, 1, name="se_expand")(g))
+    h = keras.layers.Multiply(name="excite")([h, g])
+    h = keras.layers.GlobalAveragePooling2D(name="pool")(h)
+    net = keras.Model(inputs, keras.layers.Dense(10, name="logits")(h))
+    x = np.random.default_rng(0).uniform(0, 1, (64, 16, 16, 3)).astype("float32")
+    q = quantization.quantize_model(net, load_config(None, []).compression.quantization, False)
+    assert quantization.calibrate_ranges(q, [x[:32], x[32:]]) == 2
+    blob = artifacts.convert_tflite(artifacts.save_saved_model(q, tmp_path / "sm"), "int8", x, qat=True)
+    interpreter = Interpreter(model_content=blob)
+    interpreter.allocate_tensors()
+    ops = [op["op_name"] for op in interpreter._get_ops_details() if op["op_name"] != "DELEGATE"]
+    assert ops[0] == "QUANTIZE" and ops[-1] == "DEQUANTIZE"
+    assert "HARD_SWISH" not in ops and not {"QUANTIZE", "DEQUANTIZE"} & set(ops[1:-1]), ops
+    assert speed.xnnpack(blob)["fallback"] == []
+    expected = q(x, training=False).numpy()
+    logits, _ = artifacts.tflite_logits(blob, x)
+    sqnr = 10 * np.log10(np.sum(expected ** 2) / np.sum((logits - expected) ** 2))
+    assert sqnr >= 25, sqnr

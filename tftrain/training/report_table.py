@@ -19,6 +19,18 @@ def artifact_path(name: str) -> str:
     return ARTIFACT_PATHS.get(name, "export/model.tflite" if name.startswith("tflite") else name)
 
 
+def grouped(values: dict[str, float]) -> str:
+    """Per-layer values for the console, layers of equal value (to 3 decimals) as one
+    entry: "dense 0.800" alone, "0.500 x 42 layers (Conv ... logits)" for a group, so a
+    pruned MobileNetV2's 36 layers at 0.500 take one line (summary.json keeps each)."""
+    groups: dict[str, list[str]] = {}
+    for name, value in values.items():
+        groups.setdefault(f"{value:.3f}", []).append(name)
+    return ", ".join(f"{names[0]} {value}" if len(names) == 1 else
+                     f"{value} x {len(names)} layers ({names[0]} ... {names[-1]})"
+                     for value, names in sorted(groups.items(), key=lambda kv: -float(kv[0])))
+
+
 def report_table(summary: dict) -> str:
     """The report printed at the end of a run: what ran, how well, how fast, each
     artifact with its path and size, and where everything is (rows within 120 columns;
@@ -55,7 +67,7 @@ def report_table(summary: dict) -> str:
              for k, v in (summary.get("raw_metrics") or {}).items()]
     rows += _stage_rows(summary)
     if summary.get("sparsity"):
-        rows.append(("sparsity", ", ".join(f"{k} {v:.3f}" for k, v in summary["sparsity"].items())))
+        rows.append(("sparsity", grouped(summary["sparsity"])))
     for name, art in summary.get("artifacts", {}).items():
         rows += _artifact_rows(name, art)
     if "ship" in summary:       # an artifact missed its accuracy budget

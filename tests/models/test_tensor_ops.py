@@ -1,0 +1,78 @@
+"""Operations on tensors made layers (`tftrain.models.tensor_ops`): what Keras
+Applications write as ops becomes layers that compute the same."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from tftrain.core.keras import keras
+from tftrain.models.applications import application
+from tftrain.models.tensor_ops import HardSigmoid, HardSwish, affine_of, as_layers
+
+SPEC = SimpleNamespace(shape=(32, 32, 3), num_classes=10)
+
+
+def _same(a, b, x) -> float:
+    """The largest difference of two models' outputs on `x`, relative to their scale."""
+    ya, yb = a(x, training=False).numpy(), b(x, training=False).numpy()
+    return float(np.abs(ya - yb).max() / max(np.abs(ya).max(), 1e-30))
+
+
+def _kinds(model) -> list[str]:
+    return [type(layer).__name__ for layer in model.layers]
+
+
+@pytest.mark.parametrize("minimalistic", [False, True], ids=["full", "minimalistic"])
+def test_mobilenet_v3_hard_swish_and_hard_sigmoid_become_layers(minimalistic):
+    """tf_keras' MobileNetV3Small writes `ReLU(6)(x + 3) * (1/6)` with TFOpLambda layers
+    (54 of them): none is left; 18 hard-swishes and 9 squeeze-excite gates (none in the
+    minimalistic form, which has neither) compute what the ops did."""
+    keras.utils.set_random_seed(0)
+    model = application("MobileNetV3Small")(SPEC, minimalistic=minimalistic, alpha=0.75)
+    rewritten = as_layers(model)
+    kinds = _kinds(rewritten)
+    assert "TFOpLambda" not in kinds and "Preprocess" not in kinds
+    if minimalistic:
+        assert (kinds.count("HardSwish"), kinds.count("HardSigmoid")) == (0, 0)
+        assert _kinds(model).count("TFOpLambda") == 0
+    else:
+        assert _kinds(model).count("TFOpLambda") == 54
+        assert (kinds.count("HardSwish"), kinds.count("HardSigmoid")) == (18, 9)
+    x = np.random.default_rng(0).uniform(0, 1, (8, 32, 32, 3)).astype("float32")
+    assert _same(model, rewritten, x) <= 1e-5
+
+
+def test_input_affine_layers_merge_into_one_or_vanish():
+    """EfficientNetB0's `Preprocess` (x 255), `Rescaling` (/ 255) and untrained
+    `Normalization` cancel out and vanish; a normalization with statistics after a
+    rescaling becomes one per-channel Rescaling computing the same."""
+    model = application("EfficientNetB0")(SPEC)
+    assert not {"Preprocess", "Rescaling", "Normalization"} & set(_kinds(as_layers(model)))
+    inputs = keras.Input((4, 4, 3))
+    x = keras.layers.Rescaling(1 / 127.5, -1.0, name="scale")(inputs)
+    x = keras.layers.Normalization(mean=[0.1, -0.2, 0.3], variance=[4.0, 0.25, 1.0], name="norm")(x)
+    net = keras.Model(inputs, keras.layers.Conv2D(2, 1, name="conv")(x))
+    merged = as_layers(net)
+    assert _kinds(merged) == ["InputLayer", "Rescaling", "Conv2D"]
+    scale, offset = affine_of(merged.layers[1])
+    assert np.allclose(scale, [1 / 255, 2 / 127.5, 1 / 127.5]) and np.allclose(offset, [-0.55, -1.6, -1.3])
+    sample = np.random.default_rng(1).uniform(0, 255, (4, 4, 4, 3)).astype("float32")
+    assert _same(net, merged, sample) <= 1e-6
+
+
+def test_a_hard_sigmoid_read_elsewhere_too_stays_computed_and_a_model_without_forms_is_the_same():
+    """A gate also read by another layer is one `HardSigmoid` read by both; a model with
+    none of the forms is returned as it is (the same object)."""
+    import tensorflow as tf
+    inputs = keras.Input((6,))
+    x = keras.layers.Dense(6, name="d")(inputs)
+    gate = keras.layers.ReLU(6.0)(x + 3.0) * (1.0 / 6.0)
+    out = keras.layers.Concatenate()([keras.layers.Multiply()([x, gate]), gate])
+    net = keras.Model(inputs, keras.layers.Dense(2, name="head")(out))
+    rewritten = as_layers(net)
+    assert [type(layer) for layer in rewritten.layers].count(HardSwish) == 1
+    assert [type(layer) for layer in rewritten.layers].count(HardSigmoid) == 1
+    sample = np.random.default_rng(2).uniform(-5, 5, (16, 6)).astype("float32")
+    assert _same(net, rewritten, sample) <= 1e-6
+    plain = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3), keras.layers.Lambda(tf.math.sin)])
+    assert as_layers(plain) is plain
