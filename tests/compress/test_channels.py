@@ -226,3 +226,22 @@ def test_auto_importance_ranks_by_batch_norm_scale_where_a_group_has_one_else_by
     np.testing.assert_allclose(auto[by_group["plain"]], l1[by_group["plain"]])
     with pytest.raises(ConfigError, match="bn needs a batch norm .* plain"):
         channels.importance(graph, "bn")
+
+
+def test_a_narrowed_mobilenet_v3_keeps_each_squeeze_excite_gate_on_its_block_s_channels():
+    """MobileNetV3Small (its hard-swish and gates as tftrain's layers): a squeeze-excite
+    gate multiplies the block's features channel by channel, so the gate's expanding
+    convolution and the block's expansion are one group; the narrowed model computes
+    what the wide one computes without the pruned channels."""
+    from tftrain.models.applications import application
+    from tftrain.models.tensor_ops import as_layers
+    keras.utils.set_random_seed(0)
+    net = with_statistics(as_layers(application("MobileNetV3Small")(IMAGES, alpha=0.75)))
+    graph, plan, keep, narrow, wide = narrowed_and_masked(net)
+    gates = [layer for layer in net.layers if isinstance(layer, keras.layers.Multiply)]
+    assert len(gates) == 9
+    for gate in gates:
+        roots = {graph.root(g) for i in graph.inputs[gate.name] for g, _ in graph.spaces[i]}
+        assert len(roots) == 1, gate.name
+    assert plan.flops_after <= 0.5 * plan.flops_before and narrow.count_params() < net.count_params()
+    agree(narrow, wide, IMAGES.shape)

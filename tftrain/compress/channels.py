@@ -35,7 +35,7 @@ FOLLOWERS = ("BatchNormalization", "DepthwiseConv2D", "ReLU", "Activation", "Dro
              "GlobalAveragePooling1D", "GlobalAveragePooling2D", "GlobalMaxPooling1D",
              "GlobalMaxPooling2D", "ZeroPadding1D", "ZeroPadding2D", "Cropping1D",
              "Cropping2D", "UpSampling1D", "UpSampling2D", "Identity", "Preprocess",
-             "LeakyReLU", "ELU")
+             "LeakyReLU", "ELU", "HardSwish", "HardSigmoid")
 MERGES = ("Add", "Subtract", "Multiply", "Maximum", "Minimum", "Average")
 # layers tftrain knows that mix or fix their channels: their inputs and outputs keep all
 OPAQUE = ("InputLayer", "Reshape", "Permute", "LayerNormalization", "MultiHeadAttention",
@@ -128,7 +128,8 @@ class ChannelGraph:
                 self._fix(gid, f"{layer.name} ({kind}) applies a softmax across its channels")
             self.groups[gid].producers.append(layer.name)
             self.spaces[layer.name] = [(gid, width)]
-        elif kind in FOLLOWERS and not _mixes(layer):
+        elif (kind in FOLLOWERS and not _mixes(layer)) or (
+                kind == "Rescaling" and np.ndim(layer.scale) == np.ndim(layer.offset) == 0):
             if kind == "DepthwiseConv2D" and layer.depth_multiplier != 1:
                 raise ConfigError(f"{KEY}: channels cannot follow {layer.name} "
                                   f"(DepthwiseConv2D with depth_multiplier="
