@@ -429,3 +429,10 @@ def test_hard_swish_and_squeeze_excite_quantize_to_int8_ops_xnnpack_runs(tmp_pat
     logits, _ = artifacts.tflite_logits(blob, x)
     sqnr = 10 * np.log10(np.sum(expected ** 2) / np.sum((logits - expected) ** 2))
     assert sqnr >= 25, sqnr
+    # the float file it is timed against: the QAT model's float function, fused float
+    # HARD_SWISH and no fake quantization left (the fixed ranges are tfmot quantizers)
+    float_blob = artifacts._float_tflite(q, tmp_path / "sm", tmp_path, qat=True)
+    interpreter = Interpreter(model_content=float_blob)
+    interpreter.allocate_tensors()
+    float_ops = {op["op_name"] for op in interpreter._get_ops_details()}
+    assert "HARD_SWISH" in float_ops and not {"QUANTIZE", "DEQUANTIZE", "FAKE_QUANT"} & float_ops

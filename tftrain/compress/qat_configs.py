@@ -16,6 +16,7 @@ from typing import Optional
 from tensorflow_model_optimization.python.core.quantization.keras.collab_opts.prune_preserve import (  # noqa: E501
     prune_preserve_quantize_registry as pqat_registry,
 )
+from tensorflow_model_optimization.python.core.quantization.keras import quantizers
 from tensorflow_model_optimization.python.core.quantization.keras.default_8bit import (
     default_8bit_quantize_registry as registry,
 )
@@ -130,20 +131,43 @@ class PositionEmbeddingQuantizeConfig(PrunePreservingConfig):
     WEIGHTS, OUTPUT = ("positions",), True
 
 
-def _fake_quant(x, low: float, high: float):
-    return tf.quantization.fake_quant_with_min_max_args(x, low, high, num_bits=8)
+class FixedRange(quantizers.Quantizer):
+    """8-bit fake quantization over a range known in advance (a hard sigmoid's [0, 1]):
+    no variable to learn or calibrate. A tfmot quantizer, so every context that changes
+    what quantizers compute (`quantization.quantizers_bypassed` for the float function,
+    `calibrate_ranges`, `ranges_held`) changes it too."""
+
+    def __init__(self, low: float, high: float):
+        self.low, self.high = float(low), float(high)
+
+    def build(self, tensor_shape, name, layer):
+        return {}
+
+    def __call__(self, inputs, training, weights, **kwargs):
+        return tf.quantization.fake_quant_with_min_max_args(inputs, self.low, self.high,
+                                                            num_bits=8)
+
+    def get_config(self):
+        return {"low": self.low, "high": self.high}
+
+    def __eq__(self, other):
+        return isinstance(other, FixedRange) and self.get_config() == other.get_config()
+
+
+_RELU6, _UNIT = FixedRange(0.0, 6.0), FixedRange(0.0, 1.0)
 
 
 @keras.utils.register_keras_serializable("tftrain")
 class QuantizableHardSigmoid(HardSigmoid):
     """`HardSigmoid` as the int8 file computes it: relu6(x + 3) on 8 bits of [0, 6] (an
     int8 ADD with a fused RELU6), then / 6 on 8 bits of [0, 1] (an int8 MUL): both
-    ranges are known, so fixed (no range to learn). Written as one expression, the
+    ranges are known, so fixed (nothing to learn). Written as one expression, the
     converter would fuse it into HARD_SWISH (with the multiply by x), whose int8 kernel
     XNNPack does not run; without the inner range it would stay float."""
 
     def call(self, x):
-        return _fake_quant(_fake_quant(tf.nn.relu6(x + 3.0), 0.0, 6.0) * (1.0 / 6.0), 0.0, 1.0)
+        six = _RELU6(tf.nn.relu6(x + 3.0), False, {})
+        return _UNIT(six * (1.0 / 6.0), False, {})
 
 
 @keras.utils.register_keras_serializable("tftrain")
