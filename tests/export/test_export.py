@@ -7,6 +7,7 @@ from helpers import saved_model_cli_show_and_run
 
 from tftrain.runtime import precision
 from tftrain.config import load_config
+from tftrain.core.keras import keras
 from tftrain.data import load_source
 from tftrain.export.artifacts import (convert_tflite, export_all, inference_model,
                                       save_saved_model, tflite_logits)
@@ -186,3 +187,32 @@ def test_the_float32_baseline_size_is_the_saved_models_variables_gzip(tmp_path, 
     expected = len(gzip.compress(dir_bytes(saved / "variables"), 9))
     assert abs(saved_model_variables_gzip(model) - expected) <= 100
     assert expected > 4 * 53_002 * 0.8     # float32 weights (53,002), not 16-bit copies
+
+
+def test_post_training_int8_of_hard_swish_is_int8_ops_xnnpack_runs(tmp_path):
+    """A model with HardSwish layers (MobileNetV3's): its post-training int8 TFLite file
+    has no HARD_SWISH (the converter fuses one, whose int8 kernel XNNPack lacks, when the
+    expression is traced whole), XNNPack runs every op, and the file keeps the model's
+    accuracy; its float file keeps the fused HARD_SWISH."""
+    from ai_edge_litert.interpreter import Interpreter
+    from tftrain.export import speed
+    from tftrain.models.tensor_ops import HardSwish
+    source = load_source(load_config().data, 0)
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input(source.spec.shape)
+    h = keras.layers.Conv2D(16, 3, padding="same", name="conv")(inputs)
+    h = HardSwish(name="swish")(keras.layers.BatchNormalization(name="bn")(h))
+    h = keras.layers.DepthwiseConv2D(3, padding="same", name="depthwise")(h)
+    h = HardSwish(name="swish_1")(h)
+    h = keras.layers.GlobalAveragePooling2D(name="pool")(h)
+    model = TrainModel.wrap(keras.Model(inputs, keras.layers.Dense(10, name="logits")(h)))
+    model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(source.calibration(source.num_train).batch(32), epochs=3, verbose=0)
+    report = export_all(model, load_config(None, ["export.tflite=int8"]).export, tmp_path, source)
+    entry = report["tflite_int8"]
+    assert entry["verified"] and entry["xnnpack"]["fallback"] == [], entry["xnnpack"]
+    ops = [op["op_name"] for op in Interpreter(model_path=str(tmp_path / "model.tflite"))._get_ops_details()]
+    assert "HARD_SWISH" not in ops and ops.count("MUL") == 4 and ops.count("ADD") == 2, ops
+    blob = convert_tflite(tmp_path / "saved_model", "float", None)
+    assert "HARD_SWISH" in {op["op_name"] for op in Interpreter(model_content=blob)._get_ops_details()}
+    assert speed.xnnpack(blob)["fallback"] == []

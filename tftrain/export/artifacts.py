@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from tftrain.core.keras import keras
+from tftrain.models import tensor_ops
 from tftrain.export.measures import (accuracy, against, dir_bytes, input_kind,
                                      signature_latency, signature_logits, sizes)
 
@@ -228,7 +229,12 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
             # TFLite takes the model's own input (token ids for text): convert a plain copy
             source_dir = saved if serving is None else _write_saved_model(plain,
                                                                           out / "tflite_source")
-            blob = convert_tflite(source_dir, mode, calibration, qat=qat)
+            if mode == "int8" and not qat and tensor_ops.has_hard_swish(plain):
+                # post-training int8 of HardSwish layers: traced unfused (tensor_ops)
+                blob = _converted_within(tensor_ops.unfused(), plain, out / "tflite_int8_source",
+                                         "int8", calibration)
+            else:
+                blob = convert_tflite(source_dir, mode, calibration, qat=qat)
             if timed and (cfg.tflite not in ("none", "float") or cfg.tflite_sparse):
                 beside = blob if mode == "float" else _float_tflite(plain, source_dir, out, qat)
             if serving is not None:
