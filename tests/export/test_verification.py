@@ -81,3 +81,17 @@ def test_without_labels_an_int8_file_compared_layer_by_layer_is_judged_by_its_no
         bare["tflite_int8"]["check"]
     assert verify({"tflite_int8": {**amplified, "logit_sqnr_db": 39.0}}, cfg, 0.1, qat=True,
                   by_labels=False)["tflite_int8"]["verified"]
+
+
+def test_a_float_artifact_is_held_to_the_logit_difference_relative_to_the_largest_logit():
+    """float32 rounds relative to a value's size: logits up to 400 (an untrained
+    EfficientNetV2B0) may differ by 400 x 1e-3; 0.41 is one part in a thousand too many,
+    and logits below 1 keep the absolute limit."""
+    cfg = load_config(None, ["export.max_logit_diff=1e-3"]).export
+    report = verify({"saved_model": {"max_abs_logit_diff": 0.0069, "logit_scale": 400.0},
+                     "tflite_float": {"max_abs_logit_diff": 0.41, "logit_scale": 400.0},
+                     "onnx": {"max_abs_logit_diff": 2e-3, "logit_scale": 0.5}}, cfg, 0.95)
+    assert [name for name, e in report.items() if e["verified"]] == ["saved_model"]
+    assert report["tflite_float"]["check"] == ("largest logit difference 0.41 > export.max_logit_diff "
+                                               "0.001 x the largest logit 400")
+    assert report["onnx"]["check"] == "largest logit difference 0.002 > export.max_logit_diff 0.001"

@@ -175,3 +175,29 @@ def test_arithmetic_on_tensors_converts_as_keras_applications_write_it():
     assert [type(layer) for layer in fused.layers].count(HardSwish) == 1
     assert not any(isinstance(layer, HardSigmoid) for layer in fused.layers)
     assert np.abs(fused(sample).numpy() - expected).max() <= 1e-6 * np.abs(expected).max()
+
+
+def test_layers_keras_applications_define_and_nested_models_convert():
+    """ConvNeXt's LayerScale and StochasticDepth (Keras Applications' own layers) become
+    tf_keras' classes of the same name, its Sequential stem and downsampling blocks are
+    inlined, and the model comes back to Keras 3 computing the same."""
+    import numpy as np
+    k3 = keras3()
+    inputs = k3.Input((32, 32, 3))
+    from keras.src.applications.convnext import ConvNeXt      # ConvNeXtTiny, made small
+    backbone = ConvNeXt(depths=[1, 2, 1, 1], projection_dims=[8, 16, 24, 32], drop_path_rate=0.1,
+                        include_top=False, weights=None, input_tensor=inputs, pooling="avg",
+                        layer_scale_init_value=0.5, name="convnext_small_test")
+    model = k3.Model(inputs, k3.layers.Dense(10, name="head")(backbone.output))
+    kinds = [type(layer).__name__ for layer in model.layers]
+    assert "Sequential" in kinds and "LayerScale" in kinds and convert.refusal(model) == []
+    converted, _ = convert.checked(model, "convnext")
+    flat = [type(layer).__name__ for layer in converted.layers]
+    assert "Sequential" not in flat and flat.count("LayerScale") == 5 and "StochasticDepth" in flat
+    assert type(converted.get_layer(next(l.name for l in model.layers if type(l).__name__ == "LayerScale"))
+                ).__module__.startswith("tf_keras")
+    x = np.random.default_rng(0).uniform(0, 1, (4, 32, 32, 3)).astype("float32")
+    expected = np.asarray(model(x))
+    assert np.abs(converted(x).numpy() - expected).max() <= 1e-5 * np.abs(expected).max()
+    back = convert.to_keras3(converted)
+    assert np.abs(np.asarray(back(x)) - expected).max() <= 1e-5 * np.abs(expected).max()

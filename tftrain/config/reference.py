@@ -214,7 +214,7 @@ DESCRIPTIONS = {
                         "(a converter refusing it: exit 2, nothing written)",
     "export.min_layer_sqnr": "dB: an int8 artifact's layer adding more noise is named (and fails "
                              "an untrained or --smoke model's check)",
-    "export.max_logit_diff": "largest logit difference a float artifact may show from the model",
+    "export.max_logit_diff": "largest logit difference a float artifact may show from the model (times its largest logit, when above 1)",
     "export.max_accuracy_drop": "accuracy a reduced-precision artifact may lose against the model",
     "export.int8_fallback": "`auto`: a QAT model's int8 file beyond `max_accuracy_drop` keeps its "
                             "noisiest layers float, one at a time, until within it; `off`; "

@@ -27,7 +27,7 @@ def accuracy(logits, y) -> float:
 
 def against(logits: np.ndarray, reference: np.ndarray) -> dict:
     """How an artifact's logits compare with the model's on the same examples: the largest
-    difference, the signal-to-noise ratio of the logits (dB: the model's logits against
+    difference, the model's largest logit (the scale float32 rounds at), the signal-to-noise ratio of the logits (dB: the model's logits against
     the artifact's departure from them, after removing each example's mean, which a
     softmax ignores), the model's own spread of logits across classes (the RMS of that
     signal) and the fraction of examples whose top class agrees."""
@@ -37,6 +37,7 @@ def against(logits: np.ndarray, reference: np.ndarray) -> dict:
     signal, error = float(np.sum(centred ** 2)), float(np.sum(noise ** 2))
     sqnr = 10 * np.log10(signal / error) if error > 0 else float("inf")
     return {"max_abs_logit_diff": float(np.max(np.abs(diff))),
+            "logit_scale": float(np.max(np.abs(reference))),
             "logit_sqnr_db": float(min(sqnr, 200.0)),
             "logit_spread": float(np.sqrt(signal / centred.size)),
             "top1_agreement": float(np.mean(np.argmax(logits, -1) == np.argmax(reference, -1)))}

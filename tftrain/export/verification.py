@@ -1,5 +1,5 @@
 """Whether each exported artifact is what the model computes: float artifacts give its
-logits within `export.max_logit_diff`; reduced-precision ones its accuracy within
+logits within `export.max_logit_diff` (times the largest logit, when above 1); reduced-precision ones its accuracy within
 `export.max_accuracy_drop` or, where accuracy says nothing (the export preflight's
 untrained model, a `--smoke` run's few updates), its logits to within the noise their
 precision adds. A failed check leaves the artifact written and marked."""
@@ -55,9 +55,7 @@ def verify(report: dict, cfg, accuracy: float, qat: bool = False, by_labels: boo
     for name, entry in report.items():
         precision = precision_of(name, qat)
         if precision == "float":
-            ok = entry["max_abs_logit_diff"] <= cfg.max_logit_diff
-            entry["check"] = (f"largest logit difference {entry['max_abs_logit_diff']:.2g} "
-                              f"{'<=' if ok else '>'} export.max_logit_diff {cfg.max_logit_diff:g}")
+            ok, entry["check"] = _float_check(entry, cfg)
         elif by_labels:
             drop = accuracy - entry["accuracy"]
             ok = drop <= cfg.max_accuracy_drop + 1e-9
@@ -69,6 +67,20 @@ def verify(report: dict, cfg, accuracy: float, qat: bool = False, by_labels: boo
             ok, entry["check"] = _against_the_model(entry, precision, cfg, qat and not untrained)
         entry["verified"] = ok
     return report
+
+
+def _float_check(entry: dict, cfg) -> tuple[bool, str]:
+    """(verified, why) for a float artifact: its largest logit difference within
+    `export.max_logit_diff` times the model's largest logit where that is above 1.
+    float32 rounds relative to a value's size: an untrained EfficientNetV2B0 (logits up
+    to hundreds, 270 layers) gave 0.0066 in its float TFLite file and 0.0069 in its
+    SavedModel against the model in memory, 82 dB below its logits."""
+    scale = max(1.0, entry.get("logit_scale", 1.0))
+    allowed = cfg.max_logit_diff * scale
+    ok = entry["max_abs_logit_diff"] <= allowed
+    of = f" x the largest logit {scale:.3g}" if scale > 1.0 else ""
+    return ok, (f"largest logit difference {entry['max_abs_logit_diff']:.2g} "
+                f"{'<=' if ok else '>'} export.max_logit_diff {cfg.max_logit_diff:g}{of}")
 
 
 def _against_the_model(entry: dict, precision: str, cfg, qat: bool) -> tuple[bool, str]:

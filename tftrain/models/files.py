@@ -133,7 +133,7 @@ def _custom_classes(file: Path) -> list[tuple[str, str]]:
     """(layer name, class) of layers in a Keras 3 `.keras` file's config that are not
     Keras built-ins registered under another name (read from config.json: nothing is
     loaded or run)."""
-    from tftrain.models.keras3 import LAYERS, _CONVERTERS
+    from tftrain.models.keras3 import APPLICATION_LAYERS, LAYERS, OPS, _CONVERTERS
 
     with zipfile.ZipFile(file) as z:
         config = json.loads(z.read("config.json"))
@@ -144,7 +144,10 @@ def _custom_classes(file: Path) -> list[tuple[str, str]]:
         for layer in layers:
             cls = layer.get("class_name", "")
             module = layer.get("module") or ""
-            builtin = module.startswith("keras.") and cls in LAYERS | {"Functional", "Sequential"}
+            builtin = ((module == "keras" or module.startswith("keras."))
+                       and cls in LAYERS | {"Functional", "Sequential"}
+                       or module.startswith("keras.src.ops") and cls in OPS
+                       or module.startswith("keras.src.applications") and cls in APPLICATION_LAYERS)
             if not builtin and cls not in _CONVERTERS:
                 found.append((layer.get("config", {}).get("name", "?"),
                               layer.get("registered_name") or cls))

@@ -45,6 +45,26 @@ def register_converter(class_name: str, converter: Callable) -> None:
     _CONVERTERS[class_name] = converter
 
 
+# layers Keras Applications define themselves, in both Kerases: class -> module of
+# `keras.src.applications` and `tf_keras.src.applications` (ConvNeXt's LayerScale and
+# StochasticDepth, Inception-ResNet's CustomScaleLayer)
+APPLICATION_LAYERS = {"LayerScale": "convnext", "StochasticDepth": "convnext",
+                      "CustomScaleLayer": "inception_resnet_v2"}
+
+
+def _application_layer(package: str, layer):
+    """The class of the same name in `package` ("keras" or "tf_keras"), built from the
+    layer's own settings (its dtype as a name)."""
+    import importlib
+
+    kind = type(layer).__name__
+    cls = getattr(importlib.import_module(f"{package}.src.applications.{APPLICATION_LAYERS[kind]}"),
+                  kind)
+    config = {k: v for k, v in layer.get_config().items() if k != "dtype"}
+    policy = getattr(layer, "dtype_policy", None)
+    return cls(**config, dtype=getattr(policy, "name", "float32"))
+
+
 def is_keras3(model) -> bool:
     """Whether `model` is a Keras 3 object (not a tf_keras one)."""
     return type(model).__module__.split(".")[0] == "keras"
@@ -62,17 +82,19 @@ def refusal(model) -> list[str]:
     for node in _nodes(model):
         op = node.operation
         kind = type(op).__name__
-        if not isinstance(op, k3.layers.Layer):
+        if _nested(op):               # inlined: its own layers are what is converted
+            problems += refusal(op)
+        elif not isinstance(op, k3.layers.Layer):
             if _op_layer(node) is None:
                 problems.append(f"{op.name} is a Keras op ({kind}) applied to tensors, not a "
                                 "layer tftrain converts (it converts +, -, * and / with a "
                                 "constant and +, -, * between tensors); use the layer form "
                                 "(e.g. keras.layers.Add) or register a converter")
-        elif kind not in LAYERS and kind not in _CONVERTERS:
+        elif kind not in LAYERS and kind not in _CONVERTERS and kind not in APPLICATION_LAYERS:
             problems.append(f"layer {op.name} ({kind}, from {type(op).__module__}) has no tf_keras "
                             "form tftrain knows; rewrite it with tf_keras, or register a converter "
                             "(tftrain.models.keras3.register_converter)")
-        elif kind not in _CONVERTERS and kind != "InputLayer":
+        elif kind not in _CONVERTERS and kind not in APPLICATION_LAYERS and kind != "InputLayer":
             problems += [f"layer {op.name} ({kind}): {why}" for why in _unmapped(op)]
     return list(dict.fromkeys(problems))
 
@@ -149,44 +171,65 @@ def _nodes(model) -> list:
 
 
 def _rebuild(model, nodes, convert, make_input, make_model, owner, node_index):
-    """`model`'s graph rebuilt layer by layer with `convert(layer)`, weights copied."""
+    """`model`'s graph rebuilt layer by layer with `convert(layer)`, weights copied; a
+    model nested in it (ConvNeXt's Sequential stem and downsampling blocks) is inlined,
+    its layers becoming the new model's."""
+    made: dict[int, tuple] = {}          # id(layer) -> (layer, new layer)
+    outs = _walk(nodes, convert, make_input, owner, node_index, made, None)
+    ins = [outs[(owner(t).name, node_index(t))][_tensor_index(t)] for t in model.inputs]
+    ends = [outs[(owner(t).name, node_index(t))][_tensor_index(t)] for t in model.outputs]
+    new = make_model(ins if len(ins) > 1 else ins[0], ends if len(ends) > 1 else ends[0],
+                     name=model.name)
+    for source, layer in made.values():
+        _copy_weights(source, layer)
+    return new
+
+
+def _walk(nodes, convert, make_input, owner, node_index, made, given):
+    """Each node's output tensors in the new graph, by (layer name, node index); `given`:
+    the tensors a nested model's inputs take (None: new inputs)."""
     import tensorflow as tf
 
-    made, outputs = {}, {}       # layer name -> new layer; (layer name, node) -> tensors
+    outputs: dict = {}
+    inputs = iter(given or [])
     for node in nodes:
         layer = getattr(node, "operation", None) or node.layer
         if type(layer).__name__ == "InputLayer":
             spec = layer.output if hasattr(layer, "output") else layer.output_tensor
-            outputs[(layer.name, 0)] = [make_input(
+            outputs[(layer.name, 0)] = [next(inputs) if given is not None else make_input(
                 shape=tuple(spec.shape[1:]), dtype=spec.dtype, name=layer.name)]
             continue
         lookup = lambda t: outputs[(owner(t).name, node_index(t))][_tensor_index(t)]  # noqa: E731
         op = _op_layer(node) if hasattr(node, "operation") else None
+        args, kwargs = _arguments(node)
         if op is not None:             # a Keras 3 op on tensors: a layer without weights
             made_op, tensors = op
             result = made_op([lookup(t) for t in tensors] if len(tensors) > 1
                              else lookup(tensors[0]))
-            outputs[(layer.name, _index_of(layer, node))] = tf.nest.flatten(result)
-            continue
-        if layer.name not in made:
-            made[layer.name] = convert(layer)
-        args, kwargs = _arguments(node)
-        args = tf.nest.map_structure(lambda v: lookup(v) if _is_tensor(v) else v, args)
-        kwargs = {k: tf.nest.map_structure(lambda v: lookup(v) if _is_tensor(v) else v, v)
-                  for k, v in kwargs.items() if v is not None}
-        result = made[layer.name](*args, **kwargs)
-        index = _index_of(layer, node)
-        outputs[(layer.name, index)] = tf.nest.flatten(result)
-    ins = [outputs[(owner(t).name, node_index(t))][_tensor_index(t)] for t in model.inputs]
-    outs = [outputs[(owner(t).name, node_index(t))][_tensor_index(t)] for t in model.outputs]
-    new = make_model(ins if len(ins) > 1 else ins[0], outs if len(outs) > 1 else outs[0],
-                     name=model.name)
-    for name, layer in made.items():
-        _copy_weights(model.get_layer(name), layer)
-    return new
+        elif _nested(layer):
+            tensors = [lookup(t) for t in tf.nest.flatten(args) if _is_tensor(t)]
+            inner = _walk(_nodes(layer), convert, make_input, owner, node_index, made, tensors)
+            result = [inner[(owner(t).name, node_index(t))][_tensor_index(t)]
+                      for t in layer.outputs]
+        else:
+            if id(layer) not in made:
+                made[id(layer)] = (layer, convert(layer))
+            args = tf.nest.map_structure(lambda v: lookup(v) if _is_tensor(v) else v, args)
+            kwargs = {k: tf.nest.map_structure(lambda v: lookup(v) if _is_tensor(v) else v, v)
+                      for k, v in kwargs.items() if v is not None}
+            result = made[id(layer)][1](*args, **kwargs)
+        outputs[(layer.name, _index_of(layer, node))] = tf.nest.flatten(result)
+    return outputs
+
+
+def _nested(layer) -> bool:
+    """A Keras 3 functional or Sequential model used as a layer of another."""
+    return type(layer).__module__.split(".")[0] == "keras" and \
+        hasattr(getattr(layer, "_functional", None) or layer, "_nodes_by_depth")
 
 
 _OP_LAYERS = {"Add": "Add", "Subtract": "Subtract", "Multiply": "Multiply"}
+OPS = frozenset({"Add", "Subtract", "Multiply", "Divide", "TrueDivide"})   # (`_op_layer`)
 
 
 def _op_layer(node):
@@ -198,7 +241,7 @@ def _op_layer(node):
     kind = type(op).__name__
     args = list(node.arguments.args)
     if node.arguments.kwargs or len(args) != 2 or \
-            kind not in ("Add", "Subtract", "Multiply", "Divide", "TrueDivide"):
+            kind not in OPS:
         return None
     tensors = [a for a in args if _is_tensor(a)]
     if len(tensors) == 2:
@@ -258,6 +301,8 @@ def _to_tf_keras_layer(layer):
     kind = type(layer).__name__
     if kind in _CONVERTERS:
         return _CONVERTERS[kind](layer)
+    if kind in APPLICATION_LAYERS:
+        return _application_layer("tf_keras", layer)
     if kind == "Activation" and layer.get_config().get("activation") in _ACTIVATIONS:
         form = getattr(tensor_ops, _ACTIVATIONS[layer.get_config()["activation"]])
         return form(name=layer.name, dtype=layer.dtype_policy.name)
@@ -336,6 +381,8 @@ def _plain(value):
 def _to_keras3_layer(layer):
     k3 = keras3()
     kind = type(layer).__name__
+    if kind in APPLICATION_LAYERS:
+        return _application_layer("keras", layer)
     if kind in ("HardSwish", "HardSigmoid"):       # tftrain's layers of Keras 3 activations
         return k3.layers.Activation("hard_silu" if kind == "HardSwish" else "hard_sigmoid",
                                     name=layer.name)
