@@ -125,21 +125,21 @@ def sketch(cfg: Config, smoke: bool = False) -> str:
     import math
     import os
 
+    from tftrain.core.batches import per_replica_batch
     from tftrain.launch import local_gpus
+    from tftrain.runtime.cluster import resolve_kind
     from tftrain.training.rundir import run_path
 
     d = cfg.distribute
     gpus = local_gpus()
     devices = len(d.devices) if d.devices else (len(gpus) or d.virtual_cpus or 1)
     cluster = os.environ.get("TF_CONFIG")
-    kind = d.strategy if d.strategy != "auto" else (
-        "multi_worker" if cluster else "mirrored" if devices > 1 else "one_device")
+    # the run's own functions, on the devices the config names (TensorFlow lists them)
+    kind = resolve_kind(d, [f"device:{i}" for i in range(devices)])
     replicas = 1 if kind in ("one_device", "default") else devices
     total = _examples(cfg)
-    b = cfg.data.per_replica_batch_size
     acc = cfg.train.accumulation_steps
-    if cfg.train.global_batch_size:
-        b = cfg.train.global_batch_size // (replicas * acc)
+    b = per_replica_batch(cfg, replicas, acc)
     g = b * replicas * acc
     lines = ["plan, from the config (--dry-run --full builds the model, --dry-run --preflight "
              "also converts the exports):",

@@ -403,6 +403,23 @@ def test_a_dry_run_plans_from_the_config_before_tensorflow_loads(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_dry_run_refuses_the_global_batch_the_run_refuses_before_tensorflow_loads(tmp_path):
+    """The dry run divides the global batch with the run's own function: 65 over 2
+    replicas is exit 2 with the run's message, still without TensorFlow."""
+    probe = ("import sys; from tftrain.run import main; code = main(sys.argv[1:]); "
+             "print('tensorflow' in sys.modules); sys.exit(code)")
+    proc = subprocess.run([sys.executable, "-c", probe, str(QUICKSTART), "--run-dir",
+                           str(tmp_path), "--dry-run", "--set", "train.global_batch_size=65"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "tftrain: config error: train.global_batch_size: 65 is not divisible by replicas x "
+        "accumulation_steps = 2 x 1; use a multiple of 2")
+    assert proc.stdout.splitlines()[-1] == "False"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_dry_run_shows_the_compression_stages(tmp_path, capsys):
     assert main([str(COMPRESS), "--run-dir", str(tmp_path), "--dry-run", "--full"]) == 0
     out = "\n".join(unwrapped(capsys.readouterr().out))

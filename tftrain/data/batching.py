@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tftrain.config import ConfigError
+from tftrain.core.batches import per_replica_batch
 
 
 @dataclass(frozen=True)
@@ -47,15 +48,7 @@ def plan_batches(cfg, replicas: int, accumulation: int | None = None) -> BatchPl
     """The batch plan; `train.global_batch_size`, when set, must divide evenly.
     `accumulation` overrides the configured steps (the planner's choice to fit memory)."""
     accumulation = accumulation or cfg.train.accumulation_steps
-    if cfg.train.global_batch_size is None:
-        return BatchPlan(cfg.data.per_replica_batch_size, replicas, accumulation)
-    per_update = replicas * accumulation
-    if cfg.train.global_batch_size % per_update:
-        raise ConfigError(
-            f"train.global_batch_size: {cfg.train.global_batch_size} is not divisible by "
-            f"replicas x accumulation_steps = {replicas} x {accumulation}; use a multiple "
-            f"of {per_update}")
-    return BatchPlan(cfg.train.global_batch_size // per_update, replicas, accumulation)
+    return BatchPlan(per_replica_batch(cfg, replicas, accumulation), replicas, accumulation)
 
 
 @dataclass(frozen=True)

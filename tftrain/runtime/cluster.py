@@ -196,3 +196,28 @@ def cluster_resolver(task: Task):
     return tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec({"worker": list(task.workers)}), task_type="worker",
         task_id=task.rank, num_accelerators={"GPU": gpus}, rpc_layer="grpc")
+
+
+def cluster_spec() -> tuple[str, int, int]:
+    """(source, number of workers, this worker's index) from TF_CONFIG or SLURM."""
+    task = current_task()
+    return task.source, task.num_workers, task.rank
+
+
+def resolve_kind(d, devices: list[str]) -> str:
+    """`auto`: multi_worker when the cluster has >1 worker, mirrored over >1 device, else one."""
+    source, workers, _ = cluster_spec()
+    if workers > 1 and d.strategy not in ("auto", "multi_worker"):
+        raise ConfigError(
+            f"distribute.strategy: '{d.strategy}' trains on one machine, but {source} describes "
+            f"{workers} workers; use multi_worker or auto (e.g. --set distribute.strategy=auto)")
+    if (workers > 1 or d.strategy == "multi_worker") and d.devices is not None:
+        raise ConfigError(
+            "distribute.devices: a multi-worker task trains on all the GPUs it sees (or its CPU); "
+            "choose them per task with CUDA_VISIBLE_DEVICES or SLURM (--gpus-per-task), and "
+            "remove distribute.devices")
+    if d.strategy != "auto":
+        return d.strategy
+    if workers > 1:
+        return "multi_worker"
+    return "mirrored" if len(devices) > 1 else "one_device"

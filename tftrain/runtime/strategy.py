@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from tftrain.runtime.cluster import cluster_resolver, current_task, pin_gpus
+from tftrain.runtime.cluster import (cluster_resolver, cluster_spec, current_task,  # noqa: F401
+                                     pin_gpus, resolve_kind)  # (cluster_spec, resolve_kind: re-exported)
 from tftrain.config import Config, ConfigError, DistributeConfig
 
 _configured: tuple | None = None
@@ -61,12 +62,6 @@ def configure_devices(cfg) -> None:
     _configured = wanted
 
 
-def cluster_spec() -> tuple[str, int, int]:
-    """(source, number of workers, this worker's index) from TF_CONFIG or SLURM."""
-    task = current_task()
-    return task.source, task.num_workers, task.rank
-
-
 def is_chief() -> bool:
     """True on the worker that writes reports, logs and exports."""
     return current_task().chief
@@ -103,25 +98,6 @@ def resolve_devices(d: DistributeConfig) -> list[str]:
     if len(set(map(_canonical, d.devices))) != len(d.devices):
         raise ConfigError(f"distribute.devices: {d.devices} lists a device twice")
     return list(d.devices)
-
-
-def resolve_kind(d: DistributeConfig, devices: list[str]) -> str:
-    """`auto`: multi_worker when the cluster has >1 worker, mirrored over >1 device, else one."""
-    source, workers, _ = cluster_spec()
-    if workers > 1 and d.strategy not in ("auto", "multi_worker"):
-        raise ConfigError(
-            f"distribute.strategy: '{d.strategy}' trains on one machine, but {source} describes "
-            f"{workers} workers; use multi_worker or auto (e.g. --set distribute.strategy=auto)")
-    if (workers > 1 or d.strategy == "multi_worker") and d.devices is not None:
-        raise ConfigError(
-            "distribute.devices: a multi-worker task trains on all the GPUs it sees (or its CPU); "
-            "choose them per task with CUDA_VISIBLE_DEVICES or SLURM (--gpus-per-task), and "
-            "remove distribute.devices")
-    if d.strategy != "auto":
-        return d.strategy
-    if workers > 1:
-        return "multi_worker"
-    return "mirrored" if len(devices) > 1 else "one_device"
 
 
 def _cross_device_ops(d: DistributeConfig, devices: list[str]):
