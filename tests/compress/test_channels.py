@@ -245,3 +245,20 @@ def test_a_narrowed_mobilenet_v3_keeps_each_squeeze_excite_gate_on_its_block_s_c
         assert len(roots) == 1, gate.name
     assert plan.flops_after <= 0.5 * plan.flops_before and narrow.count_params() < net.count_params()
     agree(narrow, wide, IMAGES.shape)
+
+
+def test_a_narrowed_efficientnet_prunes_the_expanded_channels_its_squeeze_excite_reshapes():
+    """EfficientNetB0's squeeze-excite reshapes the pooled (C,) to (1, 1, C): channel by
+    channel, so the block's expanded channels are prunable (an opaque reshape would keep
+    them all) and the reshape takes the narrowed width."""
+    from tftrain.models.applications import application
+    from tftrain.models.tensor_ops import as_layers
+    keras.utils.set_random_seed(0)
+    net = with_statistics(as_layers(application("EfficientNetB0")(IMAGES)))
+    graph, plan, keep, narrow, wide = narrowed_and_masked(net)
+    reshapes = [layer for layer in net.layers if isinstance(layer, keras.layers.Reshape)]
+    assert len(reshapes) == 16
+    narrowed_widths = [narrow.get_layer(r.name).output_shape[-1] < r.output_shape[-1] for r in reshapes]
+    assert sum(narrowed_widths) >= 8, narrowed_widths
+    assert plan.flops_after <= 0.5 * plan.flops_before
+    agree(narrow, wide, IMAGES.shape)

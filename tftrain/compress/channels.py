@@ -128,8 +128,7 @@ class ChannelGraph:
                 self._fix(gid, f"{layer.name} ({kind}) applies a softmax across its channels")
             self.groups[gid].producers.append(layer.name)
             self.spaces[layer.name] = [(gid, width)]
-        elif (kind in FOLLOWERS and not _mixes(layer)) or (
-                kind == "Rescaling" and np.ndim(layer.scale) == np.ndim(layer.offset) == 0):
+        elif (kind in FOLLOWERS and not _mixes(layer)) or _channelwise(layer):
             if kind == "DepthwiseConv2D" and layer.depth_multiplier != 1:
                 raise ConfigError(f"{KEY}: channels cannot follow {layer.name} "
                                   f"(DepthwiseConv2D with depth_multiplier="
@@ -182,6 +181,20 @@ class ChannelGraph:
             parts.append(offset + (np.arange(size) if chosen is None else chosen))
             offset += size
         return np.concatenate(parts) if parts else np.arange(0)
+
+
+def _channelwise(layer) -> bool:
+    """A layer that keeps each channel apart though its class may not: a scalar
+    `Rescaling`, a `Reshape` that only adds or drops axes of size 1 around the channels
+    (EfficientNet's squeeze-excite: (C,) to (1, 1, C))."""
+    kind = type(layer).__name__
+    if kind == "Rescaling":
+        return np.ndim(layer.scale) == np.ndim(layer.offset) == 0
+    if kind != "Reshape":
+        return False
+    before = [d for d in layer.input_shape[1:] if d != 1]
+    after = [d for d in layer.output_shape[1:] if d != 1]
+    return before == after == [layer.output_shape[-1]] and layer.input_shape[-1] == after[0]
 
 
 def _mixes(layer) -> bool:
@@ -304,6 +317,9 @@ def narrowed(graph: ChannelGraph, keep: dict[int, np.ndarray]):
         if type(layer).__name__ in PRODUCERS:
             out = graph.kept_indices(graph.spaces[layer.name], keep)
             config["filters" if "filters" in config else "units"] = int(len(out))
+        elif type(layer).__name__ == "Reshape" and _channelwise(layer):
+            out = graph.kept_indices(graph.spaces[layer.name], keep)
+            config["target_shape"] = (*tuple(config["target_shape"])[:-1], int(len(out)))
         return type(layer).from_config(config)
 
     narrow = keras.models.clone_model(model, clone_function=clone)
