@@ -20,7 +20,7 @@ import traceback
 import tftrain  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)
 from tftrain import doctor
 from tftrain.config import Config, ConfigError, json_schema, load_config
-from tftrain.core import exit_codes
+from tftrain.core import exit_codes, native_log
 from tftrain.training.preemption import Preempted, Preemption
 
 EXIT_CONFIG, EXIT_RUNTIME, EXIT_PREEMPTED = exit_codes.CONFIG, exit_codes.RUNTIME, exit_codes.PREEMPTED
@@ -88,6 +88,8 @@ def main(argv=None) -> int:
         doctor.check_stack()            # versions only: an incoherent stack fails here
         if args.verbose:
             os.environ["TFTRAIN_VERBOSE"] = "1"
+        else:
+            native_log.python_warnings_held()
         profile = None
         if args.profile:
             from tftrain.training.profiling import parse_window

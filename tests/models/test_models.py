@@ -52,6 +52,10 @@ def test_custom_builder_by_module_path(monkeypatch):
         build_model(mcfg("model.name=my_models:nope"), IMAGES)
     with pytest.raises(ConfigError, match="model.name: cannot import module 'no_such_mod'"):
         build_model(mcfg("model.name=no_such_mod:f"), IMAGES)
+    # a built-in is named as no builder, before its parameters are checked against it
+    with pytest.raises(ConfigError, match=r"^model\.name: os:system is a built-in function, not a "
+                                          r"model builder; a builder is a Python function"):
+        build_model(mcfg("model.name=os:system", "model.params={dense: [128]}"), IMAGES)
 
 
 def test_a_bug_in_a_user_builder_is_not_a_config_error(monkeypatch):

@@ -14,6 +14,7 @@ so an error or a warning of tftrain's own in that stretch is still shown, just a
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import sys
@@ -64,3 +65,18 @@ def quiet():
                     if not NOISE.search(line.rstrip("\n"))]
             if kept:
                 os.write(2, "".join(kept).encode())
+
+
+def _errors_only(record) -> bool:
+    return record.levelno >= logging.ERROR
+
+
+def python_warnings_held() -> None:
+    """TensorFlow's own Python warnings (its `tensorflow` logger: "Callback method
+    on_train_batch_end is slow compared to the batch time", retracing notices) kept off
+    the command line's console below errors, as its native lines are; `--verbose` shows
+    them. For the CLI's process only: `tftrain.run.run` from Python leaves logging as it
+    is."""
+    logger = logging.getLogger("tensorflow")
+    if _errors_only not in logger.filters:
+        logger.addFilter(_errors_only)

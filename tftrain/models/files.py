@@ -133,7 +133,8 @@ def _custom_classes(file: Path) -> list[tuple[str, str]]:
     """(layer name, class) of layers in a Keras 3 `.keras` file's config that are not
     Keras built-ins registered under another name (read from config.json: nothing is
     loaded or run)."""
-    from tftrain.models.keras3 import APPLICATION_LAYERS, LAYERS, OPS, _CONVERTERS
+    from tftrain.models.keras3 import LAYERS, _CONVERTERS
+    from tftrain.models.keras3_forms import APPLICATION_LAYERS, OPS
 
     with zipfile.ZipFile(file) as z:
         config = json.loads(z.read("config.json"))

@@ -19,6 +19,8 @@ from typing import Callable
 import numpy as np
 
 from tftrain.core.keras import keras, keras3
+from tftrain.models.keras3_forms import (ACTIVATIONS, APPLICATION_LAYERS, application_layer,
+                                         is_tensor as _is_tensor, op_layer)
 
 # the built-in layers converted by their config (one class name in both Kerases)
 LAYERS = frozenset("""
@@ -45,26 +47,6 @@ def register_converter(class_name: str, converter: Callable) -> None:
     _CONVERTERS[class_name] = converter
 
 
-# layers Keras Applications define themselves, in both Kerases: class -> module of
-# `keras.src.applications` and `tf_keras.src.applications` (ConvNeXt's LayerScale and
-# StochasticDepth, Inception-ResNet's CustomScaleLayer)
-APPLICATION_LAYERS = {"LayerScale": "convnext", "StochasticDepth": "convnext",
-                      "CustomScaleLayer": "inception_resnet_v2"}
-
-
-def _application_layer(package: str, layer):
-    """The class of the same name in `package` ("keras" or "tf_keras"), built from the
-    layer's own settings (its dtype as a name)."""
-    import importlib
-
-    kind = type(layer).__name__
-    cls = getattr(importlib.import_module(f"{package}.src.applications.{APPLICATION_LAYERS[kind]}"),
-                  kind)
-    config = {k: v for k, v in layer.get_config().items() if k != "dtype"}
-    policy = getattr(layer, "dtype_policy", None)
-    return cls(**config, dtype=getattr(policy, "name", "float32"))
-
-
 def is_keras3(model) -> bool:
     """Whether `model` is a Keras 3 object (not a tf_keras one)."""
     return type(model).__module__.split(".")[0] == "keras"
@@ -85,7 +67,7 @@ def refusal(model) -> list[str]:
         if _nested(op):               # inlined: its own layers are what is converted
             problems += refusal(op)
         elif not isinstance(op, k3.layers.Layer):
-            if _op_layer(node) is None:
+            if op_layer(node) is None:
                 problems.append(f"{op.name} is a Keras op ({kind}) applied to tensors, not a "
                                 "layer tftrain converts (it converts +, -, * and / with a "
                                 "constant and +, -, * between tensors); use the layer form "
@@ -200,7 +182,7 @@ def _walk(nodes, convert, make_input, owner, node_index, made, given):
                 shape=tuple(spec.shape[1:]), dtype=spec.dtype, name=layer.name)]
             continue
         lookup = lambda t: outputs[(owner(t).name, node_index(t))][_tensor_index(t)]  # noqa: E731
-        op = _op_layer(node) if hasattr(node, "operation") else None
+        op = op_layer(node) if hasattr(node, "operation") else None
         args, kwargs = _arguments(node)
         if op is not None:             # a Keras 3 op on tensors: a layer without weights
             made_op, tensors = op
@@ -228,38 +210,6 @@ def _nested(layer) -> bool:
         hasattr(getattr(layer, "_functional", None) or layer, "_nodes_by_depth")
 
 
-_OP_LAYERS = {"Add": "Add", "Subtract": "Subtract", "Multiply": "Multiply"}
-OPS = frozenset({"Add", "Subtract", "Multiply", "Divide", "TrueDivide"})   # (`_op_layer`)
-
-
-def _op_layer(node):
-    """(tf_keras layer, the tensors it is called on) for a Keras 3 arithmetic op node, as
-    Keras Applications write them: `x + 3.0`, `x * (1 / 6)`, `x - c`, `x / c` as a
-    `Rescaling`; `a + b`, `a - b`, `a * b` between tensors as `Add`, `Subtract`,
-    `Multiply` (tf_keras's merge layers broadcast as the ops do). None: not one of them."""
-    op = node.operation
-    kind = type(op).__name__
-    args = list(node.arguments.args)
-    if node.arguments.kwargs or len(args) != 2 or \
-            kind not in OPS:
-        return None
-    tensors = [a for a in args if _is_tensor(a)]
-    if len(tensors) == 2:
-        name = _OP_LAYERS.get(kind)
-        return (getattr(keras.layers, name)(name=op.name), tensors) if name else None
-    constant = args[1] if _is_tensor(args[0]) else args[0]
-    if np.ndim(constant) != 0:
-        return None
-    c, first = float(constant), _is_tensor(args[0])
-    scale, offset = {"Add": (1.0, c), "Multiply": (c, 0.0),
-                     "Subtract": (1.0, -c) if first else (-1.0, c)}.get(kind, (None, None))
-    if kind in ("Divide", "TrueDivide"):
-        if not first or c == 0:
-            return None
-        scale, offset = 1.0 / c, 0.0
-    return keras.layers.Rescaling(scale, offset, name=op.name), tensors
-
-
 def _arguments(node):
     if hasattr(node, "arguments"):                       # Keras 3
         return list(node.arguments.args), dict(node.arguments.kwargs)
@@ -274,10 +224,6 @@ def _tensor_index(tensor) -> int:
     return tensor._keras_history.tensor_index
 
 
-def _is_tensor(value) -> bool:
-    return hasattr(value, "_keras_history")
-
-
 def _copy_weights(source, target) -> None:
     weights = source.get_weights()
     shapes = [tuple(w.shape) for w in weights]
@@ -289,12 +235,6 @@ def _copy_weights(source, target) -> None:
 
 
 # -- one layer ----------------------------------------------------------------------------
-# Keras 3 activations tf_keras names otherwise or computes otherwise (tf_keras's
-# `hard_sigmoid` is 0.2x + 0.5 clipped; Keras 3's is relu6(x + 3) / 6)
-_ACTIVATIONS = {"hard_silu": "HardSwish", "hard_swish": "HardSwish",
-                "hard_sigmoid": "HardSigmoid"}
-
-
 def _to_tf_keras_layer(layer):
     from tftrain.models import tensor_ops
 
@@ -302,9 +242,9 @@ def _to_tf_keras_layer(layer):
     if kind in _CONVERTERS:
         return _CONVERTERS[kind](layer)
     if kind in APPLICATION_LAYERS:
-        return _application_layer("tf_keras", layer)
-    if kind == "Activation" and layer.get_config().get("activation") in _ACTIVATIONS:
-        form = getattr(tensor_ops, _ACTIVATIONS[layer.get_config()["activation"]])
+        return application_layer("tf_keras", layer)
+    if kind == "Activation" and layer.get_config().get("activation") in ACTIVATIONS:
+        form = getattr(tensor_ops, ACTIVATIONS[layer.get_config()["activation"]])
         return form(name=layer.name, dtype=layer.dtype_policy.name)
     cls = getattr(keras.layers, kind)
     config = _mapped(layer)
@@ -382,7 +322,7 @@ def _to_keras3_layer(layer):
     k3 = keras3()
     kind = type(layer).__name__
     if kind in APPLICATION_LAYERS:
-        return _application_layer("keras", layer)
+        return application_layer("keras", layer)
     if kind in ("HardSwish", "HardSigmoid"):       # tftrain's layers of Keras 3 activations
         return k3.layers.Activation("hard_silu" if kind == "HardSwish" else "hard_sigmoid",
                                     name=layer.name)

@@ -3,6 +3,8 @@
 model with its params checked."""
 from __future__ import annotations
 
+import inspect
+
 from tftrain.core.keras import ensure_tf_keras_model
 from tftrain.config import ConfigError, ModelConfig
 from tftrain.core.registry import Registry, check_params, import_function
@@ -26,7 +28,11 @@ def resolve_builder(name: str, key: str = "model.name"):
             return application(name[len(APPLICATIONS):])
         except ValueError as err:
             raise ConfigError(f"{key}: {err}") from None
-    return import_function(name, key)
+    fn = import_function(name, key)
+    if inspect.isbuiltin(fn):
+        raise ConfigError(f"{key}: {name} is a built-in function, not a model builder; a builder "
+                          "is a Python function fn(spec, **params) that returns a Keras model")
+    return fn
 
 
 def build_model(cfg: ModelConfig, spec, section: str = "model"):

@@ -1,0 +1,32 @@
+"""What of TensorFlow's own logging reaches a command's console."""
+import logging
+
+from tftrain.core import native_log
+
+
+def test_tensorflow_python_warnings_are_held_errors_kept():
+    """After `python_warnings_held()` (the CLI without --verbose), the warning Keras
+    prints for a slow callback reaches no handler of TensorFlow's logger; an error still
+    does; holding twice adds one filter."""
+    import tensorflow as tf
+    logger = tf.get_logger()
+    seen = []
+
+    class Seen(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+    handler, before = Seen(), list(logger.filters)
+    logger.addHandler(handler)
+    try:
+        native_log.python_warnings_held()
+        native_log.python_warnings_held()
+        assert len(logger.filters) == len(before) + 1
+        logger.warning("Callback method `on_train_batch_end` is slow compared to the batch time")
+        logger.error("a real error")
+        assert seen == ["a real error"]
+        logger.filters[:] = before
+        logger.warning("shown again")
+        assert seen == ["a real error", "shown again"]
+    finally:
+        logger.filters[:] = before
+        logger.removeHandler(handler)
