@@ -95,3 +95,23 @@ def test_a_float_artifact_is_held_to_the_logit_difference_relative_to_the_larges
     assert report["tflite_float"]["check"] == ("largest logit difference 0.41 > export.max_logit_diff "
                                                "0.001 x the largest logit 400")
     assert report["onnx"]["check"] == "largest logit difference 0.002 > export.max_logit_diff 0.001"
+
+
+def test_a_float_file_whose_logits_are_apart_is_judged_by_its_layers():
+    """Logits apart by more than float rounding at the logits: verified only when no layer
+    adds noise above float rounding (the network amplified it), failed when one does (a
+    layer converted to something else), failed without layers to judge by."""
+    from tftrain.export.verification import FLOAT_LAYER_SQNR_DB
+    cfg = load_config(None, ["export.max_logit_diff=1e-3"]).export
+    apart = {"max_abs_logit_diff": 0.053, "logit_scale": 35.5}
+    exact = [{"layer": "stem_conv", "local_sqnr_db": 99.0}, {"layer": "top_bn", "local_sqnr_db": 99.0}]
+    broken = [{"layer": "stem_conv", "local_sqnr_db": 99.0}, {"layer": "top_bn", "local_sqnr_db": 12.0}]
+    report = verify({"tflite_float": {**apart, "layers": exact}, "onnx": {**apart, "layers": broken},
+                     "saved_model": dict(apart)}, cfg, 0.95)
+    assert report["tflite_float"]["verified"] and not report["onnx"]["verified"]
+    assert not report["saved_model"]["verified"]
+    assert report["tflite_float"]["check"].endswith(
+        "layer by layer the noisiest, stem_conv, adds noise 99.0 dB below its values >= 60 dB "
+        "(float rounding, amplified by the network)")
+    assert report["onnx"]["check"].endswith(f"top_bn, adds noise 12.0 dB below its values < "
+                                            f"{FLOAT_LAYER_SQNR_DB:g} dB")

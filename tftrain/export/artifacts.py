@@ -249,6 +249,11 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
             entry = _tflite_entry(blob, plain, x_val, y_val, reference,
                                   int8 is not None and layers, calibration, cfg, timed=timed,
                                   beside=None if cfg.tflite == "float" else beside)
+            if mode == "float" and layers and not verification.logits_within(entry, cfg):
+                # judged by its layers: a deep untrained network amplifies float rounding
+                from tftrain.export import fidelity
+                entry["layers"] = fidelity.tflite_report(blob, plain,
+                                                         calibration[:fidelity.EXAMPLES])
             if qat and cfg.int8_fallback != "off" and timed and by_labels and \
                     accuracy(reference, y_val) - entry["accuracy"] > cfg.max_accuracy_drop + 1e-9:
                 blob, entry = _with_fallback(plain, out, blob, entry, x_val, y_val, reference,
