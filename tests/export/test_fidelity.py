@@ -148,3 +148,20 @@ def test_a_channel_pruning_emptied_keeps_its_bias_in_the_int8_file(tmp_path):
     local = {r["layer"]: r["local_sqnr_db"]
              for r in fidelity.tflite_report(converted(q, tmp_path / "after"), q, x)}
     assert local["quant_relu"] > 40
+
+
+def test_layers_below_the_floor_are_one_warning_naming_the_noisiest(capsys):
+    """Twelve noisy layers of a large model: one warning line, the noisiest first with
+    its SQNR, three more named, and the count; every layer stays in the entry."""
+    from tftrain.config import load_config
+    cfg = load_config(None, []).export
+    rows = [{"layer": f"conv_{i}", "op": "CONV_2D", "local_sqnr_db": 10.0 + i, "sqnr_db": 5.0}
+            for i in range(12)] + [{"layer": "logits", "op": "FULLY_CONNECTED",
+                                    "local_sqnr_db": 45.0, "sqnr_db": 30.0}]
+    entry = fidelity.entries("tflite_int8", rows[::-1], cfg)
+    printed = capsys.readouterr().out
+    assert printed.count("tftrain: warning") == 1 and len(entry["layers"]) == 13
+    text = " ".join(printed.split())           # the warning wrapped at 120 columns, joined
+    assert text.startswith("tftrain: warning: tflite_int8: layer conv_0 (CONV_2D) adds noise at 10.0 dB")
+    assert text.endswith("; 9 more layers below it (conv_1, conv_2, conv_3, ...; summary.json lists "
+                         "every layer)")

@@ -296,12 +296,16 @@ def saved_model_int8_entry(plain, quantized, layers: dict, calibration: np.ndarr
 def entries(name: str, rows: list[dict], cfg) -> dict:
     """`layers` (every compared layer), `worst_layers` (the five adding the most error),
     and a warning line for each layer adding more noise than `export.min_layer_sqnr`."""
-    for row in rows:
-        if row["local_sqnr_db"] < cfg.min_layer_sqnr:
-            console.warn(f"{name}: layer {row['layer']} ({row['op']}) adds noise "
-                         f"at {row['local_sqnr_db']:.1f} dB SQNR, below export.min_layer_sqnr "
-                         f"{cfg.min_layer_sqnr:g} (its values are {row['sqnr_db']:.1f} dB from the "
-                         "model's): its 8-bit range or kernel does not fit its values")
+    noisy = worst([row for row in rows if row["local_sqnr_db"] < cfg.min_layer_sqnr], len(rows))
+    if noisy:            # one warning however many layers: the noisiest named, then a count
+        row, more = noisy[0], len(noisy) - 1
+        console.warn(f"{name}: layer {row['layer']} ({row['op']}) adds noise "
+                     f"at {row['local_sqnr_db']:.1f} dB SQNR, below export.min_layer_sqnr "
+                     f"{cfg.min_layer_sqnr:g} (its values are {row['sqnr_db']:.1f} dB from the "
+                     "model's): its 8-bit range or kernel does not fit its values"
+                     + (f"; {more} more layer{'s' if more > 1 else ''} below it "
+                        f"({', '.join(r['layer'] for r in noisy[1:4])}{', ...' if more > 3 else ''}"
+                        "; summary.json lists every layer)" if more else ""))
     return {"layers": rows, "worst_layers": [r["layer"] for r in worst(rows)]}
 
 
