@@ -252,8 +252,8 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
             if mode == "float" and layers and not verification.logits_within(entry, cfg):
                 # judged by its layers: a deep untrained network amplifies float rounding
                 from tftrain.export import fidelity
-                entry["layers"] = fidelity.tflite_report(blob, plain,
-                                                         calibration[:fidelity.EXAMPLES])
+                rows = fidelity.tflite_report(blob, plain, calibration[:fidelity.EXAMPLES])
+                entry.update(layers=rows, worst_layers=[r["layer"] for r in fidelity.worst(rows)])
             if qat and cfg.int8_fallback != "off" and timed and by_labels and \
                     accuracy(reference, y_val) - entry["accuracy"] > cfg.max_accuracy_drop + 1e-9:
                 blob, entry = _with_fallback(plain, out, blob, entry, x_val, y_val, reference,
