@@ -216,3 +216,17 @@ def test_post_training_int8_of_hard_swish_is_int8_ops_xnnpack_runs(tmp_path):
     blob = convert_tflite(tmp_path / "saved_model", "float", None)
     assert "HARD_SWISH" in {op["op_name"] for op in Interpreter(model_content=blob)._get_ops_details()}
     assert speed.xnnpack(blob)["fallback"] == []
+
+
+def test_a_float_tflite_file_beyond_the_logit_limit_is_compared_layer_by_layer(tmp_path, trained):
+    """The limit at the logits made tighter than float32 rounding: the float file is
+    compared layer by layer, every layer exact to float rounding, and so verified, with
+    the check saying so (the SavedModel runs TensorFlow's kernels: 0 apart)."""
+    model, source = trained
+    cfg = load_config(None, ["export.tflite=float", "export.max_logit_diff=1e-12"]).export
+    report = export_all(model, cfg, tmp_path, source)
+    lite = report["tflite_float"]
+    assert "dense_0" in [row["layer"] for row in lite["layers"]]
+    assert min(row["local_sqnr_db"] for row in lite["layers"]) >= 60 and lite["worst_layers"]
+    assert lite["verified"] and "layer by layer the noisiest" in lite["check"], lite["check"]
+    assert lite["max_abs_logit_diff"] > 1e-12 and "layers" not in report["saved_model"]
