@@ -83,6 +83,37 @@ def test_a_keras3_file_is_pruned_quantized_and_exported_without_training(tmp_pat
 
 
 @pytest.mark.slow
+def test_a_keras3_mobilenet_v3_is_pruned_quantization_aware_trained_and_exported_int8(tmp_path):
+    """Keras 3's own MobileNetV3Small (its hard-sigmoid written as operations on tensors,
+    its hard-swish as an activation, squeeze-excite gates) from a `.keras` file: converted,
+    trained, pruned to 50%, prune-preserving QAT and an int8 TFLite file that XNNPack
+    runs whole, within a point of the QAT model, handed back as Keras 3."""
+    from ai_edge_litert.interpreter import Interpreter
+    k3 = keras3()
+    k3.utils.set_random_seed(0)
+    inputs = k3.Input((32, 32, 3))
+    backbone = k3.applications.MobileNetV3Small(
+        include_top=False, weights=None, input_tensor=k3.layers.Rescaling(255.0)(inputs),
+        pooling="avg", alpha=0.75)
+    path = tmp_path / "mobilenet_v3.keras"
+    k3.Model(inputs, k3.layers.Dense(10, name="logits")(backbone.output)).save(str(path))
+    summary = run(quick_config(
+        tmp_path, f"model={{name: 'file:{path}'}}", "data.params={image_size: 32, channels: 3}",
+        "distribute.strategy=one_device", "train.epochs=2",
+        "compression.pruning={enabled: true, epochs: 1, final_sparsity: 0.5}",
+        "compression.quantization={enabled: true, epochs: 1}", "export.tflite=int8"))
+    assert summary["model_source"]["converted_diff"] <= 1e-5
+    lite, qat = summary["artifacts"]["tflite_int8"], summary["stages"]["qat"]["metrics"]
+    assert lite["verified"] and qat["val_accuracy"] - lite["accuracy"] <= 0.01, lite["check"]
+    assert lite["xnnpack"]["fallback"] == [] and lite["label"] == "int8 with 2 float ops"
+    ops = [op["op_name"] for op in Interpreter(
+        model_path=str(tmp_path / "quickstart" / "export" / "model.tflite"))._get_ops_details()]
+    assert "HARD_SWISH" not in ops and ops.count("DEQUANTIZE") == 1
+    assert summary["artifacts"]["keras3_file"]["verified"]
+    assert min(summary["sparsity"].values()) == pytest.approx(0.5, abs=0.01)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["model.h5", "saved_model"])
 def test_a_tf_keras_file_starts_the_run_as_it_was_saved(tmp_path, form):
     """A tf_keras model saved as .h5 or as a SavedModel directory, run with
