@@ -19,7 +19,7 @@ import tensorflow as tf
 from tftrain.core.keras import keras
 from tftrain.models import tensor_ops
 from tftrain.export.measures import (accuracy, against, dir_bytes, input_kind,
-                                     signature_latency, signature_logits, sizes)
+                                     rounding_noise, signature_latency, signature_logits, sizes)
 
 
 def inference_model(model):
@@ -276,6 +276,10 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
     if not cfg.saved_model:   # it was only the conversion's source
         shutil.rmtree(saved)
         del report["saved_model"]
+    if not qat:       # the model's own logit noise, for its float artifacts' checks
+        noise = rounding_noise(lambda x: plain(x, training=False), x_val, reference)
+        for name in report.keys() & set(verification.FLOAT_ARTIFACTS):
+            report[name]["logit_noise"] = noise
     return verification.verify(report, cfg, accuracy(reference, y_val), qat, by_labels,
                                untrained)
 
