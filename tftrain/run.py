@@ -3,9 +3,11 @@
 config -> plan -> strategy -> precision -> data -> model -> optimizer -> fit ->
 evaluate -> export -> verify -> summary.json and a report table.
 
-Exit codes: 0 done, 2 bad config or arguments, 1 runtime failure (a failed export check
-and an incoherent package stack included), 42 stopped by SIGTERM or SIGINT at a safe
-point (rerun the same command to resume).
+Exit codes (`tftrain.core.exit_codes`): 0 done, 2 bad config or arguments, 1 runtime
+failure (a failed export check and an incoherent package stack included), 3 a budget
+missed with something to ship (an artifact beyond export.max_accuracy_drop, every file
+kept and the best within budget named), 42 stopped by SIGTERM or SIGINT at a safe point
+(rerun the same command to resume).
 """
 from __future__ import annotations
 
@@ -45,6 +47,8 @@ exit codes:
   1   runtime failure (a bug in your builder or dataset function keeps its traceback; an
       exported artifact failing its check; an incoherent package stack)
   2   bad config or arguments: one line per problem, nothing written
+  3   a budget missed with something to ship: an artifact beyond export.max_accuracy_drop
+      (every file kept, the best within budget named)
   42  stopped by SIGTERM or SIGINT after saving a checkpoint: rerun the same command
 
 Running the same command again resumes an interrupted run; docs/config.md lists every key."""

@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 from tftrain.config import ConfigError, dump_config, load_config
-from tftrain.core import console
+from tftrain.core import console, exit_codes
 from tftrain.search import candidate_runs
 from tftrain.search import candidates as cands
 from tftrain.search import front
@@ -269,7 +269,7 @@ class Search:
         took = time.monotonic() - began
         entry["seconds"] = entry.get("seconds", 0.0) + took
         summary = candidate_runs.summary_of(path)
-        if code in (0, 3) and summary is not None:
+        if code in (exit_codes.OK, exit_codes.TARGET_MISSED) and summary is not None:
             dense = None if candidate.reference else self.record["dense"]
             entry["figures"] = front.figures(summary, candidate.artifact(
                 self.target.latency.runtime), self.target, dense)
@@ -286,10 +286,9 @@ class Search:
                            "; meets the target" if met else "; misses the target"))
         else:
             reason = candidate_runs.last_error(path.parent / f"{candidate.name}.log")
-            entry.update(status="refused" if code == 2 else "failed", reason=reason,
-                         exit_code=code)
-            console.say(f"[candidate {number}] {'refused' if code == 2 else 'failed'} "
-                        f"(exit {code}): {reason}")
+            status = "refused" if code == exit_codes.CONFIG else "failed"
+            entry.update(status=status, reason=reason, exit_code=code)
+            console.say(f"[candidate {number}] {status} (exit {code}): {reason}")
             if candidate.reference:
                 self._save()
                 raise RuntimeError(f"the dense reference could not be exported: {reason}")
