@@ -67,7 +67,7 @@ def trial(name: str, runs: Path, timeout: int) -> dict:
         row["outcome"] = "converted, " + ", ".join(
             f"{k} {'verified' if a.get('verified') else 'FAILED'}"
             for k, a in found["artifacts"].items())
-        row["converted_diff"] = found.get("model", {}).get("converted_diff")
+        row["converted_diff"] = found.get("model_source", {}).get("converted_diff")
     else:
         lines = [l for l in (done.stdout + done.stderr).splitlines() if l.startswith(("tftrain", "model."))]
         row["outcome"] = "refused" if done.returncode == 2 else "failed"

@@ -218,11 +218,14 @@ def test_post_training_int8_of_hard_swish_is_int8_ops_xnnpack_runs(tmp_path):
     assert speed.xnnpack(blob)["fallback"] == []
 
 
-def test_a_float_tflite_file_beyond_the_logit_limit_is_compared_layer_by_layer(tmp_path, trained):
+def test_a_float_tflite_file_beyond_the_logit_limit_is_compared_layer_by_layer(tmp_path, trained,
+                                                                            monkeypatch):
     """The limit at the logits made tighter than float32 rounding: the float file is
     compared layer by layer, every layer exact to float rounding, and so verified, with
     the check saying so (the SavedModel runs TensorFlow's kernels: 0 apart)."""
+    from tftrain.export import verification
     model, source = trained
+    monkeypatch.setattr(verification, "NOISE_FACTOR", 0.0)      # the limit at the logits alone
     cfg = load_config(None, ["export.tflite=float", "export.max_logit_diff=1e-12"]).export
     report = export_all(model, cfg, tmp_path, source)
     lite = report["tflite_float"]
