@@ -30,6 +30,8 @@ def summary(plan, results: dict, artifacts: dict, net) -> dict:
                        "model_flops_per_sec": first.get("model_flops_per_sec", 0.0),
                        "mfu": first.get("mfu", 0.0),
                        "peak_flops_per_sec": peak.flops, "peak_device": peak.description,
+                       "peak_flops_measured": peak.measured,
+                       "peak_flops_theoretical": peak.theoretical,
                        "input_wait": first.get("input_wait"),
                        "input_wait_ms_per_batch": first.get("input_wait_ms_per_batch"),
                        "host_ms_per_call": first.get("host_ms_per_call"),

@@ -4,6 +4,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tftrain.core.cpu import busy_seconds, int8_instructions, others_cores
 
 
@@ -61,3 +63,16 @@ def test_missing_readings_give_no_load():
     assert others_cores(None, (1.0, 1.0), 1.0) is None
     assert others_cores((1.0, 1.0), (2.0, 1.0), 0.0) is None
     assert others_cores((1.0, 0.0), (3.0, 0.5), 1.0) == 1.5
+
+
+def test_the_theoretical_peak_is_cores_clock_and_the_widest_vectors_fmas():
+    """Two fused multiply-adds a cycle of the widest vectors the flags name: AVX-512 64
+    float32 FLOPs a cycle, AVX2 with FMA 32; bfloat16 twice with AVX-512 BF16; the
+    highest clock /proc/cpuinfo lists; nothing without a known vector unit."""
+    from tftrain.core.cpu import theoretical_peak
+    zen4 = "flags : fpu sse2 avx fma avx512f avx512_bf16\ncpu MHz : 2596.152\ncpu MHz : 2400.0\n"
+    assert theoretical_peak("float32", zen4, cores=2) == pytest.approx(2 * 2596.152e6 * 64)
+    assert theoretical_peak("bfloat16", zen4, cores=2) == pytest.approx(2 * 2596.152e6 * 128)
+    assert theoretical_peak("float32", "flags : sse2 avx fma\ncpu MHz : 3000\n", cores=4) == 4 * 3e9 * 32
+    assert theoretical_peak("float16", "flags : sse2 avx fma\ncpu MHz : 3000\n", cores=1) == 3e9 * 32
+    assert theoretical_peak("float32", "flags : neon\n", cores=2) is None

@@ -46,3 +46,34 @@ def others_cores(before: tuple[float, float] | None, after: tuple[float, float] 
     if before is None or after is None or wall <= 0:
         return None
     return max(0.0, (after[0] - before[0]) - (after[1] - before[1])) / wall
+
+
+# float32 FLOPs a core can do per cycle at most, by the widest vectors its flags name: an
+# x86 core issues at most two fused multiply-adds a cycle (2 x lanes x 2 FLOPs)
+FP32_PER_CYCLE = (("avx512f", 64), ("fma", 32), ("avx", 16), ("sse2", 8))
+
+
+def theoretical_peak(dtype: str = "float32", flags: str | None = None,
+                     cores: int | None = None, mhz: float | None = None) -> float | None:
+    """FLOP/s the CPU cannot exceed in `dtype`: cores x clock x FLOPs per cycle (None
+    where the flags name no known vector unit). bfloat16 counts twice float32's with
+    AVX-512 BF16 (its dot product takes two bfloat16 products per float32 lane). The clock
+    is the highest /proc/cpuinfo reports; a core that turbo-boosts above it can exceed the
+    figure, which is why MFU is quoted against the larger of this and a measured peak."""
+    import os
+    import re
+
+    flags = cpu_flags() if flags is None else flags
+    per = next((n for flag, n in FP32_PER_CYCLE if f" {flag}" in flags), None)
+    if per is None:
+        return None
+    if dtype == "bfloat16" and " avx512_bf16" in flags:
+        per *= 2
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if mhz is None:
+        clocks = [float(v) for v in re.findall(r"^cpu MHz\s*:\s*([\d.]+)", flags, re.M)]
+        if not clocks:
+            return None
+        mhz = max(clocks)
+    return float(cores) * mhz * 1e6 * per

@@ -194,10 +194,15 @@ def matmul_peak_flops(device: str = "/cpu:0", n: int = 1024, repeats: int = 5,
 
 @dataclass(frozen=True)
 class Peak:
-    """The FLOP/s the training devices could reach, measured, for MFU."""
+    """The FLOP/s the training devices could reach, for MFU: `flops`, the larger of the
+    `measured` matmul and, on a CPU, the `theoretical` peak of its vector units and clock
+    (a matmul timed briefly on a shared machine read below what convolutions then
+    reached: MFU 1.03 on a compute-bound CNN)."""
     flops: float
     dtype: str
     description: str       # e.g. "2 x NVIDIA A100 (bfloat16 matmul, measured) x 2 workers"
+    measured: float = 0.0
+    theoretical: float | None = None
 
 
 def compute_dtype(policy: str) -> str:
@@ -217,10 +222,18 @@ def peak_flops(devices, policy: str, workers: int = 1) -> Peak:
         flops = sum(matmul_peak_flops(group[0], n=4096, dtype=dtype) * len(group)
                     for group in kinds.values())
         what = " + ".join(f"{len(g)} x GPU {name}".rstrip() for name, g in kinds.items())
+        theoretical = None
     else:
+        from tftrain.core.cpu import theoretical_peak
         flops, what = matmul_peak_flops("/cpu:0", dtype=dtype), "the CPU"
+        theoretical = theoretical_peak(dtype)
     workers_text = f" x {workers} workers" if workers > 1 else ""
-    return Peak(flops * workers, dtype, f"{what} ({dtype} matmul, measured){workers_text}")
+    if theoretical is not None and theoretical > flops:
+        return Peak(theoretical * workers, dtype, f"{what} ({dtype}, vector units x clock; "
+                    f"measured matmul {flops / 1e9:.0f} GFLOP/s){workers_text}",
+                    flops * workers, theoretical * workers)
+    return Peak(flops * workers, dtype, f"{what} ({dtype} matmul, measured){workers_text}",
+                flops * workers, None if theoretical is None else theoretical * workers)
 
 
 def _gpu_name(device: str) -> str:
