@@ -54,18 +54,8 @@ def show(search) -> None:
         writer = csv.DictWriter(f, COLUMNS)
         writer.writeheader()
         writer.writerows(table)
-    width = max(len(r["candidate"]) for r in table)
-    lines = [f"{'candidate':{width}}  {'accuracy':>8} {'drop':>7} {'size':>10} {'ms':>8} "
-             f"{'vs dense':>8}  status"]
-    for r in table:
-        mark = ("reference" if r["candidate"] == "float" else "meets" if r["meets"] is True
-                else "misses" if r["meets"] is False else r["status"])
-        lines.append(f"{r['candidate']:{width}}  {r['accuracy']:>8} "
-                     f"{(r['drop_pt'] + ' pt') if r['drop_pt'] else '':>7} "
-                     f"{console.size(r['bytes']) if r['bytes'] != '' else '':>10} "
-                     f"{r['latency_ms'][:6] if r['latency_ms'] else '':>8} "
-                     f"{(r['latency_ratio'][:4] + 'x') if r['latency_ratio'] else '':>8}  "
-                     f"{mark}{' (front)' if r['front'] else ''}")
+    lines = _aligned([("candidate", "accuracy", "change", "size", "ms", "vs dense", "status")]
+                     + [_cells(r) for r in table])
     rule = "-" * min(console.WIDTH, max(len(line) for line in lines))
     record = search.record
     chosen = record.get("chosen")
@@ -83,3 +73,25 @@ def show(search) -> None:
         console.say(f"report: {page}")
     except (OSError, ValueError, KeyError) as err:      # the run's own files are missing
         console.say(f"report: not written ({type(err).__name__}: {err})")
+
+
+def _cells(r: dict) -> tuple:
+    """A candidate's printed cells: its accuracy change said as a gain or a loss
+    (`+5.56 pt` for a file better than the dense model), its size, latency and ratio."""
+    mark = ("reference" if r["candidate"] == "float" else "meets" if r["meets"] is True
+            else "misses" if r["meets"] is False else r["status"])
+    change = f"{-float(r['drop_pt']):+.2f} pt" if r["drop_pt"] else ""
+    return (r["candidate"], r["accuracy"], change,
+            console.size(r["bytes"]) if r["bytes"] != "" else "",
+            r["latency_ms"][:6] if r["latency_ms"] else "",
+            (r["latency_ratio"][:4] + "x") if r["latency_ratio"] else "",
+            mark + (" (front)" if r["front"] else ""))
+
+
+def _aligned(rows: list[tuple]) -> list[str]:
+    """Rows of cells as lines, each column as wide as its widest cell: the first left-
+    aligned, the last as it is, the figures between right-aligned."""
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join([f"{row[0]:<{widths[0]}}", *(f"{c:>{w}}" for c, w in
+                                                   zip(row[1:-1], widths[1:-1])), row[-1]])
+            for row in rows]
