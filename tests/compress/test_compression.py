@@ -399,3 +399,33 @@ def test_hard_swish_and_squeeze_excite_quantize_to_int8_ops_xnnpack_runs(tmp_pat
     interpreter.allocate_tensors()
     float_ops = {op["op_name"] for op in interpreter._get_ops_details()}
     assert "HARD_SWISH" in float_ops and not {"QUANTIZE", "DEQUANTIZE", "FAKE_QUANT"} & float_ops
+
+
+def test_an_efficientnet_squeeze_excite_block_quantizes_to_int8_ops_xnnpack_runs(tmp_path):
+    """EfficientNet's squeeze-excite (pool, reshape, a convolution with swish built in,
+    one with sigmoid, the product) as the model is built (`tensor_ops.as_layers`):
+    through QAT its int8 file has no float op (the convolutions' swish and sigmoid were
+    float, 16 times in EfficientNetB0) and XNNPack runs every op (the reshape's SHAPE,
+    STRIDED_SLICE and PACK it did not)."""
+    from tftrain.export import artifacts, fidelity, speed
+    from tftrain.models.tensor_ops import as_layers
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8, 8, 3))
+    h = keras.layers.Conv2D(16, 3, padding="same", use_bias=False, name="conv")(inputs)
+    h = keras.layers.Activation("swish", name="act")(keras.layers.BatchNormalization(name="bn")(h))
+    g = keras.layers.GlobalAveragePooling2D(name="squeeze")(h)
+    g = keras.layers.Reshape((1, 1, 16), name="se_reshape")(g)
+    g = keras.layers.Conv2D(4, 1, activation="swish", name="se_reduce")(g)
+    g = keras.layers.Conv2D(16, 1, activation="sigmoid", name="se_expand")(g)
+    h = keras.layers.Multiply(name="excite")([h, g])
+    net = keras.Model(inputs, keras.layers.Dense(10, name="logits")(
+        keras.layers.GlobalAveragePooling2D(name="pool")(h)))
+    x = np.random.default_rng(0).uniform(0, 1, (64, 8, 8, 3)).astype("float32")
+    q = quantization.quantize_model(as_layers(net), load_config(None, []).compression.quantization,
+                                    False)
+    quantization.calibrate_ranges(q, [x])
+    blob = artifacts.convert_tflite(artifacts.save_saved_model(q, tmp_path / "sm"), "int8", x, qat=True)
+    assert fidelity.float_ops(blob) == [] and speed.xnnpack(blob)["fallback"] == []
+    expected = q(x, training=False).numpy()
+    logits, _ = artifacts.tflite_logits(blob, x)
+    assert 10 * np.log10(np.sum(expected ** 2) / np.sum((logits - expected) ** 2)) >= 25

@@ -76,3 +76,25 @@ def test_a_hard_sigmoid_read_elsewhere_too_stays_computed_and_a_model_without_fo
     assert _same(net, rewritten, sample) <= 1e-6
     plain = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3), keras.layers.Lambda(tf.math.sin)])
     assert as_layers(plain) is plain
+
+
+def test_efficientnet_squeeze_excite_pools_with_kept_dims_and_its_convolutions_split_their_activations():
+    """EfficientNetB0's 16 squeeze-excite blocks: `GlobalAveragePooling2D -> Reshape((1, 1,
+    C))` becomes the pooling with `keepdims` (no reshape left), and each
+    `Conv2D(activation="swish"/"sigmoid")` a linear convolution and an `Activation`, the
+    model computing the same."""
+    keras.utils.set_random_seed(0)
+    model = application("EfficientNetB0")(SPEC)
+    rewritten = as_layers(model)
+    kinds = _kinds(rewritten)
+    assert "Reshape" not in kinds and _kinds(model).count("Reshape") == 16
+    kept = [layer for layer in rewritten.layers
+            if isinstance(layer, keras.layers.GlobalAveragePooling2D) and layer.keepdims]
+    assert len(kept) == 16
+    reduce = rewritten.get_layer("block1a_se_reduce")
+    assert keras.activations.serialize(reduce.activation) == "linear"
+    assert rewritten.get_layer("block1a_se_reduce_activation").get_config()["activation"] == "swish"
+    assert all(keras.activations.serialize(layer.activation) in ("linear", "relu")
+               for layer in rewritten.layers if isinstance(layer, keras.layers.Conv2D))
+    x = np.random.default_rng(0).uniform(0, 1, (8, 32, 32, 3)).astype("float32")
+    assert _same(model, rewritten, x) <= 1e-5

@@ -13,7 +13,10 @@ training and reports work on, so `as_layers` rewrites a tf_keras functional mode
   `Multiply([x, HardSigmoid(x)])` one `HardSwish`;
 - consecutive elementwise affine layers, each read only by the next, become one
   `Rescaling` (per channel where one of them is), and none where they cancel out (the
-  `x * 255` of `Preprocess` and the `1/255` of EfficientNet's `Rescaling`).
+  `x * 255` of `Preprocess` and the `1/255` of EfficientNet's `Rescaling`);
+- a global average pooling reshaped to (1, 1, C) becomes the pooling with `keepdims`,
+  and a convolution with a swish, sigmoid, tanh or gelu built in becomes the
+  convolution and an `Activation` (what int8 files run as static, quantized ops).
 
 The rewritten model computes what the original does (weights copied by layer); a model
 with none of these forms is returned as it is.
@@ -135,7 +138,8 @@ class _Graph:
             self.consumers[_key(t)] = self.consumers.get(_key(t), 0) + 1
         self.plan: dict[int, tuple] = {}          # id(node) -> (kind, source tensor, value)
         for node in nodes:
-            found = self._hard_swish(node) or self._hard_sigmoid(node) or self._affine(node)
+            found = (self._hard_swish(node) or self._hard_sigmoid(node) or self._affine(node)
+                     or self._kept_dims(node) or self._split_activation(node))
             if found is not None:
                 self.plan[id(node)] = found
 
@@ -201,6 +205,36 @@ class _Graph:
                 return "hard_swish", x, None
         return None
 
+    def _kept_dims(self, node):
+        """("kept_dims", x, pooling config) at a `Reshape` to (1, 1, C) of a global
+        average pooling only it reads (EfficientNet's squeeze): the pooling with
+        `keepdims` computes the same as a static MEAN, where the Keras reshape takes its
+        batch size from the tensor (SHAPE, STRIDED_SLICE, PACK: ops XNNPack leaves)."""
+        if not isinstance(node.layer, keras.layers.Reshape):
+            return None
+        source = self._single_input(node)
+        pool, pool_node = self._producer(source)
+        if type(pool) is not keras.layers.GlobalAveragePooling2D or pool.keepdims or \
+                self.consumers.get(_key(source)) != 1 or \
+                tuple(node.layer.target_shape) != (1, 1, int(source.shape[-1])):
+            return None
+        return "kept_dims", self._single_input(pool_node), pool.get_config()
+
+    def _split_activation(self, node):
+        """("split", x, config) at a convolution whose built-in activation
+        tfmot quantizes only after it (swish, sigmoid, tanh, gelu): EfficientNet's
+        squeeze-excite `Conv2D(activation="swish")` left its convolution's output float in
+        the int8 file (CONV_2D, LOGISTIC, MUL in float, 16 times). As the layer with a
+        linear output and an `Activation`, the output is quantized between them."""
+        layer = node.layer
+        if type(layer) not in (keras.layers.Conv2D, keras.layers.DepthwiseConv2D):
+            return None
+        name = keras.activations.serialize(layer.activation)
+        name = name if isinstance(name, str) else getattr(layer.activation, "__name__", "")
+        if name not in ("swish", "silu", "sigmoid", "tanh", "gelu"):
+            return None
+        return "split", self._single_input(node), (layer, name)
+
     # -- the new graph -----------------------------------------------------------------
     def rebuild(self):
         made, outputs, copies = {}, {}, []
@@ -220,9 +254,16 @@ class _Graph:
             node_index = layer._inbound_nodes.index(node)
             if entry is not None and self._rewritten(node, entry):
                 kind, source, value = entry
-                result = self._replacement(kind, value, layer.name, names)(mapped(source)) \
-                    if not (kind == "affine" and _identity(value[0], value[1])) \
-                    else mapped(source)
+                if kind == "split":
+                    linear = layer.__class__.from_config({**layer.get_config(),
+                                                          "activation": "linear"})
+                    copies.append((layer, linear))
+                    result = keras.layers.Activation(value[1], name=_fresh(
+                        f"{layer.name}_activation", names))(linear(mapped(source)))
+                elif kind == "affine" and _identity(value[0], value[1]):
+                    result = mapped(source)
+                else:
+                    result = self._replacement(kind, value, layer.name, names)(mapped(source))
             else:
                 if layer.name not in made:
                     made[layer.name] = layer.__class__.from_config(layer.get_config())
@@ -258,6 +299,9 @@ class _Graph:
             return HardSwish(name=name)
         if kind == "hard_sigmoid":
             return HardSigmoid(name=_fresh(f"{name}_hard_sigmoid", names))
+        if kind == "kept_dims":
+            return keras.layers.GlobalAveragePooling2D(
+                **{**value, "keepdims": True, "name": _fresh(f"{value['name']}_kept", names)})
         scale, offset, _ = value
         return keras.layers.Rescaling(_plain(scale), _plain(offset),
                                       name=_fresh(f"{name}_affine", names))
