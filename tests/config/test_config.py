@@ -315,3 +315,22 @@ def test_a_bad_set_value_is_blamed_on_set_and_a_bad_file_value_on_the_file(tmp_p
         "integer (got 'many')",
         "--set: train.accumulation_steps: Input should be a valid integer, unable to parse "
         "string as an integer (got 'abc')"]
+
+
+def test_every_property_of_the_json_schema_is_described():
+    """Every property anywhere in `--schema`, the shared definitions included (a
+    duration's resolved `value` and `unit` were not), carries a description."""
+    from tftrain.config import json_schema
+
+    def undescribed(node, path=""):
+        if isinstance(node, dict):
+            for key, value in (node.get("properties") or {}).items():
+                if not (isinstance(value, dict) and value.get("description")):
+                    yield f"{path}/properties/{key}"
+            for key, value in node.items():
+                yield from undescribed(value, f"{path}/{key}")
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                yield from undescribed(value, f"{path}/{i}")
+    schema = json_schema()
+    assert "Duration" in schema["$defs"] and list(undescribed(schema)) == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class ConfigError(ValueError):
@@ -34,8 +34,9 @@ class Duration(Strict):
     """A length of training: an integer is optimizer updates; "N epochs" is epochs; a
     float in [0, 1] or "N%" is that fraction of the stage's updates."""
 
-    value: float
-    unit: Literal["steps", "epochs", "fraction"]
+    value: float = Field(description="how many: updates, epochs, or a fraction in [0, 1]")
+    unit: Literal["steps", "epochs", "fraction"] = Field(
+        description="what `value` counts: optimizer updates, epochs, or a fraction of the stage")
 
     @classmethod
     def __get_pydantic_json_schema__(cls, core_schema, handler):
