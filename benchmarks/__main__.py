@@ -45,6 +45,7 @@ SCRIPTS = {
     "elastic": ["--rounds", "5"],
     "first_step": ["--rounds", "3"],
     "search": ["--recipe", "image_transfer", "--target", "max_latency_ratio=0.5"],
+    "backbones": [],
 }
 
 

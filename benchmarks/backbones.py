@@ -11,6 +11,7 @@ model (interleaved rounds, medians; the run's own report), the ops XNNPack leave
 CPU, and the CPU's int8 instructions (int8 outruns float only with a dot product).
 
     python benchmarks/backbones.py [--backbones MobileNetV3Small ...] [--sources tf_keras keras3] [--ptq]
+    python benchmarks/backbones.py --runs DIR --reuse     # report runs already in DIR
 """
 from __future__ import annotations
 
@@ -50,8 +51,10 @@ keras.Model(inputs, keras.layers.Dense(10, name="logits")(y)).save({str(path)!r}
     return path
 
 
-def run(name: str, source: str, ptq: bool, runs: Path) -> dict:
+def run(name: str, source: str, ptq: bool, runs: Path, reuse: bool = False) -> dict:
     label = f"{name}-{source}{'-ptq' if ptq else ''}"
+    if reuse and (runs / label / "summary.json").exists():
+        return figures(label, json.loads((runs / label / "summary.json").read_text()))
     if source == "keras3":
         model = [f"model.name=file:{keras3_file(name, runs)}", "model.params={}"]
     else:
@@ -67,7 +70,12 @@ def run(name: str, source: str, ptq: bool, runs: Path) -> dict:
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         return {"label": label, "exit": done.returncode, "error": done.stdout[-600:] + done.stderr[-600:]}
-    summary = json.loads((runs / label / "summary.json").read_text())
+    return figures(label, json.loads((runs / label / "summary.json").read_text()))
+
+
+def figures(label: str, summary: dict) -> dict:
+    """A run's row: accuracies, the int8 file's bytes, its speed against the float file,
+    the ops XNNPack leaves and the float ops."""
     stages, lite = summary["stages"], summary["artifacts"]["tflite_int8"]
     return {"label": label, "exit": 0,
             "float": stages["train"]["metrics"]["val_accuracy"],
@@ -86,13 +94,15 @@ def main() -> None:
                         choices=["tf_keras", "keras3"])
     parser.add_argument("--ptq", action="store_true", help="post-training int8, no pruning or QAT")
     parser.add_argument("--runs", type=Path, default=None, help="keep the runs here")
+    parser.add_argument("--reuse", action="store_true",
+                        help="report a run already in --runs instead of running it again")
     args = parser.parse_args()
     runs = args.runs or Path(tempfile.mkdtemp(prefix="tftrain-backbones-"))
     runs.mkdir(parents=True, exist_ok=True)
     figures = []
     for name in args.backbones:
         for source in args.sources:
-            found = run(name, source, args.ptq, runs)
+            found = run(name, source, args.ptq, runs, args.reuse)
             print(json.dumps(found), flush=True)
             if found["exit"]:
                 figures.append((f"{found['label']}", f"exit {found['exit']}"))

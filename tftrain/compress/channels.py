@@ -38,7 +38,9 @@ FOLLOWERS = ("BatchNormalization", "DepthwiseConv2D", "ReLU", "Activation", "Dro
              "LeakyReLU", "ELU", "HardSwish", "HardSigmoid")
 MERGES = ("Add", "Subtract", "Multiply", "Maximum", "Minimum", "Average")
 # layers tftrain knows that mix or fix their channels: their inputs and outputs keep all
+# (a per-channel `Rescaling` or `Normalization` keeps them too: its constants are not sliced)
 OPAQUE = ("InputLayer", "Reshape", "Permute", "LayerNormalization", "MultiHeadAttention",
+          "Rescaling", "Normalization",
           "Embedding", "AudioFeatures", "TokenMean", "PositionEmbedding", "Softmax",
           "UnitNormalization")
 

@@ -115,7 +115,8 @@ class Search:
         FLOPs per example at a fifth of the measured peak."""
         t = self.summary.get("throughput", {})
         flops = 3 * t.get("flops_per_example", 0.0) * self.summary["global_batch_size"]
-        return flops / max(0.2 * t.get("peak_flops_per_sec") or 1e10, 1.0)
+        peak = t.get("peak_flops_measured") or t.get("peak_flops_per_sec")
+        return flops / max(0.2 * peak or 1e10, 1.0)
 
     # -- the plan ---------------------------------------------------------------------------
     def estimate(self, candidate) -> float:

@@ -134,10 +134,12 @@ def for_stage(stage, model, jit, plan, setting, batch) -> Decision:
     key = (cache_key(model, parallel.strategy, plan.precision.policy,
                      (plan.batches.per_replica, plan.batches.accumulation))
            if parallel.mean is None and measuring else None)
-    longest = None                  # the stage's steps at the slowest plausible pace
+    # the stage's steps at the slowest plausible pace of the peak the devices reached
+    # (measured; not the ceiling MFU is quoted against)
+    longest = None
     if plan.flops_per_example and stage.updates:
         longest = (3 * plan.flops_per_example * plan.batches.global_batch * stage.updates
-                   / (SLOWEST_MFU * plan.peak.flops))
+                   / (SLOWEST_MFU * (plan.peak.measured or plan.peak.flops)))
     with (console.phase("xla", f"{stage.name}: timing compiled steps against plain ones")
           if measuring else contextlib.nullcontext()) as note:
         decision = decide(setting, model, parallel.strategy, batch, parallel.mean, refused,
