@@ -254,6 +254,12 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
                 from tftrain.export import fidelity
                 rows = fidelity.tflite_report(blob, plain, calibration[:fidelity.EXAMPLES])
                 entry.update(layers=rows, worst_layers=[r["layer"] for r in fidelity.worst(rows)])
+            elif int8 is not None and not (layers or by_labels) and \
+                    entry["logit_sqnr_db"] < verification.SQNR_FLOOR_DB["int8"]:
+                # the preflight's untrained QAT model, its logits noise: judged by its layers
+                # (an untrained EfficientNetV2B0 amplified its int8 rounding to -0.6 dB)
+                from tftrain.export import fidelity
+                entry.update(fidelity.tflite_entry(blob, plain, calibration, cfg))
             if qat and cfg.int8_fallback != "off" and timed and by_labels and \
                     accuracy(reference, y_val) - entry["accuracy"] > cfg.max_accuracy_drop + 1e-9:
                 blob, entry = _with_fallback(plain, out, blob, entry, x_val, y_val, reference,
