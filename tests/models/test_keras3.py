@@ -201,3 +201,20 @@ def test_layers_keras_applications_define_and_nested_models_convert():
     assert np.abs(converted(x).numpy() - expected).max() <= 1e-5 * np.abs(expected).max()
     back = convert.to_keras3(converted)
     assert np.abs(np.asarray(back(x)) - expected).max() <= 1e-5 * np.abs(expected).max()
+
+
+def test_a_nested_model_of_two_inputs_takes_each_where_it_is_called():
+    """A functional model of two inputs used inside another, called with its inputs in
+    the other order than they were made: inlined, each input is the tensor passed for it."""
+    import numpy as np
+    k3 = keras3()
+    a, b = k3.Input((4,), name="a"), k3.Input((4,), name="b")
+    inner = k3.Model([a, b], k3.layers.Subtract(name="minus")([k3.layers.Dense(3, name="da")(a),
+                                                              k3.layers.Dense(3, name="db")(b)]))
+    x = k3.Input((4,), name="x")
+    y = k3.layers.Dense(4, name="dy")(x)
+    model = k3.Model(x, inner([y, x]))
+    converted, _ = convert.checked(model, "nested")
+    assert {"da", "db", "minus", "dy"} <= {layer.name for layer in converted.layers}
+    sample = np.random.default_rng(0).normal(size=(8, 4)).astype("float32")
+    assert np.abs(converted(sample).numpy() - np.asarray(model(sample))).max() <= 1e-5

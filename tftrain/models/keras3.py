@@ -169,16 +169,15 @@ def _rebuild(model, nodes, convert, make_input, make_model, owner, node_index):
 
 def _walk(nodes, convert, make_input, owner, node_index, made, given):
     """Each node's output tensors in the new graph, by (layer name, node index); `given`:
-    the tensors a nested model's inputs take (None: new inputs)."""
+    the tensors a nested model's inputs take, by input name (None: new inputs)."""
     import tensorflow as tf
 
     outputs: dict = {}
-    inputs = iter(given or [])
     for node in nodes:
         layer = getattr(node, "operation", None) or node.layer
         if type(layer).__name__ == "InputLayer":
             spec = layer.output if hasattr(layer, "output") else layer.output_tensor
-            outputs[(layer.name, 0)] = [next(inputs) if given is not None else make_input(
+            outputs[(layer.name, 0)] = [given[layer.name] if given is not None else make_input(
                 shape=tuple(spec.shape[1:]), dtype=spec.dtype, name=layer.name)]
             continue
         lookup = lambda t: outputs[(owner(t).name, node_index(t))][_tensor_index(t)]  # noqa: E731
@@ -190,7 +189,8 @@ def _walk(nodes, convert, make_input, owner, node_index, made, given):
                              else lookup(tensors[0]))
         elif _nested(layer):
             tensors = [lookup(t) for t in tf.nest.flatten(args) if _is_tensor(t)]
-            inner = _walk(_nodes(layer), convert, make_input, owner, node_index, made, tensors)
+            inner = _walk(_nodes(layer), convert, make_input, owner, node_index, made,
+                          {owner(t).name: v for t, v in zip(layer.inputs, tensors)})
             result = [inner[(owner(t).name, node_index(t))][_tensor_index(t)]
                       for t in layer.outputs]
         else:
