@@ -70,11 +70,18 @@ def _converted(cfg, net, source, qat: bool) -> tuple[str, ...]:
     from tftrain.core.native_log import quiet
     with tempfile.TemporaryDirectory(prefix="tftrain-preflight-") as tmp, quiet():
         try:
+            sample = _Sample(source)
             if qat:
                 from tftrain.compress import quantization
+                from tftrain.data import preprocess
                 with making("compression.quantization"):
                     model = quantization.quantize_configured(model, cfg)
-            report = artifacts.export_all(model, cfg.export, Path(tmp), _Sample(source), qat=qat,
+                    # ranges calibrated as the QAT stage calibrates them before its first
+                    # update: tfmot's [-6, 6] rounds an untrained network's small values
+                    # to nothing (EfficientNetV2B0's squeeze-excite pooling at -0.8 dB)
+                    quantization.calibrate_ranges(model, (x for x, _ in preprocess(
+                        sample.validation(), cfg.data).batch(64).as_numpy_iterator()))
+            report = artifacts.export_all(model, cfg.export, Path(tmp), sample, qat=qat,
                                           data_cfg=cfg.data, by_labels=False, timed=False,
                                           layers=not qat, untrained=True)
         except ArtifactError as err:
