@@ -77,18 +77,23 @@ def verify(report: dict, cfg, accuracy: float, qat: bool = False, by_labels: boo
 NOISE_FACTOR = 10.0
 
 
-def allowed(entry: dict, cfg) -> float:
-    """The largest logit difference a float artifact may show: `export.max_logit_diff`
-    times the model's largest logit where that is above 1 (float32 rounds relative to a
-    value's size), or `NOISE_FACTOR` times the model's own logit noise where that is
-    more (a deep untrained network amplifies rounding)."""
-    return max(cfg.max_logit_diff * max(1.0, entry.get("logit_scale", 1.0)),
-               NOISE_FACTOR * entry.get("logit_noise", 0.0))
+def _limit(entry: dict, cfg) -> tuple[float, str]:
+    """The largest logit difference a float artifact may show, and what it is:
+    `export.max_logit_diff` times the model's largest logit where that is above 1 (float32
+    rounds relative to a value's size), or `NOISE_FACTOR` times the model's own logit
+    noise where that is more (a deep untrained network amplifies rounding)."""
+    scale = max(1.0, entry.get("logit_scale", 1.0))
+    noise = NOISE_FACTOR * entry.get("logit_noise", 0.0)
+    if noise > cfg.max_logit_diff * scale:
+        return noise, (f"{noise:.2g}, {NOISE_FACTOR:g} x the model's own logit noise (its "
+                       f"logits moved by {entry['logit_noise']:.2g} under input rounding)")
+    return cfg.max_logit_diff * scale, f"export.max_logit_diff {cfg.max_logit_diff:g}" + (
+        f" x the largest logit {scale:.3g}" if scale > 1.0 else "")
 
 
 def logits_within(entry: dict, cfg) -> bool:
-    """Whether a float artifact's largest logit difference is within `allowed`."""
-    return entry["max_abs_logit_diff"] <= allowed(entry, cfg)
+    """Whether a float artifact's largest logit difference is within its `_limit`."""
+    return entry["max_abs_logit_diff"] <= _limit(entry, cfg)[0]
 
 
 def _float_check(entry: dict, cfg) -> tuple[bool, str]:
@@ -97,17 +102,10 @@ def _float_check(entry: dict, cfg) -> tuple[bool, str]:
     float rounding (`FLOAT_LAYER_SQNR_DB`): an untrained EfficientNetV2B0 (270 layers)
     amplified its float TFLite file's rounding, each layer exact to 99 dB, into logits
     0.053 apart on a largest logit of 35.5, and its SavedModel's 0.0069 on 53."""
-    scale = max(1.0, entry.get("logit_scale", 1.0))
-    ok = logits_within(entry, cfg)
-    noise = NOISE_FACTOR * entry.get("logit_noise", 0.0)
-    if noise > cfg.max_logit_diff * scale:
-        limit = (f"{noise:.2g}, {NOISE_FACTOR:g} x the model's own logit noise (its logits "
-                 f"moved by {entry['logit_noise']:.2g} under input rounding)")
-    else:
-        limit = f"export.max_logit_diff {cfg.max_logit_diff:g}" + (
-            f" x the largest logit {scale:.3g}" if scale > 1.0 else "")
+    limit, what = _limit(entry, cfg)
+    ok = entry["max_abs_logit_diff"] <= limit
     why = (f"largest logit difference {entry['max_abs_logit_diff']:.2g} "
-           f"{'<=' if ok else '>'} {limit}")
+           f"{'<=' if ok else '>'} {what}")
     rows = entry.get("layers")
     if ok or not rows:
         return ok, why
