@@ -21,7 +21,7 @@ def image_model():
     y = k3.layers.DepthwiseConv2D(3, padding="same", activation="relu")(x)
     x = k3.layers.Add()([x, y])
     x = k3.layers.SeparableConv2D(8, 3, padding="same")(x)
-    x = k3.layers.LeakyReLU(negative_slope=0.1)(x)
+    x = k3.layers.LeakyReLU(negative_slope=0.1, name="leaky_re_lu")(x)
     x = k3.layers.Conv2DTranspose(4, 2, strides=2)(x)
     x = k3.layers.AveragePooling2D(2)(x)
     x = k3.layers.MaxPooling2D(2)(x)

@@ -128,7 +128,6 @@ class _Graph:
 
     def __init__(self, model, nodes):
         self.model, self.nodes = model, nodes
-        self.index = {id(node): i for i, node in enumerate(nodes)}
         self.consumers: dict[tuple, int] = {}
         for node in nodes:
             for t in tf.nest.flatten(node.call_args):
@@ -152,9 +151,6 @@ class _Graph:
     def _producer(self, tensor):
         layer, node_index, _ = tensor._keras_history
         return layer, layer._inbound_nodes[node_index]
-
-    def _layer(self, node):
-        return node.layer
 
     def _single_input(self, node):
         inputs = [t for t in tf.nest.flatten(node.call_args) if hasattr(t, "_keras_history")]
