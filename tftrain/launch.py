@@ -1,5 +1,6 @@
 """`python -m tftrain.launch --workers N [--data-workers M] CONFIG [--set ...]`: N local
-workers (and M tf.data service workers).
+workers (and M tf.data service workers), or with `--kubernetes --image IMAGE` the
+manifest of N pods on Kubernetes.
 
 Starts N `python -m tftrain.run` processes with TF_CONFIG describing a cluster on free
 localhost ports (TensorFlow's collective runtime over gRPC, as on a real cluster),
@@ -9,6 +10,11 @@ SIGINT/SIGTERM, and when one
 worker fails stops the others and exits with its code (42 when preempted). With
 `--data-workers M` it first starts M tf.data service data workers (each with its
 dispatcher) and points `data.service` at them; they are stopped when training ends.
+
+`--kubernetes` starts nothing: it writes a JobSet manifest (the config as a ConfigMap, the
+run directory on a PersistentVolumeClaim, N indexed pods that find their places without a
+TF_CONFIG; `tftrain.runtime.kubernetes`) to stdout or `--output`, after planning the run
+as its first pod would; `kubectl apply -f` it.
 
 Where no GPU is visible the launcher imports TensorFlow once and forks its workers from
 itself (`tftrain.runtime.forking`: about 5 s of CPU saved per worker); workers with GPUs,
@@ -104,12 +110,36 @@ def parse_args(argv):
     p.add_argument("--run-dir")
     p.add_argument("--smoke", action="store_true",
                    help="each worker runs tftrain.run --smoke (a few batches per stage)")
-    p.add_argument("--dry-run", action="store_true", help="each worker prints the plan and exits")
+    p.add_argument("--dry-run", action="store_true",
+                   help="each worker prints the plan and exits (--kubernetes: the plan of "
+                        "the first pod, then the manifest)")
+    k = p.add_argument_group("Kubernetes (--kubernetes: write a JobSet manifest, apply nothing)")
+    k.add_argument("--kubernetes", action="store_true", help="write the manifest of --workers pods")
+    k.add_argument("--image", help="container image with tftrain and the run's data or code")
+    k.add_argument("--gpus-per-worker", type=int, default=0, help="nvidia.com/gpu per pod")
+    k.add_argument("--storage", metavar="CLAIM",
+                   help="an existing PersistentVolumeClaim for the run directory (default: "
+                        "the manifest makes one, ReadWriteMany)")
+    k.add_argument("--storage-size", default="20Gi", help="size of the claim it makes")
+    k.add_argument("--storage-class", help="storage class of the claim it makes")
+    k.add_argument("--name", help="JobSet name (default: from run.name)")
+    k.add_argument("--namespace")
+    k.add_argument("--queue", help="Kueue LocalQueue (label kueue.x-k8s.io/queue-name)")
+    k.add_argument("--max-restarts", type=int, default=3,
+                   help="restarts of the whole set after a lost pod or a crash")
+    k.add_argument("--port", type=int, default=2222, help="the workers' port")
+    k.add_argument("--grace", type=int, default=300,
+                   help="seconds from SIGTERM to SIGKILL (the checkpoint a SIGTERM saves)")
+    k.add_argument("--cpu", help="CPU request and limit per pod, e.g. 8")
+    k.add_argument("--memory", help="memory request and limit per pod, e.g. 64Gi")
+    k.add_argument("--output", "-o", help="write the manifest here (default: stdout)")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.kubernetes:
+        return kubernetes(args)
     if args.workers < 1:
         print("tftrain.launch: --workers must be >= 1", file=sys.stderr)
         return EXIT_CONFIG
@@ -134,6 +164,55 @@ def main(argv=None) -> int:
         for _, proc in services:
             proc.terminate()
         _join([p for _, p in services], 10, kill=True)
+
+
+def kubernetes(args) -> int:
+    """Write the JobSet manifest of `args` (exit 2 with one line on a config error)."""
+    import yaml
+
+    from tftrain.config import ConfigError, apply_overrides, load_config, read_yaml
+    from tftrain.plan import sketch
+    from tftrain.runtime import kubernetes as k8s
+
+    try:
+        for flag, given in (("--run-dir", args.run_dir), ("--data-workers", args.data_workers),
+                            ("--cpus-per-worker", args.cpus_per_worker)):
+            if given:
+                raise ConfigError(f"{flag}: not with --kubernetes (the run directory is the "
+                                  "volume at /runs; pods get their CPUs from --cpu)")
+        sets = [*args.set, f"run.dir={k8s.RUNS_DIR}"]
+        cfg = load_config(args.config, sets)
+        # the config as the user wrote it, every --set applied (the defaults left implicit)
+        given = yaml.safe_dump(apply_overrides(read_yaml(args.config), sets), sort_keys=False)
+        cluster = k8s.Cluster(
+            name=args.name or k8s.name_from(cfg.run.name), workers=args.workers,
+            image=args.image or "", gpus_per_worker=args.gpus_per_worker, storage=args.storage,
+            storage_size=args.storage_size, storage_class=args.storage_class,
+            namespace=args.namespace, queue=args.queue, max_restarts=args.max_restarts,
+            port=args.port, grace_seconds=args.grace, cpu=args.cpu, memory=args.memory)
+        cluster.check()
+        with k8s.as_pod(cluster):      # the plan its first pod makes: refusals surface here
+            plan = sketch(cfg, args.smoke)
+        docs = k8s.manifest(cluster, given)
+    except ConfigError as err:
+        for problem in err.problems:
+            print(f"tftrain.launch: config error: {problem}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.smoke:
+        docs[-1]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"][
+            "containers"][0]["command"].append("--smoke")
+    text = k8s.to_yaml(docs)
+    if args.dry_run:
+        print("\n".join(f"# {line}" for line in plan.splitlines()))
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text)
+        print(f"wrote {args.output}: {len(docs)} documents, JobSet {cluster.name} of "
+              f"{cluster.workers} pods; apply with: kubectl apply -f {args.output}",
+              file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
 
 
 def start_data_workers(n: int, fork: bool = False) -> list[tuple[str, object]]:

@@ -110,9 +110,8 @@ class RunPlan:
         lines.append(self.training_line())
         if self.preflight is not None:
             lines.append(self.preflight.describe())
-        from tftrain.runtime.cluster import slurm_without_srun
-        warning = slurm_without_srun()
-        lines += [warning] if warning else []
+        from tftrain.runtime.cluster import describe_source, slurm_without_srun
+        lines += [line for line in (describe_source(), slurm_without_srun()) if line]
         return "\n".join(lines + self.parallel.describe())
 
 
@@ -123,29 +122,29 @@ def sketch(cfg: Config, smoke: bool = False) -> str:
     run directory. Sizes only TensorFlow can read (files of records, a model's parameters)
     are left to `--dry-run --full`."""
     import math
-    import os
 
     from tftrain.core.batches import per_replica_batch
     from tftrain.launch import local_gpus
-    from tftrain.runtime.cluster import resolve_kind
+    from tftrain.runtime.cluster import current_task, describe_source, resolve_kind
     from tftrain.training.rundir import run_path
 
     d = cfg.distribute
     gpus = local_gpus()
     devices = len(d.devices) if d.devices else (len(gpus) or d.virtual_cpus or 1)
-    cluster = os.environ.get("TF_CONFIG")
+    task = current_task()
     # the run's own functions, on the devices the config names (TensorFlow lists them)
     kind = resolve_kind(d, [f"device:{i}" for i in range(devices)])
-    replicas = 1 if kind in ("one_device", "default") else devices
+    replicas = 1 if kind in ("one_device", "default") else devices * task.num_workers
     total = _examples(cfg)
     acc = cfg.train.accumulation_steps
     b = per_replica_batch(cfg, replicas, acc)
     g = b * replicas * acc
     lines = ["plan, from the config (--dry-run --full builds the model, --dry-run --preflight "
              "also converts the exports):",
-             f"strategy: {kind}   replicas: {replicas}   workers: "
-             f"{'from TF_CONFIG' if cluster else 1}   devices: "
-             + (f"{len(gpus)} GPUs" if gpus else f"{devices} logical CPU(s)"),
+             f"strategy: {kind}   replicas: {replicas}   workers: {task.num_workers}"
+             f"{f' (from {task.source})' if task.source != 'local' else ''}   devices: "
+             + (f"{len(gpus)} GPUs" if gpus else f"{devices} logical CPU(s)")
+             + (" per worker" if task.num_workers > 1 else ""),
              f"precision: {cfg.precision.policy}"
              + (" (chosen from the devices when TensorFlow loads)" if cfg.precision.policy == "auto"
                 else ""),
@@ -183,6 +182,7 @@ def sketch(cfg: Config, smoke: bool = False) -> str:
         (["sparse TFLite"] if e.tflite_sparse else []) + (["ONNX"] if e.onnx else [])
     lines.append(f"exports: {', '.join(exports) or 'none'}")
     lines.append(f"run directory: {run_path(cfg, smoke)}")
+    lines += [line for line in (describe_source(),) if line]
     return "\n".join(lines)
 
 

@@ -141,6 +141,11 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False,
     done = None if dry_run else rundir.completed(cfg, smoke)   # files only: no TensorFlow yet
     if done is not None:
         return _completed(cfg, smoke, done)
+    if not dry_run:                # a JobSet pod: its peers answer before TensorFlow starts
+        from tftrain.runtime.cluster import await_peers
+        waited = await_peers(cfg.distribute.peer_wait)
+        if waited:
+            print(waited, flush=True)
     from tftrain.core.native_log import quiet
     with quiet():                  # TensorFlow's native start-up lines held back
         import tensorflow  # noqa: F401

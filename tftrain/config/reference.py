@@ -32,6 +32,9 @@ DESCRIPTIONS = {
                                 "the GPU's, or the host's available memory on CPUs",
     "distribute.cross_device_ops": "mirrored: `nccl`, `hierarchical_copy`, `reduce_to_one_device` "
                                    "(`auto`: NCCL on GPUs, else reduce to one device)",
+    "distribute.peer_wait": "seconds a Kubernetes JobSet pod waits for every peer's name to "
+                            "resolve and its port to answer before training; then exit 2 naming "
+                            "the missing one",
     "distribute.communication": "multi-worker collectives: `ring`, `nccl`, `auto`",
     "distribute.all_reduce_dtype": "`float16` or `bfloat16` casts gradients for the all-reduce "
                                    "only (half the bytes on the wire)",

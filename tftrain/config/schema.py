@@ -53,6 +53,9 @@ class DistributeConfig(Strict):
     # launched once its gradients exist, so communication overlaps the rest of the
     # backward pass; null: TensorFlow's default, one pack per update
     pack_bytes: Optional[int] = Field(None, json_schema_extra=size_schema)
+    # a Kubernetes JobSet pod waits this many seconds for every peer to answer before
+    # TensorFlow starts, then exits 2 naming one that did not
+    peer_wait: float = Field(300.0, gt=0)
 
     @field_validator("device_memory", "gpu_memory_limit", "pack_bytes", mode="before")
     @classmethod

@@ -1,5 +1,6 @@
-"""The cluster this process belongs to: TF_CONFIG (Kubeflow's TFJob, `tftrain.launch`) or
-SLURM, and the GPUs each task may use, pinned before TensorFlow lists any device.
+"""The cluster this process belongs to: TF_CONFIG (Kubeflow's TFJob, `tftrain.launch`), a
+pod of a Kubernetes JobSet (`runtime.jobset`) or SLURM, and the GPUs each task may use,
+pinned before TensorFlow lists any device. A TF_CONFIG the user sets wins.
 
 SLURM is read here rather than by TensorFlow's `SlurmClusterResolver`, which sets
 `CUDA_VISIBLE_DEVICES` only when the strategy is built (after tftrain listed the GPUs, so
@@ -31,7 +32,7 @@ FIRST_PORT, STEP_BLOCKS, PORTS_PER_STEP = 20000, 1250, 32
 @dataclass(frozen=True)
 class Task:
     """This process's place in its cluster."""
-    source: str                 # "TF_CONFIG", "SLURM" or "local"
+    source: str                 # "TF_CONFIG", "JobSet", "SLURM" or "local"
     workers: tuple[str, ...]    # host:port of every worker, by rank
     rank: int
     chief: bool
@@ -162,11 +163,22 @@ def tf_config_task(text: str) -> Task:
     return Task("TF_CONFIG", tuple(chiefs + workers), rank, chief)
 
 
+def jobset_task(env) -> Task:
+    """This pod of a JobSet's Indexed Job (`runtime.jobset`)."""
+    from tftrain.runtime import jobset
+    rank = jobset.rank(env)
+    return Task("JobSet", tuple(jobset.addresses(env)), rank, rank == 0)
+
+
 def current_task(env=None) -> Task:
-    """(source, workers, rank, chief, GPUs) from TF_CONFIG, else SLURM, else local."""
+    """(source, workers, rank, chief, GPUs) from TF_CONFIG, else a JobSet pod's
+    environment, else SLURM, else local."""
     env = os.environ if env is None else env
     if env.get("TF_CONFIG"):
         return tf_config_task(env["TF_CONFIG"])
+    from tftrain.runtime import jobset
+    if jobset.in_jobset(env):
+        return jobset_task(env)
     if in_slurm_step(env) and int(_slurm(env, "NUM_TASKS") or env.get("SLURM_NTASKS", "1")) > 1:
         return slurm_task(env)
     return Task("local", (), 0, True)
@@ -186,13 +198,51 @@ def pin_gpus(task: Task) -> None:
     os.environ["CUDA_VISIBLE_DEVICES"] = task.gpus
 
 
+def describe_source(env=None) -> str:
+    """Where this process's place in its cluster came from, for the plan ("" alone)."""
+    env = os.environ if env is None else env
+    task = current_task(env)
+    if task.source == "local":
+        return ""
+    if task.source == "JobSet":
+        from tftrain.runtime import jobset
+        where = jobset.describe(env)
+    elif task.source == "SLURM":
+        where = f"SLURM job {env.get('SLURM_JOB_ID')}, step {env.get('SLURM_STEP_ID', env.get('SLURM_STEPID'))}"
+    else:
+        from tftrain.runtime import jobset
+        where = "TF_CONFIG" + (" (set by the user: it wins over the JobSet pod's variables)"
+                               if jobset.in_jobset(env) else "")
+    return (f"cluster: {task.num_workers} workers from {where}; this process is worker "
+            f"{task.rank}" + (" (chief)" if task.chief else ""))
+
+
+def await_peers(seconds: float, env=None) -> str:
+    """A JobSet pod waits for its peers to answer before TensorFlow starts (exit 2 naming
+    one that does not within `seconds`); the line saying so ("" elsewhere)."""
+    env = os.environ if env is None else env
+    task = current_task(env)
+    if task.source != "JobSet" or task.num_workers < 2:
+        return ""
+    from tftrain.runtime import jobset
+    waited, listener = jobset.wait_for_peers(task.workers, task.rank, seconds, jobset.hosts(env))
+    jobset.hold(listener)            # answering still, until the strategy takes the port
+    return f"cluster: {task.num_workers - 1} peers of worker {task.rank} answered in {waited:.1f} s"
+
+
 def cluster_resolver(task: Task):
     """A resolver for MultiWorkerMirroredStrategy describing `task`'s cluster."""
     import tensorflow as tf
 
-    if task.source != "SLURM":          # TF_CONFIG, or none (a cluster of one worker)
+    if task.source in ("TF_CONFIG", "local"):      # a cluster of TF_CONFIG, or of one worker
         return tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    gpus = 0 if not task.gpus else len(task.gpus.split(","))
+    if task.source == "JobSet":
+        from tftrain.runtime import jobset
+        jobset.release()             # the port the peer check answered on, for the server
+    # SLURM: the task's share of the node's GPUs (none granted: none); a JobSet pod: the
+    # GPUs Kubernetes gave its container (nvidia.com/gpu), all it sees
+    gpus = len(task.gpus.split(",")) if task.gpus else \
+        len(tf.config.list_physical_devices("GPU")) if task.source == "JobSet" else 0
     return tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec({"worker": list(task.workers)}), task_type="worker",
         task_id=task.rank, num_accelerators={"GPU": gpus}, rpc_layer="grpc")
