@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import (ROOT, digit_tfrecords, model_weights, quick_config, resumed_at, shared_run,
+from helpers import (ROOT, digit_tfrecords, model_weights, quick_config, resumed_at,
                      start_run, wait_for_checkpoint)
 from tftrain.launch import _wait, cpu_sets, free_ports, gpu_sets, local_gpus, worker_env
 from tftrain.run import run
@@ -109,18 +109,6 @@ def test_wait_lets_preempted_workers_finish_and_stops_failed_ones():
     assert _wait(procs) == 42 and [p.returncode for p in procs] == [42, 42]
     procs = [_worker(1), _worker(0, after=30)]         # a crash stops the others at once
     assert _wait(procs) == 1 and procs[1].returncode == 7
-
-
-@pytest.fixture(scope="module")
-def two_workers(tmp_path_factory):
-    def build(out_dir):         # workers started fresh; every other launch forks them
-        code, out = finish(launch(out_dir, f"tracking.mlflow={{uri: 'sqlite:///{out_dir}/mlflow.db', "
-                                           "experiment: launch}", start="fresh"))
-        assert code == 0, out[-3000:]
-        assert not scratch_dirs(out_dir / "quickstart")   # non-chief scratch checkpoints removed
-        return out
-    out_dir, out = shared_run(tmp_path_factory, "two-workers", build)
-    return out_dir / "quickstart", out
 
 
 def scratch_dirs(run_path):
