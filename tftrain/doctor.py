@@ -161,7 +161,7 @@ def cluster_environment(env=None) -> tuple[str, list[str]]:
         task = cluster.current_task(env)
     except Exception as err:     # noqa: BLE001  (malformed TF_CONFIG or SLURM variables)
         return "unreadable", [f"the cluster environment is malformed ({err}): fix or unset "
-                              "TF_CONFIG / the SLURM variables"]
+                              "TF_CONFIG / the JobSet pod's or SLURM's variables"]
     if task.source == "local":
         unstarted = cluster.slurm_without_srun(env)
         if unstarted:                 # it works, as one process: said, not a problem
