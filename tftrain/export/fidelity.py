@@ -35,8 +35,14 @@ def sqnr_db(reference: np.ndarray, value: np.ndarray) -> float:
 
 def layer_of_tensor(name: str, order: dict[str, int]) -> str | None:
     """The Keras layer a TFLite tensor is the output of: of the layers its name mentions
-    (each `;`-separated op name is a `/`-separated path), the last in model order."""
-    found = {part for op in name.split(";") for part in op.split("/") if part in order}
+    (each `;`-separated op name is a `/`-separated path, and a layer's name may hold `/`
+    itself: Keras Applications' `Conv/BatchNorm`, `expanded_conv/depthwise`), the last in
+    model order."""
+    found = set()
+    for op in name.split(";"):
+        parts = op.split("/")
+        found.update(path for i in range(len(parts)) for j in range(i + 1, len(parts) + 1)
+                     if (path := "/".join(parts[i:j])) in order)
     return max(found, key=order.get) if found else None
 
 
@@ -188,6 +194,7 @@ def compare(model, artifact: dict[str, dict], x: np.ndarray) -> list[dict]:
     output wherever the artifact has one."""
     from tensorflow import nest
 
+    artifact = fused_forward(model, artifact)
     names = [layer.name for layer in model.layers if layer.name in artifact]
     reference = keras_outputs(model, names, x)
     usage = model._tensor_usage_count
@@ -208,6 +215,45 @@ def compare(model, artifact: dict[str, dict], x: np.ndarray) -> list[dict]:
             for tensor_id, value in zip(node.flat_output_ids, outputs):
                 tensors[tensor_id] = [value] * usage[tensor_id]
     return [found_rows[layer.name] for layer in model.layers if layer.name in found_rows]
+
+
+# what a TFLite convolution or fully connected op computes besides its own layer: a
+# following batch norm (folded into its weights) and ReLU-like activation (fused)
+_FOLDS_INTO = ("Conv1D", "Conv2D", "DepthwiseConv2D", "Dense")
+_FOLDED = ("BatchNormalization", "ReLU")
+_FUSED_ACTIVATIONS = ("relu", "relu6")
+
+
+def _kind(layer) -> str:
+    return type(getattr(layer, "layer", layer)).__name__     # through tfmot's wrapper
+
+
+def _foldable(layer) -> bool:
+    inner = getattr(layer, "layer", layer)
+    kind = type(inner).__name__
+    return kind in _FOLDED or (kind == "Activation" and getattr(
+        inner.activation, "__name__", "") in _FUSED_ACTIVATIONS)
+
+
+def fused_forward(model, artifact: dict) -> dict:
+    """`artifact` with a convolution's or dense layer's tensor moved to the last layer of
+    the batch norm and activation after it that the file has no tensor of: the converter
+    folds them into the op and names its output after the convolution alone (a bias-free
+    Conv -> BatchNorm -> ReLU, as Keras Applications write them, is one CONV_2D named
+    `.../Conv/Conv2D`), whose value is the activation's, not the convolution's."""
+    moved = dict(artifact)
+    for layer in model.layers:
+        if layer.name not in moved or _kind(layer) not in _FOLDS_INTO:
+            continue
+        found, current = moved.pop(layer.name), layer
+        while True:
+            consumers = [node.layer for node in current._outbound_nodes
+                         if node.layer in model.layers]
+            if len(consumers) != 1 or consumers[0].name in moved or not _foldable(consumers[0]):
+                break
+            current = consumers[0]
+        moved[current.name] = found
+    return moved
 
 
 def _substituted(name: str, local: np.ndarray, artifact: dict, reference: dict):
