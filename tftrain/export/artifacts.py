@@ -20,7 +20,12 @@ import tensorflow as tf
 from tftrain.core.keras import keras
 from tftrain.models import tensor_ops
 from tftrain.export.measures import (accuracy, against, dir_bytes, input_kind,
-                                     rounding_noise, signature_latency, signature_logits, sizes)
+                                     layer_rounding_noise, rounding_noise, signature_latency,
+                                     signature_logits, sizes)
+
+# examples the model's own rounding noise layer by layer is measured on (a replay of its
+# graph in eager mode: slower than a call)
+NOISE_EXAMPLES = 256
 
 
 def inference_model(model):
@@ -246,8 +251,9 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
             beside = _float_tflite(plain, saved, out, qat)
     # the model's own logit noise (`measures.rounding_noise`), measured only when a float
     # artifact is further apart than float rounding at its logits: one more pass
-    noise = functools.cache(lambda: 0.0 if qat else rounding_noise(
-        lambda v: plain(v, training=False), x_val, reference))
+    noise = functools.cache(lambda: 0.0 if qat else max(
+        rounding_noise(lambda v: plain(v, training=False), x_val, reference),
+        layer_rounding_noise(plain, x_val[:NOISE_EXAMPLES], reference)))
     int8_logits = None
     if cfg.tflite != "none":
         with making(tflite):

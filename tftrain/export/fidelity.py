@@ -192,14 +192,29 @@ def compare(model, artifact: dict[str, dict], x: np.ndarray) -> list[dict]:
     The model's graph is replayed node by node as Keras runs a functional model (each
     layer called with its own arguments), an artifact's value standing in for a layer's
     output wherever the artifact has one."""
-    from tensorflow import nest
-
     artifact = fused_forward(model, artifact)
     names = [layer.name for layer in model.layers if layer.name in artifact]
     reference = keras_outputs(model, names, x)
+    found_rows = {}
+
+    def substitute(name, local):
+        value, row = _substituted(name, local, artifact, reference)
+        if row is not None:
+            found_rows[name] = row
+        return value
+    replay(model, x, substitute)
+    return [found_rows[layer.name] for layer in model.layers if layer.name in found_rows]
+
+
+def replay(model, x: np.ndarray, each) -> list[np.ndarray]:
+    """`model`'s outputs on `x`, its graph replayed node by node as Keras runs a
+    functional model (each layer called with its own arguments, in inference mode), each
+    single-output layer's value passed through `each(layer name, value)` before the
+    layers after it read it."""
+    from tensorflow import nest
+
     usage = model._tensor_usage_count
     tensors = {str(id(t)): [x] * usage[str(id(t))] for t in model.inputs}
-    found_rows = {}
     for depth in sorted(model._nodes_by_depth, reverse=True):
         for node in model._nodes_by_depth[depth]:
             if node.is_input:
@@ -209,12 +224,10 @@ def compare(model, artifact: dict[str, dict], x: np.ndarray) -> list[dict]:
                 kwargs = {**kwargs, "training": False}
             outputs = [np.asarray(o) for o in nest.flatten(node.layer(*args, **kwargs))]
             if len(outputs) == 1:
-                outputs[0], row = _substituted(node.layer.name, outputs[0], artifact, reference)
-                if row is not None:
-                    found_rows[node.layer.name] = row
+                outputs[0] = each(node.layer.name, outputs[0])
             for tensor_id, value in zip(node.flat_output_ids, outputs):
-                tensors[tensor_id] = [value] * usage[tensor_id]
-    return [found_rows[layer.name] for layer in model.layers if layer.name in found_rows]
+                tensors[tensor_id] = [value] * max(1, usage.get(tensor_id, 1))
+    return [tensors[str(id(t))][0] for t in model.outputs]
 
 
 # what a TFLite convolution or fully connected op computes besides its own layer: a

@@ -24,7 +24,8 @@ def write(net, out: Path, source, data_cfg) -> dict:
     from tftrain.core.keras import keras3
     from tftrain.data import BatchPlan, val_dataset
     from tftrain.export.artifacts import inference_model
-    from tftrain.export.measures import accuracy, against, input_kind, rounding_noise, sizes
+    from tftrain.export.measures import (accuracy, against, input_kind, layer_rounding_noise,
+                                         rounding_noise, sizes)
     from tftrain.models.keras3 import to_keras3
 
     plain = inference_model(net)
@@ -38,7 +39,8 @@ def write(net, out: Path, source, data_cfg) -> dict:
     loaded = keras3().saving.load_model(str(path), compile=False)
     logits = np.concatenate([np.asarray(loaded(x[i:i + 256], training=False), np.float32)
                              for i in range(0, len(x), 256)])
-    noise = rounding_noise(lambda v: plain(v, training=False), x, reference)
+    noise = max(rounding_noise(lambda v: plain(v, training=False), x, reference),
+                layer_rounding_noise(plain, x[:256], reference))
     return {**sizes(path.read_bytes()), "accuracy": accuracy(logits, y),
             **against(logits, reference), "logit_noise": noise, "input": input_kind(plain, None),
             "form": "Keras 3 .keras (the float model before any QAT)"}
