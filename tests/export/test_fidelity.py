@@ -120,6 +120,10 @@ def test_every_layer_of_the_int8_file_is_compared_and_a_widened_range_is_named_w
     assert all(r["dtype"] == "int8" for r in clean)
     # the int8 file computes what QAT simulated: 8-bit rounding only, well above 30 dB
     assert min(r["sqnr_db"] for r in clean) > 30 and min(r["local_sqnr_db"] for r in clean) > 40
+    # each layer's noise is its output's 8-bit rounding: within 6 dB of what its step gives
+    assert all(r["local_sqnr_db"] >= r["rounding_sqnr_db"] - 6 for r in clean
+               if r["local_sqnr_db"] < 99), clean
+    assert sum("rounding_sqnr_db" in r for r in clean) == len(clean)
     bad = fidelity.tflite_report(converted(q, tmp_path / "bad", widened="quant_dense_0"), q,
                                  x[:64])
     by_layer = {r["layer"]: r for r in bad}

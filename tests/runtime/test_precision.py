@@ -122,3 +122,23 @@ def test_a_stage_precision_is_its_own_and_leaves_the_global_policy_alone():
         assert keras.mixed_precision.global_policy().name == "mixed_bfloat16"
     finally:
         keras.mixed_precision.set_global_policy("float32")
+
+
+def test_float32_outputs_are_named_after_the_layer_not_the_tensor(tmp_path):
+    """Keras 3's MobileNetV3Small from a `.keras` file, built under mixed_bfloat16: its
+    output tensor is named after a graph placeholder ("Placeholder:0"), no valid layer
+    name; the float32 output layer is named after the layer that gives the output."""
+    from tftrain.core.keras import keras3
+    from tftrain.models import build_model
+
+    path = tmp_path / "mobilenet_v3.keras"
+    keras3().applications.MobileNetV3Small(input_shape=(32, 32, 3), alpha=0.75, weights=None,
+                                           classes=10, dropout_rate=0.0,
+                                           classifier_activation=None).save(str(path))
+    cfg = load_config(None, [f"model={{name: 'file:{path}'}}"])
+    mixed = precision.Precision(policy="mixed_bfloat16", config=cfg.precision)
+    model = mixed.build(lambda: build_model(cfg.model, InputSpec((32, 32, 3), "float32", 10)))
+    assert model.outputs[0].dtype == tf.float32
+    assert model.layers[-1].name == f"{model.layers[-2].name}_float32"
+    x = np.random.default_rng(0).uniform(0, 1, (2, 32, 32, 3)).astype("float32")
+    assert model(x).shape == (2, 10)

@@ -71,9 +71,10 @@ def tflite_tensors(blob: bytes, layer_names: list[str], x: np.ndarray) -> dict[s
             values[layer].append(_dequantized(interp, index))
     out = {}
     for layer, (index, op) in chosen.items():
-        dtype = interp._get_tensor_details(index, 0)["dtype"]
-        out[layer] = {"value": np.concatenate(values[layer]), "dtype": np.dtype(dtype).name,
-                      "op": op}
+        detail = interp._get_tensor_details(index, 0)
+        scales = detail["quantization_parameters"]["scales"]
+        out[layer] = {"value": np.concatenate(values[layer]), "dtype": np.dtype(detail["dtype"]).name,
+                      "op": op, "step": float(scales[0]) if len(scales) == 1 else None}
     return out
 
 
@@ -280,10 +281,15 @@ def _substituted(name: str, local: np.ndarray, artifact: dict, reference: dict):
             got.transpose(0, 2, 3, 1).shape == local.shape:
         got = got.transpose(0, 2, 3, 1)  # an NCHW map `axis_orders` could not follow
     got = got.reshape(local.shape).astype(local.dtype)
-    return got, {"layer": name, "sqnr_db": round(sqnr_db(reference[name], got), 2),
-                 "local_sqnr_db": round(sqnr_db(local, got), 2),
-                 "max_abs_diff": float(np.max(np.abs(got - reference[name]))),
-                 "dtype": found["dtype"], "op": found["op"]}
+    row = {"layer": name, "sqnr_db": round(sqnr_db(reference[name], got), 2),
+           "local_sqnr_db": round(sqnr_db(local, got), 2),
+           "max_abs_diff": float(np.max(np.abs(got - reference[name]))),
+           "dtype": found["dtype"], "op": found["op"]}
+    if found.get("step"):       # what rounding to the tensor's own 8-bit step alone gives
+        power = float(np.mean(np.square(local, dtype=np.float64)))
+        row["rounding_sqnr_db"] = round(min(CAP_DB, 10 * math.log10(
+            max(power, 1e-30) / (found["step"] ** 2 / 12))), 2)
+    return got, row
 
 
 def _node(model, layer) -> int:

@@ -164,11 +164,13 @@ class Precision:
         return optimizer.get_unscaled_gradients([gradient])[0] if self.loss_scaled else gradient
 
 
-
 def float32_outputs(model):
     """The same model with float32 outputs (a no-op when they already are)."""
     if all(out.dtype == tf.float32 for out in model.outputs):
         return model
-    outputs = [keras.layers.Activation("linear", dtype="float32", name=f"{out.name.split('/')[0]}_float32")(out)
+    # named after the layer that gives the output (a tensor's own name may be a graph
+    # placeholder's, "Placeholder:0", which is no valid layer name)
+    outputs = [keras.layers.Activation("linear", dtype="float32",
+                                       name=f"{out._keras_history.layer.name}_float32")(out)
                for out in model.outputs]
     return keras.Model(model.inputs, outputs if len(outputs) > 1 else outputs[0], name=model.name)
