@@ -124,6 +124,7 @@ def sketch(cfg: Config, smoke: bool = False) -> str:
     import math
 
     from tftrain.core.batches import per_replica_batch
+    from tftrain.export import catalog
     from tftrain.launch import local_gpus
     from tftrain.runtime.cluster import current_task, describe_source, resolve_kind
     from tftrain.training.rundir import run_path
@@ -175,12 +176,7 @@ def sketch(cfg: Config, smoke: bool = False) -> str:
         lines.append("then: " + ", ".join(stages))
     if steps:
         lines.append(optimizer_line(cfg, steps, max(1, updates)))
-    e = cfg.export
-    exports = (["SavedModel"] if e.saved_model else []) + \
-        (["int8 SavedModel"] if e.saved_model_int8 else []) + \
-        ([f"TFLite {e.tflite}"] if e.tflite != "none" else []) + \
-        (["sparse TFLite"] if e.tflite_sparse else []) + (["ONNX"] if e.onnx else [])
-    lines.append(f"exports: {', '.join(exports) or 'none'}")
+    lines.append(f"exports: {', '.join(catalog.titles(cfg.export)) or 'none'}")
     lines.append(f"run directory: {run_path(cfg, smoke)}")
     lines += [line for line in (describe_source(),) if line]
     return "\n".join(lines)

@@ -158,15 +158,6 @@ def run(cfg: Config, dry_run: bool = False, smoke: bool = False,
         return _pipeline(cfg, dry_run, smoke, stop, profile)
 
 
-def _exports(e) -> str:
-    """The exports a config asks for, as the export phase names them."""
-    names = (["SavedModel"] if e.saved_model else []) + \
-        (["int8 SavedModel"] if e.saved_model_int8 else []) + \
-        ([f"TFLite {e.tflite}"] if e.tflite != "none" else []) + \
-        (["sparse TFLite"] if e.tflite_sparse else []) + (["ONNX"] if e.onnx else [])
-    return ", ".join(names)
-
-
 def _completed(cfg: Config, smoke: bool, done: dict) -> dict:
     """A completed run, given its own config again: reported, not retrained."""
     from tftrain.runtime.cluster import current_task
@@ -195,7 +186,7 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
     import yaml
 
     from tftrain.config import dump_config
-    from tftrain.export import keras3_file, verification
+    from tftrain.export import catalog, keras3_file, verification
     from tftrain.training import board, report_page, rundir, tracking
     from tftrain.training.report_table import report_table
     from tftrain.stages import StageRunner
@@ -231,7 +222,7 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
         stop.check("after the last stage", runner.agree)
         from tftrain.compress.quantization import clone
         net = plan.parallel.detach(net, clone)      # a model the chief can run alone
-        exports = _exports(cfg.export)
+        exports = ", ".join(catalog.titles(cfg.export))
         with (console.phase("export", f"{exports}: converting, checking and timing each")
               if plan.chief and exports else contextlib.nullcontext()) as note, quiet():
             # (quiet: the converters' and LiteRT's notices)
