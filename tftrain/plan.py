@@ -125,7 +125,7 @@ def sketch(cfg: Config, smoke: bool = False) -> str:
 
     from tftrain.core.batches import per_replica_batch
     from tftrain.export import catalog
-    from tftrain.launch import local_gpus
+    from tftrain.runtime.forking import local_gpus
     from tftrain.runtime.cluster import current_task, describe_source, resolve_kind
     from tftrain.training.rundir import run_path
 

@@ -6,7 +6,7 @@ import tensorflow_model_optimization as tfmot
 from tftrain.compress import quantization
 from tftrain.config import load_config
 from tftrain.core.keras import keras
-from tftrain.export import artifacts, fidelity
+from tftrain.export import artifacts, fidelity, onnx_fidelity
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
@@ -18,21 +18,6 @@ def test_sqnr_is_signal_over_noise_power_in_db():
     assert fidelity.sqnr_db(np.zeros(2), np.ones(2)) == -fidelity.CAP_DB
 
 
-def test_axis_orders_follow_transposes_convolutions_and_elementwise_ops():
-    from onnx import helper
-    nodes = [helper.make_node("Transpose", ["inputs"], ["t"], perm=[0, 3, 1, 2]),
-             helper.make_node("Relu", ["t"], ["r"]),
-             helper.make_node("Transpose", ["r"], ["back"], perm=[0, 2, 3, 1]),
-             helper.make_node("QuantizeLinear", ["back", "s", "z"], ["q"]),
-             helper.make_node("Conv", ["q", "w"], ["c"]),
-             helper.make_node("Add", ["c", "q"], ["a"]),
-             helper.make_node("Reshape", ["a", "shape"], ["flat"])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("inputs", 1, None)], [])
-    orders = fidelity.axis_orders(graph)
-    assert orders == {"inputs": "NHWC", "t": "NCHW", "r": "NCHW", "back": "NHWC",
-                      "q": "NHWC", "c": "NCHW", "a": "NCHW"}        # a Reshape's: none
-
-
 def test_onnx_maps_come_in_the_tflite_files_order_where_channels_height_and_width_are_equal(
         qat_cnn, tmp_path):
     # the CNN's first maps are 8x8 with 8 channels: ONNX holds them as NCHW and the
@@ -42,7 +27,7 @@ def test_onnx_maps_come_in_the_tflite_files_order_where_channels_height_and_widt
     blob = converted(q, tmp_path / "m")
     names = [layer.name for layer in q.layers]
     lite = fidelity.tflite_tensors(blob, names, x[:32])
-    onnx = fidelity.onnx_tensors(onnx_export.int8_onnx(blob, "U8U8"), names, x[:32])
+    onnx = onnx_fidelity.onnx_tensors(onnx_export.int8_onnx(blob, "U8U8"), names, x[:32])
     square = [n for n, t in onnx.items() if t["value"].ndim == 4 and
               len(set(t["value"].shape[1:])) == 1]
     assert "quant_relu_0" in square
@@ -52,7 +37,7 @@ def test_onnx_maps_come_in_the_tflite_files_order_where_channels_height_and_widt
         assert onnx[name]["value"].shape == lite[name]["value"].shape, name
         # ONNX Runtime's int8 kernels round as LiteRT's do, to one step at most
         assert np.max(np.abs(onnx[name]["value"] - lite[name]["value"])) <= step * 1.001, name
-    rows = {r["layer"]: r for r in fidelity.onnx_report(onnx_export.int8_onnx(blob, "U8U8"), q,
+    rows = {r["layer"]: r for r in onnx_fidelity.report(onnx_export.int8_onnx(blob, "U8U8"), q,
                                                        x[:32])}
     assert rows["quant_relu_0"]["local_sqnr_db"] > 30
 

@@ -46,7 +46,7 @@ def entries(plain, out: Path, x_val, y_val, reference, int8: bytes | None, int8_
                 entry.update(int8_kernels=int8_kernels(graph),
                              session_config=dict(INT8_SESSION_CONFIG), layout=layout)
                 if layers:
-                    from tftrain.export import fidelity
-                    entry.update(fidelity.onnx_entry(blob, float_ops(graph), plain, calibration,
+                    from tftrain.export import onnx_fidelity
+                    entry.update(onnx_fidelity.entry(blob, float_ops(graph), plain, calibration,
                                                      cfg))
     return found
