@@ -130,3 +130,31 @@ def test_a_float_artifact_may_be_as_far_apart_as_the_models_own_logit_noise_allo
     assert report["saved_model"]["check"] == (
         "largest logit difference 0.045 <= 0.05, 10 x the model's own logit noise (its logits "
         "moved by 0.005 under input rounding)")
+
+
+def test_flat_logits_pass_unjudged_only_in_the_preflight_and_an_empty_comparison_fails():
+    """Logits without signal (spread 1e-6) and a layer at -30 dB: the preflight's
+    untrained model passes unjudged (it is judged again at the run's end); after training
+    the same file is not verified, and says why. An int8 file compared layer by layer
+    with no layer found fails too (it passed on its logits' 0 dB floor)."""
+    cfg = load_config(None, []).export
+    flat = {"logit_sqnr_db": 1.0, "top1_agreement": 0.3, "logit_spread": 1e-6,
+            "max_abs_logit_diff": 1e-6, "accuracy": 0.1,
+            "layers": [{"layer": "conv", "local_sqnr_db": -30.0}]}
+    pre = verify({"onnx_int8": dict(flat)}, cfg, 0.1, by_labels=False, untrained=True)
+    assert pre["onnx_int8"]["verified"]
+    assert pre["onnx_int8"]["check"].endswith("judged again at the run's end")
+    after = verify({"onnx_int8": dict(flat)}, cfg, 0.1, by_labels=False)["onnx_int8"]
+    assert not after["verified"]
+    assert after["check"].startswith("not judged: the model's logits carry no signal to compare "
+                                     "(they spread 1.0e-06 across classes")
+    assert "after training this file cannot be told from a broken one" in after["check"]
+    empty = {"logit_sqnr_db": 1.0, "top1_agreement": 0.5, "logit_spread": 1.0,
+             "max_abs_logit_diff": 0.5, "accuracy": 0.1, "layers": []}
+    bad = verify({"tflite_int8": empty}, cfg, 0.1, by_labels=False)["tflite_int8"]
+    assert not bad["verified"]
+    assert bad["check"].startswith("compared layer by layer, but none of the model's layers "
+                                   "was found in the file")
+    # without a layer comparison at all, the logits' floor still decides
+    assert verify({"tflite_int8": {k: v for k, v in empty.items() if k != "layers"}}, cfg, 0.1,
+                  by_labels=False)["tflite_int8"]["verified"]

@@ -67,7 +67,8 @@ def verify(report: dict, cfg, accuracy: float, qat: bool = False, by_labels: boo
                               f"drop {drop:.4f} {'<=' if ok else '>'} export.max_accuracy_drop "
                               f"{cfg.max_accuracy_drop:g}")
         else:
-            ok, entry["check"] = _against_the_model(entry, precision, cfg, qat and not untrained)
+            ok, entry["check"] = _against_the_model(entry, precision, cfg, qat and not untrained,
+                                                    untrained)
         entry["verified"] = ok
     return report
 
@@ -117,18 +118,28 @@ def _float_check(entry: dict, cfg) -> tuple[bool, str]:
                                                  if ok else ""))
 
 
-def _against_the_model(entry: dict, precision: str, cfg, qat: bool) -> tuple[bool, str]:
-    """(verified, why) for a reduced-precision artifact judged without labels."""
+def _against_the_model(entry: dict, precision: str, cfg, qat: bool,
+                       untrained: bool = False) -> tuple[bool, str]:
+    """(verified, why) for a reduced-precision artifact judged without labels. Logits
+    without signal pass unjudged only in the preflight (`untrained`), which judges again at
+    the run's end; a file compared layer by layer with no layer found fails."""
     tail = (f"; its logits {entry['logit_sqnr_db']:.1f} dB above their difference from the "
             f"model's, top-1 agreeing on {entry['top1_agreement']:.1%}; accuracy is not judged: "
             "the model is untrained or smoke-trained")
     spread = entry.get("logit_spread", 1.0)
     if spread < SIGNAL_FLOOR:
-        return True, (f"not judged: the model's logits carry no signal to compare (they spread "
-                      f"{spread:.1e} across classes; an untrained deep network whose batch-norm "
-                      "statistics are still their initial values can fade its activations to "
-                      "nothing); judged again at the run's end")
+        why = (f"not judged: the model's logits carry no signal to compare (they spread "
+               f"{spread:.1e} across classes; an untrained deep network whose batch-norm "
+               "statistics are still their initial values can fade its activations to nothing)")
+        if untrained:
+            return True, why + "; judged again at the run's end"
+        return False, why + ("; after training this file cannot be told from a broken one: "
+                             "train longer, or export it with labels to judge it by")
     rows = entry.get("layers")
+    if rows is not None and not rows:
+        return False, ("compared layer by layer, but none of the model's layers was found in "
+                       "the file (its tensors' names match no layer): nothing shows it computes "
+                       "what the model does" + tail)
     if rows:
         worst = min(rows, key=lambda row: row["local_sqnr_db"])
         ok = worst["local_sqnr_db"] >= cfg.min_layer_sqnr
