@@ -26,7 +26,7 @@ def test_layer_rounding_noise_rounds_inside_the_network_not_only_at_its_input():
     rounding at its inner layer (about 1 relative to 2^-24 x 1e4 x ...) moves its logits
     far more; an identity replay gives the model's own outputs."""
     from tftrain.core.keras import keras
-    from tftrain.export import fidelity
+    from tftrain.models.rounding import replay
     from tftrain.export.measures import layer_rounding_noise
 
     inputs = keras.Input((4,))
@@ -35,7 +35,7 @@ def test_layer_rounding_noise_rounds_inside_the_network_not_only_at_its_input():
     net = keras.Model(inputs, keras.layers.Rescaling(1e4, name="gain")(back))
     x = np.random.default_rng(0).uniform(0.5, 1.0, (32, 4)).astype("float32")
     reference = net(x).numpy()
-    np.testing.assert_allclose(fidelity.replay(net, x, lambda name, v: v)[0], reference, rtol=1e-6)
+    np.testing.assert_allclose(replay(net, x, lambda name, v: v)[0], reference, rtol=1e-6)
     inner = layer_rounding_noise(net, x, reference)
     outer = rounding_noise(lambda v: net(v).numpy(), x, reference)
     # the inner layer holds ~1000: ROUNDING_ULPS units of its roundoff, times the gain

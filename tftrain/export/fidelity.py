@@ -20,6 +20,7 @@ import math
 import numpy as np
 
 from tftrain.core import console
+from tftrain.models.rounding import replay
 
 CAP_DB = 99.0        # an exact tensor (no noise) is reported at this SQNR
 
@@ -132,30 +133,6 @@ def compare(model, artifact: dict[str, dict], x: np.ndarray) -> list[dict]:
         return value
     replay(model, x, substitute)
     return [found_rows[layer.name] for layer in model.layers if layer.name in found_rows]
-
-
-def replay(model, x: np.ndarray, each) -> list[np.ndarray]:
-    """`model`'s outputs on `x`, its graph replayed node by node as Keras runs a
-    functional model (each layer called with its own arguments, in inference mode), each
-    single-output layer's value passed through `each(layer name, value)` before the
-    layers after it read it."""
-    from tensorflow import nest
-
-    usage = model._tensor_usage_count
-    tensors = {str(id(t)): [x] * usage[str(id(t))] for t in model.inputs}
-    for depth in sorted(model._nodes_by_depth, reverse=True):
-        for node in model._nodes_by_depth[depth]:
-            if node.is_input:
-                continue
-            args, kwargs = node.map_arguments(tensors)
-            if node.layer._expects_training_arg:
-                kwargs = {**kwargs, "training": False}
-            outputs = [np.asarray(o) for o in nest.flatten(node.layer(*args, **kwargs))]
-            if len(outputs) == 1:
-                outputs[0] = each(node.layer.name, outputs[0])
-            for tensor_id, value in zip(node.flat_output_ids, outputs):
-                tensors[tensor_id] = [value] * max(1, usage.get(tensor_id, 1))
-    return [tensors[str(id(t))][0] for t in model.outputs]
 
 
 # what a TFLite convolution or fully connected op computes besides its own layer: a

@@ -62,26 +62,13 @@ def rounding_noise(call, x: np.ndarray, reference: np.ndarray, batch: int = 256)
 
 
 def layer_rounding_noise(model, x: np.ndarray, reference: np.ndarray, batch: int = 64) -> float:
-    """The model's own logit noise under float32 rounding at every layer: the largest
-    change of its logits (`reference`, on `x`) when each layer's output moves by
-    `ROUNDING_ULPS` units of roundoff, up or down at random, before the next layers read it
-    (`fidelity.replay`). Another runtime rounds at every layer, not only at the input: an
-    untrained EfficientNetV2S (500 layers) moved its SavedModel's logits 20 times as far
-    as input rounding moved its own. 0 for a model that is not a functional graph."""
-    from tftrain.export import fidelity
+    """The model's own logit noise under float32 rounding at every layer
+    (`models.rounding.layer_noise`): another runtime rounds at every layer, not only at
+    the input (an untrained EfficientNetV2S's SavedModel was 20 times as far from the model
+    as input rounding moved it)."""
+    from tftrain.models.rounding import layer_noise
 
-    if not hasattr(model, "_nodes_by_depth") or x.dtype.kind != "f":
-        return 0.0
-    rng = np.random.default_rng(1)
-
-    def rounded(name, value):
-        if value.dtype.kind != "f":
-            return value
-        signs = rng.choice([-1.0, 1.0], value.shape)
-        return (value * (1.0 + ROUNDING_ULPS * 2.0 ** -24 * signs)).astype(value.dtype)
-    logits = np.concatenate([np.asarray(fidelity.replay(model, x[i:i + batch], rounded)[0],
-                                        np.float32) for i in range(0, len(x), batch)])
-    return float(np.max(np.abs(logits - reference[:len(logits)])))
+    return layer_noise(model, x, reference, batch) if x.dtype.kind == "f" else 0.0
 
 
 def signature_logits(signature, raw, batch: int = 64) -> np.ndarray:

@@ -1,0 +1,52 @@
+"""A functional model's own float32 rounding: its graph replayed node by node as Keras
+runs it (`replay`), and how far rounding at every layer moves its outputs (`layer_noise`):
+the scale another runtime's float computation of the same model (a SavedModel, a TFLite
+file, Keras 3's form of it) may differ by. A trained network keeps it near float
+rounding; an untrained deep one amplifies it."""
+from __future__ import annotations
+
+import numpy as np
+
+ULPS = 4      # each layer's output moved by this many units of float32 roundoff
+
+
+def replay(model, x: np.ndarray, each) -> list[np.ndarray]:
+    """`model`'s outputs on `x`, its graph replayed node by node as Keras runs a
+    functional model (each layer called with its own arguments, in inference mode), each
+    single-output layer's value passed through `each(layer name, value)` before the
+    layers after it read it."""
+    from tensorflow import nest
+
+    usage = model._tensor_usage_count
+    tensors = {str(id(t)): [x] * usage[str(id(t))] for t in model.inputs}
+    for depth in sorted(model._nodes_by_depth, reverse=True):
+        for node in model._nodes_by_depth[depth]:
+            if node.is_input:
+                continue
+            args, kwargs = node.map_arguments(tensors)
+            if node.layer._expects_training_arg:
+                kwargs = {**kwargs, "training": False}
+            outputs = [np.asarray(o) for o in nest.flatten(node.layer(*args, **kwargs))]
+            if len(outputs) == 1:
+                outputs[0] = each(node.layer.name, outputs[0])
+            for tensor_id, value in zip(node.flat_output_ids, outputs):
+                tensors[tensor_id] = [value] * max(1, usage.get(tensor_id, 1))
+    return [tensors[str(id(t))][0] for t in model.outputs]
+
+
+def layer_noise(model, x: np.ndarray, reference: np.ndarray, batch: int = 64) -> float:
+    """The largest change of `model`'s first output (`reference`, on `x`) when each
+    layer's output moves by `ULPS` units of roundoff, up or down at random, before the
+    next layers read it. 0 for a model that is not a functional graph."""
+    if not hasattr(model, "_nodes_by_depth"):
+        return 0.0
+    rng = np.random.default_rng(1)
+
+    def rounded(name, value):
+        if value.dtype.kind != "f":
+            return value
+        signs = rng.choice([-1.0, 1.0], value.shape)
+        return (value * (1.0 + ULPS * 2.0 ** -24 * signs)).astype(value.dtype)
+    found = np.concatenate([np.asarray(replay(model, x[i:i + batch], rounded)[0], np.float32)
+                            for i in range(0, len(x), batch)])
+    return float(np.max(np.abs(found - np.asarray(reference, np.float32)[:len(found)])))
