@@ -236,7 +236,7 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
             float_net = plan.parallel.detach(float_net)          # (every worker joins)
             if plan.chief:
                 artifacts.update(verification.verify({keras3_file.NAME: keras3_file.write(
-                    float_net, run.export, plan.source, cfg.data)}, cfg.export, 0.0))
+                    float_net, run.export, plan.source, cfg.data, cfg.export)}, cfg.export, 0.0))
         if plan.chief:    # the export's figures, each int8 artifact's layers as curves
             board.write_export(run.path / "tensorboard" / board.EXPORT, artifacts)
         stop.check("after the export (the rerun exports again and reports)", runner.agree)
