@@ -189,7 +189,8 @@ def kubernetes(args) -> int:
             image=args.image or "", gpus_per_worker=args.gpus_per_worker, storage=args.storage,
             storage_size=args.storage_size, storage_class=args.storage_class,
             namespace=args.namespace, queue=args.queue, max_restarts=args.max_restarts,
-            port=args.port, grace_seconds=args.grace, cpu=args.cpu, memory=args.memory)
+            port=args.port, grace_seconds=args.grace, cpu=args.cpu, memory=args.memory,
+            smoke=args.smoke)
         cluster.check()
         with k8s.as_pod(cluster):      # the plan its first pod makes: refusals surface here
             plan = sketch(cfg, args.smoke)
@@ -198,9 +199,6 @@ def kubernetes(args) -> int:
         for problem in err.problems:
             print(f"tftrain.launch: config error: {problem}", file=sys.stderr)
         return EXIT_CONFIG
-    if args.smoke:
-        docs[-1]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"][
-            "containers"][0]["command"].append("--smoke")
     text = k8s.to_yaml(docs)
     if args.dry_run:
         print("\n".join(f"# {line}" for line in plan.splitlines()))

@@ -25,7 +25,7 @@ def write(net, out: Path, source, data_cfg, export_cfg) -> dict:
 
     from tftrain.core.keras import keras3
     from tftrain.data import BatchPlan, val_dataset
-    from tftrain.export.artifacts import inference_model
+    from tftrain.export.artifacts import NOISE_EXAMPLES, inference_model
     from tftrain.export import verification
     from tftrain.export.measures import (accuracy, against, input_kind, layer_rounding_noise,
                                          rounding_noise, sizes)
@@ -47,5 +47,5 @@ def write(net, out: Path, source, data_cfg, export_cfg) -> dict:
              "form": "Keras 3 .keras (the float model before any QAT)"}
     if not verification.logits_within(entry, export_cfg):
         entry["logit_noise"] = max(rounding_noise(lambda v: plain(v, training=False), x, reference),
-                                   layer_rounding_noise(plain, x[:256], reference))
+                                   layer_rounding_noise(plain, x[:NOISE_EXAMPLES], reference))
     return entry

@@ -76,24 +76,29 @@ def _why(name: str) -> str:
             "in the pod template's env")
 
 
+def _shape(env) -> tuple[int, int]:
+    """(workers, pods per Job) of the set."""
+    workers = _number(env, WORKERS, low=1)
+    per_job = _number(env, PODS_PER_JOB, default=workers, low=1)
+    if workers % per_job:
+        raise ConfigError(f"JobSet pod: {WORKERS}={workers} is not a whole number of Jobs of "
+                          f"{PODS_PER_JOB}={per_job} pods")
+    return workers, per_job
+
+
 def hosts(env) -> list[str]:
     """Every worker's stable host name, by rank."""
     name = env[NAME]
     job = env.get(REPLICATED_JOB) or ""
     if not job:
         raise ConfigError(f"JobSet pod: {REPLICATED_JOB} is not set; {_why(REPLICATED_JOB)}")
-    workers = _number(env, WORKERS, low=1)
-    per_job = _number(env, PODS_PER_JOB, default=workers, low=1)
-    if workers % per_job:
-        raise ConfigError(f"JobSet pod: {WORKERS}={workers} is not a whole number of Jobs of "
-                          f"{PODS_PER_JOB}={per_job} pods")
+    workers, per_job = _shape(env)
     subdomain = env.get(SUBDOMAIN) or name
     return [f"{name}-{job}-{r // per_job}-{r % per_job}.{subdomain}" for r in range(workers)]
 
 
 def rank(env) -> int:
-    workers = _number(env, WORKERS, low=1)
-    per_job = _number(env, PODS_PER_JOB, default=workers, low=1)
+    workers, per_job = _shape(env)
     index = _number(env, COMPLETION_INDEX)
     job = _number(env, JOB_INDEX, default=0)
     if index >= per_job:

@@ -53,6 +53,7 @@ class Cluster:
     grace_seconds: int = 300            # SIGTERM to SIGKILL: the checkpoint's time
     cpu: str | None = None              # requests and limits per pod
     memory: str | None = None
+    smoke: bool = False                 # each pod runs tftrain.run --smoke
 
     def check(self) -> None:
         if not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", self.name) or len(self.name) > MAX_NAME:
@@ -143,7 +144,8 @@ def _pod(c: Cluster) -> dict:
               **({"cpu": c.cpu} if c.cpu else {}), **({"memory": c.memory} if c.memory else {})}
     container = {
         "name": CONTAINER, "image": c.image,
-        "command": ["python", "-m", "tftrain.run", f"{CONFIG_DIR}/config.yaml"],
+        "command": ["python", "-m", "tftrain.run", f"{CONFIG_DIR}/config.yaml",
+                    *(["--smoke"] if c.smoke else [])],
         "env": [*jobset.environment(c.name, c.workers, c.port, c.name),
                 {"name": "PYTHONUNBUFFERED", "value": "1"}],
         "ports": [{"name": "grpc", "containerPort": c.port}],
