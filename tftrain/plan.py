@@ -178,7 +178,8 @@ def sketch(cfg: Config, smoke: bool = False) -> str:
         lines.append(optimizer_line(cfg, steps, max(1, updates)))
     lines.append(f"exports: {', '.join(catalog.titles(cfg.export)) or 'none'}")
     lines.append(f"run directory: {run_path(cfg, smoke)}")
-    lines += [line for line in (describe_source(),) if line]
+    if where := describe_source():
+        lines.append(where)
     return "\n".join(lines)
 
 

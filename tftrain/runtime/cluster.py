@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 
 from tftrain.config import ConfigError
+from tftrain.runtime import jobset
 
 GRANTED = "TFTRAIN_GRANTED_GPUS"     # the node's GPUs before this task was pinned to its share
 PORT_BASE = "TFTRAIN_PORT_BASE"      # sets the first port of a SLURM step's tasks on a node
@@ -165,7 +166,6 @@ def tf_config_task(text: str) -> Task:
 
 def jobset_task(env) -> Task:
     """This pod of a JobSet's Indexed Job (`runtime.jobset`)."""
-    from tftrain.runtime import jobset
     rank = jobset.rank(env)
     return Task("JobSet", tuple(jobset.addresses(env)), rank, rank == 0)
 
@@ -176,7 +176,6 @@ def current_task(env=None) -> Task:
     env = os.environ if env is None else env
     if env.get("TF_CONFIG"):
         return tf_config_task(env["TF_CONFIG"])
-    from tftrain.runtime import jobset
     if jobset.in_jobset(env):
         return jobset_task(env)
     if in_slurm_step(env) and int(_slurm(env, "NUM_TASKS") or env.get("SLURM_NTASKS", "1")) > 1:
@@ -205,12 +204,10 @@ def describe_source(env=None) -> str:
     if task.source == "local":
         return ""
     if task.source == "JobSet":
-        from tftrain.runtime import jobset
         where = jobset.describe(env)
     elif task.source == "SLURM":
         where = f"SLURM job {env.get('SLURM_JOB_ID')}, step {env.get('SLURM_STEP_ID', env.get('SLURM_STEPID'))}"
     else:
-        from tftrain.runtime import jobset
         where = "TF_CONFIG" + (" (set by the user: it wins over the JobSet pod's variables)"
                                if jobset.in_jobset(env) else "")
     return (f"cluster: {task.num_workers} workers from {where}; this process is worker "
@@ -224,7 +221,6 @@ def await_peers(seconds: float, env=None) -> str:
     task = current_task(env)
     if task.source != "JobSet" or task.num_workers < 2:
         return ""
-    from tftrain.runtime import jobset
     waited, listener = jobset.wait_for_peers(task.workers, task.rank, seconds, jobset.hosts(env))
     jobset.hold(listener)            # answering still, until the strategy takes the port
     return f"cluster: {task.num_workers - 1} peers of worker {task.rank} answered in {waited:.1f} s"
@@ -237,7 +233,6 @@ def cluster_resolver(task: Task):
     if task.source in ("TF_CONFIG", "local"):      # a cluster of TF_CONFIG, or of one worker
         return tf.distribute.cluster_resolver.TFConfigClusterResolver()
     if task.source == "JobSet":
-        from tftrain.runtime import jobset
         jobset.release()             # the port the peer check answered on, for the server
     # SLURM: the task's share of the node's GPUs (none granted: none); a JobSet pod: the
     # GPUs Kubernetes gave its container (nvidia.com/gpu), all it sees
