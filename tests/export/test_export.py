@@ -11,6 +11,7 @@ from tftrain.core.keras import keras
 from tftrain.data import load_source
 from tftrain.export.artifacts import (convert_tflite, export_all, inference_model,
                                       save_saved_model, tflite_logits)
+from tftrain.export import fidelity
 from tftrain.models import MODELS
 from tftrain.training.train_step import TrainModel
 
@@ -216,6 +217,13 @@ def test_post_training_int8_of_hard_swish_is_int8_ops_xnnpack_runs(tmp_path):
     report = export_all(model, load_config(None, ["export.tflite=int8"]).export, tmp_path, source)
     entry = report["tflite_int8"]
     assert entry["verified"] and entry["xnnpack"]["fallback"] == [], entry["xnnpack"]
+    # relu6(x + 3) * (x / 6), so the converter gives x / 6 its own range (in the other
+    # order it got the product's, and each hard-swish added noise about 8 dB beyond
+    # what its 8-bit steps allow)
+    rows = {row["layer"]: row for row in entry["layers"]}
+    for name in ("swish", "swish_1"):
+        assert rows[name]["local_sqnr_db"] >= \
+            rows[name]["allowed_sqnr_db"] - fidelity.LEEWAY_MEASURED_DB, rows[name]
     ops = [op["op_name"] for op in Interpreter(model_path=str(tmp_path / "model.tflite"))._get_ops_details()]
     assert "HARD_SWISH" not in ops and ops.count("MUL") == 4 and ops.count("ADD") == 2, ops
     blob = convert_tflite(tmp_path / "saved_model", "float", None)

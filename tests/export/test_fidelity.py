@@ -60,6 +60,13 @@ def test_layers_whose_names_hold_a_slash_are_each_compared(tmp_path):
                                     "functional/quant_Conv/Conv2D", order) == "quant_Conv/BatchNorm"
     assert fidelity.layer_of_tensor("functional/quant_expanded_conv/depthwise/depthwise",
                                     order) == "quant_expanded_conv/depthwise"
+    # a layer's name inside a longer layer name is not that layer (MobileNetV3Small's last
+    # convolution `Conv_1` and each block's `expanded_conv_10/squeeze_excite/Conv_1`: the
+    # squeeze-excite tensor was compared with `Conv_1`'s output, -5.4 dB)
+    order = {"expanded_conv_10/squeeze_excite/Conv_1": 1, "Conv_1": 2}
+    assert fidelity.layer_of_tensor("m/expanded_conv_10/squeeze_excite/Conv_1/BiasAdd",
+                                    order) == "expanded_conv_10/squeeze_excite/Conv_1"
+    assert fidelity.layer_of_tensor("m/Conv_1/Conv2D", order) == "Conv_1"
     keras.utils.set_random_seed(0)
     inputs = keras.Input((8, 8, 1))
     h = keras.layers.Conv2D(8, 3, use_bias=False, name="Conv")(inputs)
@@ -185,3 +192,36 @@ def test_layers_below_the_floor_are_one_warning_naming_the_noisiest(capsys):
     assert text.startswith("tftrain: warning: tflite_int8: layer conv_0 (CONV_2D) adds noise at 10.0 dB")
     assert text.endswith("; 9 more layers below it (conv_1, conv_2, conv_3, ...; summary.json lists "
                          "every layer)")
+
+
+def test_a_layer_is_held_to_what_its_own_8_bit_steps_allow(qat_cnn, tmp_path):
+    """Post-training int8 of a float CNN: each layer adds about the noise its inputs' and
+    output's 8-bit steps allow (`allowed_sqnr_db`, within `LEEWAY_MEASURED_DB`). Held
+    against a model whose second convolution's kernel is 5% larger (a kernel the file
+    got wrong by 5%), that layer adds noise about 26 dB down, above
+    `export.min_layer_sqnr`, yet far beyond what its steps allow: too noisy. The layers
+    after it are judged on the file's own values, and pass."""
+    from tftrain.models import MODELS
+    _, x, _, source = qat_cnn
+    keras.utils.set_random_seed(0)
+    net = MODELS.get("cnn")(source.spec, filters=[8, 16], dense=[32])
+    net.compile(keras.optimizers.Adam(0.003), LOSS)
+    net.fit(source.calibration(source.num_train).batch(64), epochs=1, verbose=0)
+    blob = artifacts.convert_tflite(artifacts.save_saved_model(net, tmp_path / "sm"), "int8",
+                                    x[:128])
+    floor = load_config(None, []).export.min_layer_sqnr
+    clean = {r["layer"]: r for r in fidelity.tflite_report(blob, net, x[:64])}
+    assert {"relu_0", "relu_1", "dense_0"} <= set(clean)
+    for row in clean.values():
+        assert row["local_sqnr_db"] >= row["allowed_sqnr_db"] - fidelity.LEEWAY_MEASURED_DB, row
+        assert not fidelity.too_noisy(row, floor)
+    off = keras.models.clone_model(net)
+    off.set_weights(net.get_weights())
+    kernel = off.get_layer("conv_1").kernel      # the file holds it fused into relu_1
+    kernel.assign(kernel * 1.05)
+    rows = {r["layer"]: r for r in fidelity.tflite_report(blob, off, x[:64])}
+    conv = rows["relu_1"]
+    assert floor < conv["local_sqnr_db"] < conv["allowed_sqnr_db"] - fidelity.LEEWAY_DB, conv
+    assert fidelity.too_noisy(conv, floor)
+    assert "beyond 10 dB of the" in fidelity.why_noisy(conv, floor)
+    assert [name for name, row in rows.items() if fidelity.too_noisy(row, floor)] == ["relu_1"]

@@ -83,6 +83,29 @@ def test_without_labels_an_int8_file_compared_layer_by_layer_is_judged_by_its_no
                   by_labels=False)["tflite_int8"]["verified"]
 
 
+def test_a_layer_above_the_floor_fails_when_far_beyond_what_its_8_bit_steps_allow():
+    """Above `export.min_layer_sqnr`, a layer still fails when it adds noise more than
+    `fidelity.LEEWAY_DB` beyond what its own 8-bit steps allow; within it, it passes; a
+    layer below the floor fails however coarse its steps."""
+    cfg = load_config(None, []).export
+    entry = {"logit_sqnr_db": 15.0, "top1_agreement": 0.9, "logit_spread": 1.0,
+             "max_abs_logit_diff": 0.5, "accuracy": 0.1}
+    fine = {"layer": "conv", "local_sqnr_db": 40.0, "allowed_sqnr_db": 42.0}
+
+    def judged(row):
+        return verify({"tflite_int8": {**entry, "layers": [fine, row]}}, cfg, 0.1,
+                      by_labels=False)["tflite_int8"]
+    far = judged({"layer": "dense", "local_sqnr_db": 30.0, "allowed_sqnr_db": 45.0})
+    assert not far["verified"]
+    assert far["check"].startswith("the noisiest failing layer, dense, adds noise 30.0 dB below "
+                                   "its values >= export.min_layer_sqnr 20, beyond 10 dB of the "
+                                   "45.0 dB its own 8-bit steps allow"), far["check"]
+    near = judged({"layer": "dense", "local_sqnr_db": 30.0, "allowed_sqnr_db": 38.0})
+    assert near["verified"] and "within 10 dB of the 38.0 dB" in near["check"], near["check"]
+    low = judged({"layer": "dense", "local_sqnr_db": 18.0, "allowed_sqnr_db": 19.0})
+    assert not low["verified"] and "18.0 dB below its values < export.min_layer_sqnr" in low["check"]
+
+
 def test_a_float_artifact_is_held_to_the_logit_difference_relative_to_the_largest_logit():
     """float32 rounds relative to a value's size: logits up to 400 (an untrained
     EfficientNetV2B0) may differ by 400 x 1e-3; 0.41 is one part in a thousand too many,

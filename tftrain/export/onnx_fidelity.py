@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tftrain.export.fidelity import EXAMPLES, compare, entries, label, layer_of_tensor
+from tftrain.export.fidelity import EXAMPLES, compare, entries, grid, label, layer_of_tensor
 
 
 # ONNX ops whose 4-D output is NCHW whatever order their input had
@@ -77,7 +77,7 @@ def onnx_tensors(blob: bytes, layer_names: list[str], x: np.ndarray, batch: int 
         value = (np.concatenate([r[k] for r in runs]).astype(np.float32) - zero) * scale
         if value.ndim == 4 and orders.get(tensor, "NHWC") != "NHWC":
             value = value.transpose([orders[tensor].index(axis) for axis in "NHWC"])
-        out[layer] = {"value": value, "dtype": np.dtype(zero.dtype).name, "op": "QuantizeLinear"}
+        out[layer] = {"value": value, "op": "QuantizeLinear", **grid(zero.dtype, scale, zero)}
     return out
 
 

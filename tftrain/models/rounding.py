@@ -10,28 +10,45 @@ import numpy as np
 ULPS = 4      # each layer's output moved by this many units of float32 roundoff
 
 
-def replay(model, x: np.ndarray, each) -> list[np.ndarray]:
+def replay(model, x: np.ndarray, each, again: bool = False) -> list[np.ndarray]:
     """`model`'s outputs on `x`, its graph replayed node by node as Keras runs a
     functional model (each layer called with its own arguments, in inference mode), each
     single-output layer's value passed through `each(layer name, value)` before the
-    layers after it read it."""
-    from tensorflow import nest
-
+    layers after it read it. With `again`, `each` gets a third argument: a function that
+    calls the layer once more on its inputs each passed through `perturb(name of the
+    layer that made it, or None for the model's input, value)` (what the layer makes of
+    its inputs moved)."""
     usage = model._tensor_usage_count
     tensors = {str(id(t)): [x] * usage[str(id(t))] for t in model.inputs}
+    maker: dict[str, str] = {}          # tensor id -> the layer that made it
     for depth in sorted(model._nodes_by_depth, reverse=True):
         for node in model._nodes_by_depth[depth]:
             if node.is_input:
                 continue
-            args, kwargs = node.map_arguments(tensors)
-            if node.layer._expects_training_arg:
-                kwargs = {**kwargs, "training": False}
-            outputs = [np.asarray(o) for o in nest.flatten(node.layer(*args, **kwargs))]
+            ids = [tensor_id for tensor_id, _ in node._keras_inputs_ids_and_indices]
+            inputs = {tensor_id: tensors[tensor_id][-1] for tensor_id in ids}
+            outputs = _call(node, node.map_arguments(tensors))
             if len(outputs) == 1:
-                outputs[0] = each(node.layer.name, outputs[0])
+                def again_fn(perturb, node=node, ids=ids, inputs=inputs):
+                    moved = {i: perturb(maker.get(i), value) for i, value in inputs.items()}
+                    return _call(node, node.map_arguments(
+                        {i: [moved[i]] * ids.count(i) for i in moved}))[0]
+                outputs[0] = (each(node.layer.name, outputs[0], again_fn) if again
+                              else each(node.layer.name, outputs[0]))
             for tensor_id, value in zip(node.flat_output_ids, outputs):
                 tensors[tensor_id] = [value] * max(1, usage.get(tensor_id, 1))
+                maker[tensor_id] = node.layer.name
     return [tensors[str(id(t))][0] for t in model.outputs]
+
+
+def _call(node, arguments) -> list[np.ndarray]:
+    """A node's layer called on `arguments` ((args, kwargs)), in inference mode."""
+    from tensorflow import nest
+
+    args, kwargs = arguments
+    if node.layer._expects_training_arg:
+        kwargs = {**kwargs, "training": False}
+    return [np.asarray(o) for o in nest.flatten(node.layer(*args, **kwargs))]
 
 
 def layer_noise(model, x: np.ndarray, reference: np.ndarray, batch: int = 64) -> float:
