@@ -110,6 +110,9 @@ def test_a_measured_miss_rules_out_the_harsher_or_the_milder_of_its_kind():
     assert "lost 2.00 pt" in cands.ruled_out(Candidate("float", channels=0.35), measured, t)
     assert "over the size or latency limit" in cands.ruled_out(Candidate("float", channels=0.7),
                                                                measured, t)
+    # a latency miss within its timing's uncertainty (borderline) rules nothing out
+    unsure = [(Candidate("float", channels=0.5), {**lost, "drop": 0.0, "borderline": True})]
+    assert cands.ruled_out(Candidate("float", channels=0.7), unsure, t) == ""
     assert cands.ruled_out(Candidate("qat", channels=0.35), measured, t) == ""
     assert cands.ruled_out(Candidate("qat", sparsity=0.5), measured, t) == ""
     # an int8 file after training over the size limit: QAT's int8 file of that width too

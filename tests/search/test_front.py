@@ -17,7 +17,10 @@ def summary(accuracy, size, gzip, ms, speedup=None):
     if speedup is not None:
         entry.update(latency_grid_beside_reference={"batch1_threads1": ms * 0.9,
                                                     "batch32_threads1": ms / 5},
-                     speedup_vs_reference={"batch1_threads1": speedup, "batch32_threads1": 3.0})
+                     speedup_vs_reference={"batch1_threads1": speedup, "batch32_threads1": 3.0},
+                     speedup_rounds_vs_reference={
+                         "batch1_threads1": [speedup, speedup * 1.25, speedup * 0.8],
+                         "batch32_threads1": [3.0, 2.0, 4.0]})
     return {"artifacts": {"tflite_int8": entry}}
 
 
@@ -25,10 +28,15 @@ def test_figures_of_the_deployed_file_against_the_dense_one():
     t = target()
     dense = front.figures(summary(0.95, 1000, 900, 0.2), "tflite_int8", t, None)
     assert dense == {"artifact": "tflite_int8", "accuracy": 0.95, "drop": 0.0, "bytes": 1000,
-                     "latency_ms": 0.2, "latency_ratio": 1.0, "label": "", "fallback": []}
+                     "latency_ms": 0.2, "latency_ratio": 1.0, "latency_rounds": [1.0],
+                     "latency_interval": [1.0, 1.0], "borderline": False, "label": "",
+                     "fallback": []}
     found = front.figures(summary(0.94, 300, 200, 0.1, speedup=2.5), "tflite_int8", t, dense)
-    # the latency timed in turn with the dense file, the ratio the median of the rounds'
+    # the latency timed in turn with the dense file, the ratio the median of the rounds',
+    # each round's ratio kept, and the interval they give the median (3 rounds: the range)
     assert found["latency_ms"] == pytest.approx(0.09) and found["latency_ratio"] == pytest.approx(0.4)
+    assert found["latency_rounds"] == pytest.approx([0.4, 0.32, 0.5])
+    assert found["latency_interval"] == pytest.approx([0.32, 0.5]) and not found["borderline"]
     assert found["drop"] == pytest.approx(0.01) and found["bytes"] == 300
     gz = front.figures(summary(0.94, 300, 200, 0.1, speedup=2.5), "tflite_int8",
                        target("size=gzip", "latency={batch: 32}"), dense)

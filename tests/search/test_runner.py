@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 from tftrain.search import candidates as cands
+from tftrain.search import timing
 from tftrain.search.candidates import Candidate
 from tftrain.search.runner import Search
 
@@ -55,3 +58,33 @@ def test_after_channel_pruning_is_refused_at_its_plan_no_other_level_is_tried(tm
     reason = search.record["candidates"]["channels70-float"]["reason"]
     assert reason.startswith("channels25-qat was refused at its plan")
     assert not search._ruled_out(Candidate("qat"))                # no channel pruning in it
+
+
+def test_a_narrower_candidate_timed_slower_is_timed_again_and_flagged_if_it_still_is(
+        tmp_path, monkeypatch):
+    """channels50-qat timed at 0.54x, slower than channels70-qat at 0.50x: both are timed
+    again; where the narrower stays slower it is flagged, where the new rounds put it
+    ahead it is not, and a pair is re-timed once."""
+    c50, c70 = Candidate("qat", channels=0.5), Candidate("qat", channels=0.7)
+
+    def rounds(ratio):
+        return {"latency_rounds": [ratio] * 5, "latency_interval": [ratio, ratio],
+                "latency_ratio": ratio, "artifact": "tflite_int8"}
+    for new50, flagged in ((0.56, True), (0.40, False)):
+        search = _search(tmp_path, {"float": _done(cands.DENSE, latency_ms=1.0),
+                                    c50.name: _done(c50, **rounds(0.54)),
+                                    c70.name: _done(c70, **rounds(0.50))}, "max_latency_ratio=0.6")
+        search.record["dense"] = {"latency_ms": 1.0}
+        search.run_dir = tmp_path
+        timed = []
+        monkeypatch.setattr(timing, "retimed", lambda file, ref, latency, n: timed.append(
+            file.parts[-3]) or [new50 if "channels50" in str(file) else 0.5] * n)
+        search._recheck_order()
+        assert timed == [c50.name, c70.name]
+        f50 = search.record["candidates"][c50.name]["figures"]
+        assert f50["latency_ratio"] == np.median([0.54] * 5 + [new50] * 10)
+        assert ("flag" in f50) == flagged
+        if flagged:
+            assert f50["flag"].startswith("timed slower than the wider channels70-qat")
+        search._recheck_order()                      # once a pair
+        assert timed == [c50.name, c70.name]

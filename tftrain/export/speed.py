@@ -92,14 +92,14 @@ def medians(times: dict[str, list[float]]) -> dict[str, float]:
     return {k: float(np.median(v)) for k, v in times.items()}
 
 
-def round_times(makers: list, x: np.ndarray, budget: float,
-                rounds: int) -> list[dict[str, list[float]]]:
+def round_times(makers: list, x: np.ndarray, budget: float, rounds: int,
+                settings=SETTINGS) -> list[dict[str, list[float]]]:
     """For each file, each setting's milliseconds per example in each round: in each
-    setting, `rounds` rounds (the order reversed every other round) of `budget / rounds`
-    seconds a file, so that two files' figures of one round are timed moments apart (the
-    machine's speed jumps from second to second)."""
+    setting (`(batch, threads)`), `rounds` rounds (the order reversed every other round)
+    of `budget / rounds` seconds a file, so that two files' figures of one round are
+    timed moments apart (the machine's speed jumps from second to second)."""
     found = [{} for _ in makers]
-    for b, t in SETTINGS:
+    for b, t in settings:
         runners = [make(b, t) for make in makers]
         times = [[] for _ in makers]
         for r in range(rounds):
@@ -114,7 +114,12 @@ def speedups(slow: dict[str, list[float]], fast: dict[str, list[float]]) -> dict
     """How many times as fast `fast` runs as `slow` in each setting: the median of the
     rounds' ratios (a round's two figures were timed together; a ratio of two medians can
     pair a fast moment of one file with a slow moment of the other)."""
-    return {k: float(np.median([a / b for a, b in zip(slow[k], fast[k])])) for k in slow}
+    return {k: float(np.median(v)) for k, v in round_ratios(slow, fast).items()}
+
+
+def round_ratios(slow: dict[str, list[float]], fast: dict[str, list[float]]) -> dict[str, list]:
+    """Each round's ratio `slow / fast` in each setting."""
+    return {k: [a / b for a, b in zip(slow[k], fast[k])] for k in slow}
 
 
 def tflite_entry(blob: bytes, x: np.ndarray, beside: bytes | None = None) -> dict:
@@ -149,15 +154,16 @@ def versus_reference(blob: bytes, kind: str, x: np.ndarray, reference: str,
     if Path(reference).suffix != f".{kind}":
         return {}
     other = Path(reference).read_bytes()
-    ref_int8 = kind == "onnx" and _onnx_is_int8(other)
+    ref_int8 = kind == "onnx" and onnx_is_int8(other)
     times, ref_times = round_times([makers_for(blob, kind, x, int8),
                                     makers_for(other, kind, x, ref_int8)], x, budget, rounds)
     return {"reference": str(reference), "reference_latency_grid": medians(ref_times),
             "latency_grid_beside_reference": medians(times),
-            "speedup_vs_reference": speedups(ref_times, times)}
+            "speedup_vs_reference": speedups(ref_times, times),
+            "speedup_rounds_vs_reference": round_ratios(ref_times, times)}
 
 
-def _onnx_is_int8(blob: bytes) -> bool:
+def onnx_is_int8(blob: bytes) -> bool:
     import onnx
     return any(n.op_type == "QuantizeLinear" for n in onnx.load_from_string(blob).graph.node)
 

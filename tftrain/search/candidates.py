@@ -184,7 +184,9 @@ def ruled_out(candidate: Candidate, measured: list[tuple[Candidate, dict]], targ
         over = violations(figures, target)
         if over[0] > 0 and keep <= kept and other.precision == candidate.precision:
             return f"{other.name} kept as much or more and lost {figures['drop'] * 100:.2f} pt"
-        if max(over[1:]) > 0 and keep >= kept:
+        # a latency miss within the timing's uncertainty (`borderline`) rules nothing out
+        latency_over = max(over[2:]) > 0 and not figures.get("borderline")
+        if (over[1] > 0 or latency_over) and keep >= kept:
             return f"{other.name} kept as much or less and was over the size or latency limit"
     for other, reason in refused:
         if candidate.channels and other.channels and refused_key(reason) == CHANNELS_KEY:

@@ -3,6 +3,7 @@ Pareto front of accuracy, latency and bytes, and the candidate to ship."""
 from __future__ import annotations
 
 from tftrain.search.candidates import violations
+from tftrain.search.timing import median_interval
 
 
 def figures(summary: dict, artifact: str, target, dense: dict | None) -> dict:
@@ -13,15 +14,17 @@ def figures(summary: dict, artifact: str, target, dense: dict | None) -> dict:
     entry = summary["artifacts"][artifact]
     setting = f"batch{target.latency.batch}_threads{target.latency.threads or 'all'}"
     if dense is None:
-        latency, ratio = entry["latency_grid"][setting], 1.0
+        latency, ratio, rounds = entry["latency_grid"][setting], 1.0, [1.0]
     else:
         latency = entry["latency_grid_beside_reference"][setting]
         ratio = 1.0 / entry["speedup_vs_reference"][setting]
+        rounds = [1.0 / s for s in entry.get("speedup_rounds_vs_reference", {}).get(setting, [])]
     accuracy = entry["accuracy"]
     return {"artifact": artifact, "accuracy": accuracy,
             "drop": 0.0 if dense is None else dense["accuracy"] - accuracy,
             "bytes": entry["gzip_bytes" if target.size == "gzip" else "size_bytes"],
-            "latency_ms": latency, "latency_ratio": ratio,
+            "latency_ms": latency, "latency_ratio": ratio, "latency_rounds": rounds or [ratio],
+            "latency_interval": list(median_interval(rounds or [ratio])), "borderline": False,
             "label": entry.get("label", ""), "fallback": (entry.get("fallback") or {}).get("layers", [])}
 
 

@@ -8,7 +8,8 @@ import shutil
 from tftrain.core import console
 
 COLUMNS = ("candidate", "status", "accuracy", "drop_pt", "bytes", "latency_ms",
-           "latency_ratio", "meets", "front", "seconds", "estimate", "launches", "label", "reason")
+           "latency_ratio", "latency_low", "latency_high", "rounds", "borderline", "meets",
+           "front", "seconds", "estimate", "launches", "label", "reason", "flag")
 
 
 def ship(search, chosen: dict) -> None:
@@ -36,11 +37,15 @@ def rows(search) -> list[dict]:
             "drop_pt": f"{f['drop'] * 100:.2f}" if f else "",
             "bytes": f.get("bytes", ""), "latency_ms": f"{f['latency_ms']:.4f}" if f else "",
             "latency_ratio": f"{f['latency_ratio']:.3f}" if f else "",
+            "latency_low": f"{f['latency_interval'][0]:.3f}" if f else "",
+            "latency_high": f"{f['latency_interval'][1]:.3f}" if f else "",
+            "rounds": len(f["latency_rounds"]) if f else "",
+            "borderline": f.get("borderline", "") if f else "",
             "meets": front.meets(f, search.target) if f else "",
             "front": name in search.record.get("front", []),
             "seconds": f"{entry.get('seconds', 0.0):.0f}", "estimate": entry.get("estimate", ""),
             "launches": entry.get("launches", 0), "label": f.get("label", ""),
-            "reason": entry.get("reason", "")})
+            "reason": entry.get("reason", ""), "flag": f.get("flag", "")})
     return found
 
 
@@ -54,7 +59,8 @@ def show(search) -> None:
         writer = csv.DictWriter(f, COLUMNS)
         writer.writeheader()
         writer.writerows(table)
-    lines = _aligned([("candidate", "accuracy", "change", "size", "ms", "vs dense", "status")]
+    lines = _aligned([("candidate", "accuracy", "change", "size", "ms", "vs dense",
+                       "interval", "status")]
                      + [_cells(r) for r in table])
     rule = "-" * min(console.WIDTH, max(len(line) for line in lines))
     record = search.record
@@ -81,11 +87,14 @@ def _cells(r: dict) -> tuple:
     mark = ("reference" if r["candidate"] == "float" else "meets" if r["meets"] is True
             else "misses" if r["meets"] is False else r["status"])
     change = f"{-float(r['drop_pt']):+.2f} pt" if r["drop_pt"] else ""
+    interval = (f"{float(r['latency_low']):.2f}-{float(r['latency_high']):.2f}x, {r['rounds']} rounds"
+                if r["latency_ratio"] and r["candidate"] != "float" else "")
     return (r["candidate"], r["accuracy"], change,
             console.size(r["bytes"]) if r["bytes"] != "" else "",
             r["latency_ms"][:6] if r["latency_ms"] else "",
-            (r["latency_ratio"][:4] + "x") if r["latency_ratio"] else "",
-            mark + (" (front)" if r["front"] else ""))
+            f"{float(r['latency_ratio']):.2f}x" if r["latency_ratio"] else "", interval,
+            mark + (" (borderline)" if r["borderline"] is True else "")
+            + (" (front)" if r["front"] else "") + (f"; {r['flag']}" if r["flag"] else ""))
 
 
 def _aligned(rows: list[tuple]) -> list[str]:

@@ -25,7 +25,8 @@ from tftrain.config import ConfigError, dump_config, load_config
 from tftrain.core import console, exit_codes
 from tftrain.search import candidate_runs
 from tftrain.search import candidates as cands
-from tftrain.search import front
+from tftrain.search import front, timing
+from tftrain.training.report_table import artifact_path
 
 COMPRESSION_STAGES = ("prune", "channels", "qat")
 STARTUP_SECONDS = 4.0       # a candidate's own start: imports, devices, data, the plan
@@ -272,19 +273,26 @@ class Search:
         summary = candidate_runs.summary_of(path)
         if code in (exit_codes.OK, exit_codes.TARGET_MISSED) and summary is not None:
             dense = None if candidate.reference else self.record["dense"]
-            entry["figures"] = front.figures(summary, candidate.artifact(
-                self.target.latency.runtime), self.target, dense)
+            artifact = candidate.artifact(self.target.latency.runtime)
+            entry["figures"] = f = front.figures(summary, artifact, self.target, dense)
             if candidate.reference:
-                self.record["dense"] = entry["figures"]
+                self.record["dense"] = f
+            else:
+                timing.settle(f, path / artifact_path(artifact), Path(self._reference()),
+                              self.target, dense)
             entry["status"] = "done"
-            f = entry["figures"]
             met = front.meets(f, self.target)
+            low, high = f["latency_interval"]
             console.say(f"[candidate {number}] done in {console.seconds(took)}: accuracy "
                         f"{f['accuracy']:.4f} ({-f['drop'] * 100:+.2f} pt), "
                         f"{console.size(f['bytes'])}, {f['latency_ms']:.3f} ms "
-                        f"({f['latency_ratio']:.2f}x dense)"
+                        f"({f['latency_ratio']:.2f}x dense"
                         + ("" if candidate.reference else
-                           "; meets the target" if met else "; misses the target"))
+                           f", {low:.2f}-{high:.2f} over {len(f['latency_rounds'])} rounds)")
+                        + ("" if candidate.reference else
+                           "; meets the target" if met else "; misses the target")
+                        + ("" if candidate.reference or not f["borderline"] else
+                           ", borderline: the interval straddles the latency limit"))
         else:
             reason = candidate_runs.last_error(path.parent / f"{candidate.name}.log")
             status = "refused" if code == exit_codes.CONFIG else "failed"
@@ -314,6 +322,7 @@ class Search:
         table, the chart in the run's report.html."""
         from tftrain.search import report
 
+        self._recheck_order()
         rows = [{"name": n, **c["figures"]} for n, c in self.record["candidates"].items()
                 if c.get("figures")]
         chosen, met = front.choose(rows, self.target)
@@ -324,6 +333,29 @@ class Search:
         self._save()
         report.show(self)
         return self.record
+
+
+    def _recheck_order(self) -> None:
+        """A narrower candidate timed slower than a wider one of the same kind: both
+        timed again (`timing.MORE_ROUNDS` rounds each), and flagged where it still is."""
+        dense = self.record.get("dense", {})
+        for narrow, wide in timing.narrower_slower(self._measured()):
+            entries = [self.record["candidates"][c.name] for c in (narrow, wide)]
+            if any(e["figures"].get("rechecked") for e in entries):
+                continue
+            for c, e in zip((narrow, wide), entries):
+                file = self.dir / "runs" / c.name / artifact_path(e["figures"]["artifact"])
+                timing.add_rounds(e["figures"], file, Path(self._reference()), self.target,
+                                  dense)
+                timing.settle(e["figures"], file, Path(self._reference()), self.target, dense)
+                e["figures"]["rechecked"] = True
+            slow, fast = (e["figures"] for e in entries)
+            if slow["latency_ratio"] > fast["latency_ratio"]:
+                slow["flag"] = (f"timed slower than the wider {wide.name} "
+                                f"({slow['latency_ratio']:.2f}x against {fast['latency_ratio']:.2f}x)")
+            console.say(f"timed again: {narrow.name} {slow['latency_ratio']:.2f}x, {wide.name} "
+                        f"{fast['latency_ratio']:.2f}x (the narrower was timed slower)")
+        self._save()
 
 
 def _entry(candidate, **more) -> dict:
