@@ -6,8 +6,15 @@ beside what the search recorded. Reports the search's wall time against the esti
 printed, how many candidates it ran before the first that met the target, and the CPU's
 int8 and bfloat16 instructions (int8 outruns float only with VNNI).
 
+`--repeat N`: the one trained run searched N times afresh (each in a copy of the run
+directory, its checkpoints hard-linked), and each candidate's decision in each search
+(meets, misses, borderline) with its latency interval: whether the searches agree on
+every candidate that is not borderline.
+
     python benchmarks/search.py --recipe image_transfer --target max_latency_ratio=0.5
     python benchmarks/search.py --run runs/image-transfer --rounds 15      # a searched run
+    python benchmarks/search.py --repeat 3 --target max_latency_ratio=0.5 \
+        --target fine_tune_epochs=6 --target qat_epochs=3
 """
 from __future__ import annotations
 
@@ -27,14 +34,24 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def searched(recipe: str, targets: list[str], runs: Path) -> Path:
-    """The recipe trained (once) under `runs` and searched for `targets`."""
+def trained(recipe: str, runs: Path) -> Path:
+    """The recipe's run under `runs`, trained once."""
     import yaml
     name = yaml.safe_load((ROOT / "configs" / f"{recipe}.yaml").read_text())["run"]["name"]
     run_dir = runs / name
     if not (run_dir / "summary.json").exists():
         subprocess.run([sys.executable, "-m", "tftrain.run", f"configs/{recipe}.yaml",
                         "--run-dir", str(runs)], cwd=ROOT, check=False)
+    return run_dir
+
+
+def searched(recipe: str, targets: list[str], runs: Path) -> Path:
+    """The recipe trained (once) under `runs` and searched for `targets`."""
+    return search(trained(recipe, runs), targets)
+
+
+def search(run_dir: Path, targets: list[str]) -> Path:
+    """`python -m tftrain.search` on a trained run (resumed where it was searched)."""
     args = [a for t in targets for a in ("--target", t)]
     code = subprocess.run([sys.executable, "-m", "tftrain.search", str(run_dir), *args],
                           cwd=ROOT).returncode
@@ -70,13 +87,63 @@ def accuracy_again(run_dir: Path, chosen: Path) -> float:
     return float(np.mean(np.argmax(tflite_logits(chosen.read_bytes(), x)[0], -1) == y))
 
 
+def repeated(recipe: str, targets: list[str], runs: Path, n: int) -> None:
+    """The recipe trained once, searched `n` times afresh, each candidate's decision in
+    each search beside the others'."""
+    import shutil
+    base = trained(recipe, runs)
+    records = []
+    for i in range(n):
+        copy = runs / f"search-{i + 1}" / base.name
+        if not copy.exists():
+            shutil.copytree(base, copy, copy_function=os.link,
+                            ignore=shutil.ignore_patterns("search"))
+        search(copy, targets)
+        records.append(json.loads((copy / "search" / "search.json").read_text()))
+    from tftrain.config.compression import TargetConfig
+    from tftrain.search.front import meets
+    target = TargetConfig(**records[0]["target"])
+    names = [c for c in records[0]["candidates"] if c != "float"]
+    names += [c for r in records[1:] for c in r["candidates"] if c not in names and c != "float"]
+    found, agree = [], []
+    for name in names:
+        seen = []
+        for r in records:
+            f = (r["candidates"].get(name) or {}).get("figures")
+            if f is None:
+                seen.append((r["candidates"].get(name) or {}).get("status", "not tried"))
+                continue
+            word = ("meets" if meets(f, target) else "misses") + \
+                (" (borderline)" if f.get("borderline") else "")
+            low, high = f.get("latency_interval", [f["latency_ratio"]] * 2)
+            seen.append(f"{word} {f['latency_ratio']:.2f}x [{low:.2f}, {high:.2f}], "
+                        f"{len(f.get('latency_rounds', [1]))} rounds, {f['accuracy']:.4f}")
+        decided = {s.split()[0] for s in seen if s.startswith(("meets", "misses"))
+                   and "borderline" not in s}
+        agree.append(len(decided) <= 1)
+        found.append((f"search x{n}: {name}", " | ".join(seen)))
+    chosen = [r.get("chosen") for r in records]
+    found += [(f"search x{n}: chosen in each search", ", ".join(map(str, chosen))),
+              (f"search x{n}: every candidate not borderline decided alike",
+               f"{'yes' if all(agree) else 'no'} ({sum(agree)} of {len(agree)}); CPU: "
+               f"{record.cpu_features()}"),
+              (f"search x{n}: wall time of each search",
+               ", ".join(f"{r.get('seconds', 0) / 60:.1f} min" for r in records))]
+    record.rows(found)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--recipe", default="image_transfer")
     parser.add_argument("--target", action="append", default=[])
     parser.add_argument("--run", type=Path, help="a run searched already: time its choice")
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--repeat", type=int, default=0, help="search the trained run N times")
+    parser.add_argument("--runs", type=Path, default=None, help="where the runs go")
     args = parser.parse_args()
+    if args.repeat:
+        return repeated(args.recipe, args.target or ["max_latency_ratio=0.5"],
+                        args.runs or Path(tempfile.mkdtemp(prefix="tftrain-search-")), args.repeat)
     run_dir = args.run or searched(args.recipe, args.target or ["max_latency_ratio=0.5"],
                                    Path(tempfile.mkdtemp(prefix="tftrain-search-")))
     rec = json.loads((run_dir / "search" / "search.json").read_text())
