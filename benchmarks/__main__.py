@@ -149,7 +149,7 @@ def main(argv=None) -> None:
         results[name] = run(name)
         RESULTS.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
     write_readme(results)
-    print(f"docs/performance.md's table written from {RESULTS.relative_to(ROOT)}")
+    print(f"docs/performance.md's table written from {os.path.relpath(RESULTS, ROOT)}")
     gaps = missing(results)
     if gaps:
         raise SystemExit("documented figures without their benchmark's entry:\n  "
