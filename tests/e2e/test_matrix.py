@@ -290,13 +290,11 @@ def overrides(row: dict, speech, text) -> list[str]:
                  f"model={{name: {model}, params: {{embed_dim: 16}}}}" if model == "embedding_bag"
                  else f"model={{name: {model}, params: {{embed_dim: 16, num_heads: 2, "
                       "num_layers: 1, mlp_dim: 32}}"]
-    elif model == "keras_applications:MobileNetV2":
-        sets += ["data.params={image_size: 32, channels: 3}",
-                 f"model={{name: '{model}', params: {{weights: null, alpha: 0.35, dropout: 0.0}}}}"]
     elif model.startswith("keras_applications"):     # MobileNetV3's alpha: 0.75 or 1.0
+        alpha = 0.35 if model.endswith("MobileNetV2") else 0.75
         sets += ["data.params={image_size: 32, channels: 3}",
-                 f"model={{name: '{model}', params: {{weights: null, alpha: 0.75, "
-                 "dropout_rate: 0.0}}}}"]
+                 f"model={{name: '{model}', params: {{weights: null, alpha: {alpha}, "
+                 "dropout: 0.0}}"]
     else:
         sets += [f"model={{name: {model}, params: {{}}}}" if model == "cnn" else
                  f"model={{name: {model}, params: {{depth: 8, width: 8}}}}"]

@@ -11,7 +11,7 @@ from tftrain.core.keras import keras
 from tftrain.data import load_source
 from tftrain.export.artifacts import (convert_tflite, export_all, inference_model,
                                       save_saved_model, tflite_logits)
-from tftrain.export import fidelity
+from tftrain.export import layer_noise
 from tftrain.models import MODELS
 from tftrain.training.train_step import TrainModel
 
@@ -223,7 +223,7 @@ def test_post_training_int8_of_hard_swish_is_int8_ops_xnnpack_runs(tmp_path):
     rows = {row["layer"]: row for row in entry["layers"]}
     for name in ("swish", "swish_1"):
         assert rows[name]["local_sqnr_db"] >= \
-            rows[name]["allowed_sqnr_db"] - fidelity.LEEWAY_MEASURED_DB, rows[name]
+            rows[name]["allowed_sqnr_db"] - layer_noise.LEEWAY_MEASURED_DB, rows[name]
     ops = [op["op_name"] for op in Interpreter(model_path=str(tmp_path / "model.tflite"))._get_ops_details()]
     assert "HARD_SWISH" not in ops and ops.count("MUL") == 4 and ops.count("ADD") == 2, ops
     blob = convert_tflite(tmp_path / "saved_model", "float", None)

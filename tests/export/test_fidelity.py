@@ -6,7 +6,7 @@ import tensorflow_model_optimization as tfmot
 from tftrain.compress import quantization
 from tftrain.config import load_config
 from tftrain.core.keras import keras
-from tftrain.export import artifacts, fidelity, onnx_fidelity
+from tftrain.export import artifacts, fidelity, layer_noise, onnx_fidelity
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
@@ -75,7 +75,8 @@ def test_layers_whose_names_hold_a_slash_are_each_compared(tmp_path):
     h = keras.layers.DepthwiseConv2D(3, use_bias=False, name="expanded_conv/depthwise")(h)
     h = keras.layers.BatchNormalization(name="expanded_conv/depthwise/BatchNorm")(h)
     h = keras.layers.ReLU(name="expanded_conv/depthwise/relu")(h)
-    net = keras.Model(inputs, keras.layers.Dense(10, name="logits")(keras.layers.Flatten()(h)))
+    net = keras.Model(inputs, keras.layers.Dense(10, name="logits")(
+        keras.layers.Flatten(name="flatten")(h)))
     x = np.random.default_rng(0).uniform(0, 1, (64, 8, 8, 1)).astype(np.float32)
     cfg = load_config(None, ["compression.quantization.enabled=true"]).compression.quantization
     q = quantization.quantize_model(net, cfg, preserve_sparsity=False)
@@ -125,6 +126,9 @@ def test_every_layer_of_the_int8_file_is_compared_and_a_widened_range_is_named_w
     assert clean_dense["local_sqnr_db"] - by_layer["quant_dense_0"]["local_sqnr_db"] > 12
     assert by_layer["quant_logits"]["sqnr_db"] < by_layer["quant_dense_0"]["sqnr_db"] + 3
     assert by_layer["quant_logits"]["local_sqnr_db"] > 40          # the next layer adds little
+    # the values fill a calibrated range; an 8x range about an eighth of it
+    assert clean_dense["range_fill"] >= layer_noise.RANGE_FILL
+    assert by_layer["quant_dense_0"]["range_fill"] < 0.2
 
 
 def test_an_int8_file_with_float_compute_says_so(qat_cnn, tmp_path):
@@ -136,7 +140,8 @@ def test_an_int8_file_with_float_compute_says_so(qat_cnn, tmp_path):
     inputs = keras.Input((8, 8, 1))
     h = keras.layers.Conv2D(4, 3, activation="relu", name="conv")(inputs)
     h = keras.layers.LayerNormalization(name="norm")(h)
-    net = keras.Model(inputs, keras.layers.Dense(10, name="logits")(keras.layers.Flatten()(h)))
+    net = keras.Model(inputs, keras.layers.Dense(10, name="logits")(
+        keras.layers.Flatten(name="flatten")(h)))
     cfg = load_config(None, ["compression.quantization={enabled: true, skip_unsupported: true}"])
     mixed = quantization.quantize_model(net, cfg.compression.quantization, False)
     quantization.calibrate_ranges(mixed, [x[:32]])
@@ -154,7 +159,8 @@ def test_a_channel_pruning_emptied_keeps_its_bias_in_the_int8_file(tmp_path):
     inputs = keras.Input((8, 8, 1))
     h = keras.layers.Conv2D(8, 3, name="conv")(inputs)
     h = keras.layers.ReLU(name="relu")(h)
-    net = keras.Model(inputs, keras.layers.Dense(10, name="logits")(keras.layers.Flatten()(h)))
+    net = keras.Model(inputs, keras.layers.Dense(10, name="logits")(
+        keras.layers.Flatten(name="flatten")(h)))
     conv = net.get_layer("conv")
     kernel = conv.kernel.numpy()
     kernel[..., [2, 5]] = 0                                     # two channels pruned away
@@ -189,7 +195,9 @@ def test_layers_below_the_floor_are_one_warning_naming_the_noisiest(capsys):
     printed = capsys.readouterr().out
     assert printed.count("tftrain: warning") == 1 and len(entry["layers"]) == 13
     text = " ".join(printed.split())           # the warning wrapped at 120 columns, joined
-    assert text.startswith("tftrain: warning: tflite_int8: layer conv_0 (CONV_2D) adds noise at 10.0 dB")
+    assert text.startswith("tftrain: warning: tflite_int8: layer conv_0, adds noise 10.0 dB below "
+                           "its values < export.min_layer_sqnr 20 (CONV_2D; its values are 5.0 dB "
+                           "from the model's): its 8-bit range or kernel does not fit its values")
     assert text.endswith("; 9 more layers below it (conv_1, conv_2, conv_3, ...; summary.json lists "
                          "every layer)")
 
@@ -213,15 +221,15 @@ def test_a_layer_is_held_to_what_its_own_8_bit_steps_allow(qat_cnn, tmp_path):
     clean = {r["layer"]: r for r in fidelity.tflite_report(blob, net, x[:64])}
     assert {"relu_0", "relu_1", "dense_0"} <= set(clean)
     for row in clean.values():
-        assert row["local_sqnr_db"] >= row["allowed_sqnr_db"] - fidelity.LEEWAY_MEASURED_DB, row
-        assert not fidelity.too_noisy(row, floor)
+        assert row["local_sqnr_db"] >= row["allowed_sqnr_db"] - layer_noise.LEEWAY_MEASURED_DB, row
+        assert not layer_noise.too_noisy(row, floor)
     off = keras.models.clone_model(net)
     off.set_weights(net.get_weights())
     kernel = off.get_layer("conv_1").kernel      # the file holds it fused into relu_1
     kernel.assign(kernel * 1.05)
     rows = {r["layer"]: r for r in fidelity.tflite_report(blob, off, x[:64])}
     conv = rows["relu_1"]
-    assert floor < conv["local_sqnr_db"] < conv["allowed_sqnr_db"] - fidelity.LEEWAY_DB, conv
-    assert fidelity.too_noisy(conv, floor)
-    assert "beyond 10 dB of the" in fidelity.why_noisy(conv, floor)
-    assert [name for name, row in rows.items() if fidelity.too_noisy(row, floor)] == ["relu_1"]
+    assert floor < conv["local_sqnr_db"] < conv["allowed_sqnr_db"] - layer_noise.LEEWAY_DB, conv
+    assert layer_noise.too_noisy(conv, floor)
+    assert "beyond 10 dB of the" in layer_noise.why_noisy(conv, floor)
+    assert [name for name, row in rows.items() if layer_noise.too_noisy(row, floor)] == ["relu_1"]

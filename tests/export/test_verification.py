@@ -85,8 +85,9 @@ def test_without_labels_an_int8_file_compared_layer_by_layer_is_judged_by_its_no
 
 def test_a_layer_above_the_floor_fails_when_far_beyond_what_its_8_bit_steps_allow():
     """Above `export.min_layer_sqnr`, a layer still fails when it adds noise more than
-    `fidelity.LEEWAY_DB` beyond what its own 8-bit steps allow; within it, it passes; a
-    layer below the floor fails however coarse its steps."""
+    `layer_noise.LEEWAY_DB` beyond what its own 8-bit steps allow; within it, it passes.
+    Below the floor a layer fails unless it is rounding-limited: as noisy as its steps
+    allow, with a range its values fill."""
     cfg = load_config(None, []).export
     entry = {"logit_sqnr_db": 15.0, "top1_agreement": 0.9, "logit_spread": 1.0,
              "max_abs_logit_diff": 0.5, "accuracy": 0.1}
@@ -104,6 +105,15 @@ def test_a_layer_above_the_floor_fails_when_far_beyond_what_its_8_bit_steps_allo
     assert near["verified"] and "within 10 dB of the 38.0 dB" in near["check"], near["check"]
     low = judged({"layer": "dense", "local_sqnr_db": 18.0, "allowed_sqnr_db": 19.0})
     assert not low["verified"] and "18.0 dB below its values < export.min_layer_sqnr" in low["check"]
+    assert "reach 0% of its 8-bit range's end (below 50%" in low["check"]
+    # below the floor, as its own steps allow, with a range its values fill: a gate whose
+    # input range was calibrated on a few large values (an untrained squeeze-excite's)
+    gate = {"layer": "gate", "local_sqnr_db": 2.8, "allowed_sqnr_db": 3.1}
+    limited = judged({**gate, "range_fill": 0.9})
+    assert limited["verified"], limited["check"]
+    assert "rounding-limited" in limited["check"] and "reach 90%" in limited["check"]
+    wide = judged({**gate, "range_fill": 0.12})           # a range 8x wider than its values
+    assert not wide["verified"] and "the range is wider than its values" in wide["check"]
 
 
 def test_a_float_artifact_is_held_to_the_logit_difference_relative_to_the_largest_logit():

@@ -20,6 +20,7 @@ import math
 import numpy as np
 
 from tftrain.core import console
+from tftrain.export.layer_noise import rounding_limited, too_noisy, why_noisy
 from tftrain.models.rounding import replay
 
 CAP_DB = 99.0        # an exact tensor (no noise) is reported at this SQNR
@@ -214,6 +215,8 @@ def _substituted(name: str, local: np.ndarray, artifact: dict, reference: dict):
            "dtype": found["dtype"], "op": found["op"]}
     if found.get("step"):       # what rounding to the tensor's own 8-bit step alone gives
         row["rounding_sqnr_db"] = _db(local, found["step"] ** 2 / 12)
+        row["range_fill"] = round(max(float(np.max(got)) / found["high"] if found["high"] > 0 else 0.0,
+                                      float(np.min(got)) / found["low"] if found["low"] < 0 else 0.0), 3)
     return got, row
 
 
@@ -247,35 +250,6 @@ def _node(model, layer) -> int:
 def output(model, layer):
     """`layer`'s output tensor in `model`'s graph."""
     return layer.get_output_at(_node(model, layer))
-
-
-# a layer may add this much more noise than its own 8-bit tensors allow
-# (`allowed_sqnr_db`). Measured on --smoke runs (2026-12-04) of post-training int8
-# files of a CNN, a ResNet, MobileNetV2, MobileNetV3Small and EfficientNetB0 (TFLite,
-# and ONNX for the CNN and EfficientNetB0): at most LEEWAY_MEASURED_DB beyond it (a
-# MobileNetV3Small squeeze-excite mean; others 4.4 dB at most); QAT files' layers add
-# less than their steps allow (they were trained with that rounding). A kernel 5% off
-# adds noise about 26 dB down, wherever its steps allow 40 or more
-LEEWAY_DB, LEEWAY_MEASURED_DB = 10.0, 6.4
-
-
-def too_noisy(row: dict, floor: float) -> bool:
-    """Whether a layer adds more noise than `floor` dB below its values
-    (`export.min_layer_sqnr`), or `LEEWAY_DB` more than its own 8-bit tensors allow."""
-    local = row["local_sqnr_db"]
-    return local < floor or local < row.get("allowed_sqnr_db", -CAP_DB) - LEEWAY_DB
-
-
-def why_noisy(row: dict, floor: float) -> str:
-    """What a layer's noise is held to, and whether it is within it."""
-    local, allowed = row["local_sqnr_db"], row.get("allowed_sqnr_db")
-    said = (f"{row['layer']}, adds noise {local:.1f} dB below its values "
-            f"{'>=' if local >= floor else '<'} export.min_layer_sqnr {floor:g}")
-    if allowed is None:
-        return said
-    ok = local >= allowed - LEEWAY_DB
-    return said + (f", {'within' if ok else 'beyond'} {LEEWAY_DB:g} dB of the {allowed:.1f} dB "
-                   "its own 8-bit steps allow")
 
 
 def worst(rows: list[dict], n: int = 5) -> list[dict]:
@@ -319,15 +293,17 @@ def saved_model_int8_entry(plain, quantized, layers: dict, calibration: np.ndarr
 
 def entries(name: str, rows: list[dict], cfg) -> dict:
     """`layers` (every compared layer), `worst_layers` (the five adding the most error),
-    and a warning line for each layer adding more noise than `export.min_layer_sqnr`."""
-    noisy = worst([row for row in rows if too_noisy(row, cfg.min_layer_sqnr)], len(rows))
+    and one warning for the layers adding more noise than `export.min_layer_sqnr` or
+    than their 8-bit steps allow (`layer_noise`)."""
+    floor = cfg.min_layer_sqnr
+    noisy = worst([row for row in rows if too_noisy(row, floor) or row["local_sqnr_db"] < floor],
+                  len(rows))
     if noisy:            # one warning however many layers: the noisiest named, then a count
         row, more = noisy[0], len(noisy) - 1
-        console.warn(f"{name}: layer {row['layer']} ({row['op']}) adds noise "
-                     f"at {row['local_sqnr_db']:.1f} dB SQNR, below export.min_layer_sqnr "
-                     f"{cfg.min_layer_sqnr:g} or {LEEWAY_DB:g} dB below what its 8-bit steps "
-                     f"allow (its values are {row['sqnr_db']:.1f} dB from the "
-                     "model's): its 8-bit range or kernel does not fit its values"
+        console.warn(f"{name}: layer {why_noisy(row, floor)} ({row['op']}; its values are "
+                     f"{row['sqnr_db']:.1f} dB from the model's)"
+                     + ("" if rounding_limited(row) else
+                        ": its 8-bit range or kernel does not fit its values")
                      + (f"; {more} more layer{'s' if more > 1 else ''} below it "
                         f"({', '.join(r['layer'] for r in noisy[1:4])}{', ...' if more > 3 else ''}"
                         "; summary.json lists every layer)" if more else ""))

@@ -5,7 +5,7 @@ untrained model, a `--smoke` run's few updates), its logits to within the noise 
 precision adds. A failed check leaves the artifact written and marked."""
 from __future__ import annotations
 
-from tftrain.export import fidelity
+from tftrain.export import layer_noise
 
 FLOAT_ARTIFACTS = ("saved_model", "tflite_float", "tflite_sparse", "onnx", "keras3_file")
 
@@ -143,10 +143,10 @@ def _against_the_model(entry: dict, precision: str, cfg, qat: bool,
                        "the file (its tensors' names match no layer): nothing shows it computes "
                        "what the model does" + tail)
     if rows:
-        failed = [row for row in rows if fidelity.too_noisy(row, cfg.min_layer_sqnr)]
+        failed = [row for row in rows if layer_noise.too_noisy(row, cfg.min_layer_sqnr)]
         worst = min(failed or rows, key=lambda row: row["local_sqnr_db"])
         return not failed, (f"the {'noisiest failing' if failed else 'noisiest'} layer, "
-                            f"{fidelity.why_noisy(worst, cfg.min_layer_sqnr)}" + tail)
+                            f"{layer_noise.why_noisy(worst, cfg.min_layer_sqnr)}" + tail)
     if qat:     # the QAT model computes the 8-bit arithmetic itself: only rounding differs
         ok = entry["logit_sqnr_db"] >= cfg.min_layer_sqnr
         return ok, (f"logits {entry['logit_sqnr_db']:.1f} dB above their difference from the "

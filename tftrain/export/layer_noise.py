@@ -1,0 +1,57 @@
+"""How much noise a layer of an int8 artifact may add (`fidelity`'s rows): no more than
+its own 8-bit tensors allow, and no more than `export.min_layer_sqnr` unless that is all
+its tensors allow."""
+from __future__ import annotations
+
+# a layer may add this much more noise than its own 8-bit tensors allow
+# (`allowed_sqnr_db`). Measured on --smoke runs (2026-12-04) of post-training int8
+# files of a CNN, a ResNet, MobileNetV2, MobileNetV3Small and EfficientNetB0 (TFLite,
+# and ONNX for the CNN and EfficientNetB0): at most LEEWAY_MEASURED_DB beyond it (a
+# MobileNetV3Small squeeze-excite mean; others 4.4 dB at most); QAT files' layers add
+# less than their steps allow (they were trained with that rounding). A kernel 5% off
+# adds noise about 26 dB down, wherever its steps allow 40 or more
+LEEWAY_DB, LEEWAY_MEASURED_DB = 10.0, 6.4
+
+# a range is the values' own when they reach at least this share of one of its ends (a
+# range calibrated on them, wide for a few large values); a range 8 times too wide, 1/8
+RANGE_FILL = 0.5
+
+
+def rounding_limited(row: dict) -> bool:
+    """Whether a layer's noise is what its own 8-bit tensors allow (within `LEEWAY_DB`)
+    and its output's range is its values' (`RANGE_FILL`): a range calibrated on a few
+    large values rounds the rest coarsely (an untrained squeeze-excite gate's input),
+    which the 8-bit file cannot do better, and no conversion fault does that."""
+    allowed = row.get("allowed_sqnr_db")
+    return allowed is not None and row["local_sqnr_db"] >= allowed - LEEWAY_DB and \
+        row.get("range_fill", 0.0) >= RANGE_FILL
+
+
+def too_noisy(row: dict, floor: float) -> bool:
+    """Whether a layer adds more noise than its own 8-bit tensors allow (`LEEWAY_DB`
+    beyond `allowed_sqnr_db`), or more than `floor` dB below its values
+    (`export.min_layer_sqnr`) where it is not `rounding_limited`."""
+    local = row["local_sqnr_db"]
+    if local < row.get("allowed_sqnr_db", float("-inf")) - LEEWAY_DB:
+        return True
+    return local < floor and not rounding_limited(row)
+
+
+def why_noisy(row: dict, floor: float) -> str:
+    """What a layer's noise is held to, and whether it is within it."""
+    local, allowed = row["local_sqnr_db"], row.get("allowed_sqnr_db")
+    said = (f"{row['layer']}, adds noise {local:.1f} dB below its values "
+            f"{'>=' if local >= floor else '<'} export.min_layer_sqnr {floor:g}")
+    if allowed is None:
+        return said
+    ok = local >= allowed - LEEWAY_DB
+    said += (f", {'within' if ok else 'beyond'} {LEEWAY_DB:g} dB of the {allowed:.1f} dB "
+             "its own 8-bit steps allow")
+    if local >= floor or not ok:
+        return said
+    fill = row.get("range_fill", 0.0)
+    return said + (f"; its values reach {fill:.0%} of its 8-bit range's end "
+                   + ("(rounding-limited: the range is its values', the 8-bit file can do no "
+                      "better; calibrate on more examples or train with QAT)"
+                      if fill >= RANGE_FILL else
+                      f"(below {RANGE_FILL:.0%}: the range is wider than its values)"))
