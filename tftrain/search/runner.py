@@ -288,7 +288,7 @@ class Search:
                         f"{console.size(f['bytes'])}, {f['latency_ms']:.3f} ms "
                         f"({f['latency_ratio']:.2f}x dense"
                         + ("" if candidate.reference else
-                           f", {low:.2f}-{high:.2f} over {len(f['latency_rounds'])} rounds)")
+                           f", {low:.2f}-{high:.2f} over {len(f['latency_rounds'])} rounds") + ")"
                         + ("" if candidate.reference else
                            "; meets the target" if met else "; misses the target")
                         + ("" if candidate.reference or not f["borderline"] else
