@@ -6,6 +6,9 @@ its step is tiny, so per-step host work shows) and a ResNet-20 on synthetic 32x3
 images. Sides:
 
 - plain: `model.fit` as Keras users write it (one step per call, no XLA);
+- plain at tftrain's steps per call: `model.fit` compiled with the `steps_per_execution`
+  tftrain chose for this model (sized in a warm-up epoch first), so the gain splits into
+  what running several steps per call gives and what tftrain's own step adds or costs;
 - tftrain: tftrain's step and callbacks as a run uses them (`steps_per_execution: auto`,
   batched checks), without XLA;
 - tftrain + XLA: the same with `jit_compile: auto` (XLA where it measured faster; the
@@ -26,7 +29,7 @@ from tftrain import data
 from tftrain.runtime import strategy
 from tftrain.config import load_config
 import record
-from interleave import build_side, interleaved, median_ratio
+from interleave import build_side, epoch_rate, interleaved, median_ratio
 
 MODELS = {
     "quickstart CNN on digits": ([], 1.0),
@@ -53,9 +56,14 @@ def fit_overhead(rounds: int, steps: int) -> list[dict]:
                  build_side(cfg, source, plan, strat, True, steps_per_execution="auto", steps=n),
                  build_side(cfg, source, plan, strat, True, steps_per_execution="auto",
                             jit_compile="auto", steps=n)]
-        plain, ours, xla = interleaved(sides, rounds, n, plan.global_batch)
+        epoch_rate(sides[1], n, plan.global_batch, 0)     # sizes tftrain's calls
+        chosen = int(sides[1][0].steps_per_execution.numpy())
+        sides.append(build_side(cfg, source, plan, strat, False, steps_per_execution=chosen))
+        plain, ours, xla, plain_same = interleaved(sides, rounds, n, plan.global_batch)
         row = {"model": name, "tftrain_over_plain": median_ratio(ours, plain),
                "xla_auto_over_plain": median_ratio(xla, plain),
+               "plain_same_calls_over_plain": median_ratio(plain_same, plain),
+               "tftrain_over_plain_same_calls": median_ratio(ours, plain_same),
                "plain_examples_per_sec": statistics.median(plain),
                "tftrain_examples_per_sec": statistics.median(ours),
                "xla_auto_examples_per_sec": statistics.median(xla),
@@ -118,6 +126,11 @@ def main():
             f"{'on' if r['xla_compiled'] else 'off'}; {r['tftrain_examples_per_sec']:,.0f} / "
             f"{r['xla_auto_examples_per_sec']:,.0f} vs {r['plain_examples_per_sec']:,.0f} ex/s; "
             f"{r['steps_per_execution']} steps per call)"))
+        figures.append((
+            f"plain `model.fit` at tftrain's steps per call / at Keras' default of 1; tftrain / "
+            f"plain at the same steps per call, {r['model']}, mirrored over 2 virtual CPUs",
+            f"{r['plain_same_calls_over_plain']:.3f}; {r['tftrain_over_plain_same_calls']:.3f} "
+            f"({r['steps_per_execution']} steps per call; CPU: {record.cpu_features()})"))
     for r in out.get("precision", []):
         figures.append((f"mixed_bfloat16 / float32 and mixed_float16 / float32 throughput, "
                         f"{r['model']}",
