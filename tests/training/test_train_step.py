@@ -29,17 +29,24 @@ OPTIMIZERS = {
 
 
 def train_weights(strategy, global_batch, accumulation=1, steps=10, optimizer="sgd",
-                  model="mlp", all_reduce_dtype="float32", policy="float32"):
-    """Weights after `steps` updates of `global_batch` examples from the same init."""
+                  model="mlp", all_reduce_dtype="float32", policy="float32", learning_rate=None):
+    """Weights after `steps` updates of `global_batch` examples from the same init (under
+    `mixed_float16`, with the stage's dynamic loss scaling)."""
+    from tftrain.config import load_config
     from tftrain.runtime import precision
     precision.apply_policy(policy)
     x, y = _data(global_batch * steps)
     keras.utils.set_random_seed(1)
     with strategy.scope():
+        numerics = precision.Precision(policy=policy, config=load_config().precision) \
+            if policy == "mixed_float16" else None
         net = TrainModel.wrap(precision.float32_outputs(MODELS.get(model)(SPEC)), accumulation,
-                              all_reduce_dtype)
-        net.compile(OPTIMIZERS[optimizer](), build_loss("sparse_categorical_crossentropy"),
-                    metrics=["accuracy"])
+                              all_reduce_dtype, precision=numerics)
+        opt = OPTIMIZERS[optimizer]()
+        if learning_rate is not None:
+            opt.learning_rate = learning_rate
+        net.compile(numerics.wrap_optimizer(opt) if numerics else opt,
+                    build_loss("sparse_categorical_crossentropy"), metrics=["accuracy"])
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch, drop_remainder=True)
     history = net.fit(ds, epochs=1, steps_per_epoch=steps, verbose=0)
     return [w.copy() for w in net.get_weights()], int(net.optimizer.iterations.numpy()), history
@@ -132,6 +139,30 @@ def test_bfloat16_accumulation_within_bfloat16_noise():
     assert noise > 0
     assert distance(accumulated, exact) <= 1.5 * noise
     assert distance(accumulated, large) <= 1.5 * noise
+
+
+def test_mirrored_float16_with_loss_scaling_equals_one_device_within_float16_rounding():
+    """Under mixed_float16 with dynamic loss scaling (SGD: its update follows the
+    gradient's scale, which Adam would normalize away), 2 replicas x 32 and 2 replicas
+    accumulating 2 x 16 each end as near one device's 64 as float16 rounding puts one
+    device from float32; a gradient twice too large (a sum over replicas not divided,
+    a loss scale not removed by one factor of 2) moves the weights far further."""
+    from tftrain.runtime import precision
+    try:
+        exact, _, _ = train_weights(one_device(), 64)
+        one, _, _ = train_weights(one_device(), 64, policy="mixed_float16")
+        two, steps, _ = train_weights(mirrored(), 64, policy="mixed_float16")
+        accumulated, _, _ = train_weights(mirrored(), 64, accumulation=2, policy="mixed_float16")
+        doubled, _, _ = train_weights(one_device(), 64, policy="mixed_float16", learning_rate=0.2)
+    finally:
+        precision.apply_policy("float32")
+
+    def distance(a, b):
+        return max(np.max(np.abs(u - v)) for u, v in zip(a, b))
+    noise = distance(one, exact)
+    assert steps == 10 and noise > 0
+    assert distance(two, one) <= 1.5 * noise and distance(accumulated, one) <= 1.5 * noise
+    assert distance(doubled, one) > 10 * noise
 
 
 def test_metrics_cover_every_micro_batch():
