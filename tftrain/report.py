@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
-
-BUDGET_MISSED = "accuracy budget missed"
+from tftrain.core.exit_codes import BUDGET_MISSED, COMPLETED, EXPORT_FAILED
 
 
 def summary(plan, results: dict, artifacts: dict, net) -> dict:
@@ -15,8 +14,8 @@ def summary(plan, results: dict, artifacts: dict, net) -> dict:
     first = results.get("train", results[plan.stages[0].name])     # training
     info, b, wire, peak = plan.parallel.info, plan.batches, plan.precision.wire, plan.peak
     out = {
-        "status": ("completed" if not failures(artifacts) else
-                   BUDGET_MISSED if only_budget_missed(artifacts) else "export verification failed"),
+        "status": (COMPLETED if not failures(artifacts) else
+                   BUDGET_MISSED if only_budget_missed(artifacts) else EXPORT_FAILED),
         "steps": first["updates"], "epochs": first["epochs"],    # updates made
         "steps_per_epoch": plan.steps_per_epoch,
         "replicas": info.replicas, "workers": info.workers, "strategy": info.kind,

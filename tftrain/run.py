@@ -261,7 +261,7 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
     failed = verification.failures(artifacts)
     tracker.finish(summary, run.export, ok=not failed)      # never raises: a rerun retries
     print(report_table(summary))
-    if failed and summary["status"] == report.BUDGET_MISSED:   # works, loses too much
+    if failed and summary["status"] == exit_codes.BUDGET_MISSED:   # works, loses too much
         raise BudgetMissed(failed, summary)
     if failed:     # the artifacts stay, marked failed; the run is not completed
         raise ExportFailed(failed, summary)

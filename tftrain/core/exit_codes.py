@@ -1,4 +1,5 @@
-"""The exit codes of tftrain's commands (run, launch, sweep, search), in one place."""
+"""The exit codes of tftrain's commands (run, launch, sweep, search) and the statuses a
+run's summary.json ends with, in one place."""
 
 OK = 0
 RUNTIME = 1            # a runtime failure: a bug (with its traceback), a faulty artifact
@@ -8,3 +9,9 @@ CONFIG = 2             # bad config, arguments, data or files: one line each, no
 # compression search that met no candidate (the front written, the closest exported)
 TARGET_MISSED = 3
 PREEMPTED = 42         # stopped at a safe point by SIGTERM/SIGINT: rerun to resume
+
+# summary.json's `status`: every artifact verified; some only beyond their accuracy budget
+# (exit 3); an artifact that computes something else (exit 1)
+COMPLETED = "completed"
+BUDGET_MISSED = "accuracy budget missed"
+EXPORT_FAILED = "export verification failed"

@@ -51,7 +51,7 @@ def dense_run(run_dir: Path) -> tuple[dict, dict]:
         raise ConfigError(f"RUN_DIR: {run_dir} is not a finished run (no summary.json and "
                           "stages.json); run python -m tftrain.run CONFIG first, then search "
                           "its run directory") from None
-    if summary.get("status") not in ("completed", "accuracy budget missed"):
+    if summary.get("status") not in (exit_codes.COMPLETED, exit_codes.BUDGET_MISSED):
         raise ConfigError(f"RUN_DIR: {run_dir} ended with status {summary.get('status')!r}; "
                           "search a run whose stages finished")
     return summary, stages

@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 
 from tftrain.config import Config, ConfigError, dump_config
+from tftrain.core import exit_codes
 
 
 def atomic_write(path: Path, text: str) -> None:
@@ -71,7 +72,7 @@ def read_summary(path: Path) -> dict | None:
         summary = json.loads((path / "summary.json").read_text())
     except (OSError, json.JSONDecodeError):
         return None
-    return summary if summary.get("status") == "completed" else None
+    return summary if summary.get("status") == exit_codes.COMPLETED else None
 
 
 def completed(cfg: Config, smoke: bool = False) -> dict | None:
