@@ -25,7 +25,8 @@ later stages and exports. Their training losses (the running mean Keras logs, af
 each of the first updates: `updates.csv`) agree within a tolerance set by the compute
 precision's rounding (`LOSS_RTOL`); a strategy that scales, reduces or batches the
 gradients wrongly moves the second update's loss. The optimizer is a dimension: SGD's
-update follows the gradient's scale (Adam's normalizes it away).
+update follows the gradient's scale (Adam's normalizes it away), so every strategy with
+replicas meets SGD under every precision (`with_sgd_rows`).
 
 Exported artifacts are checked as every `--smoke` run checks them: float ones give the
 model's logits to `export.max_logit_diff`; reduced-precision ones, whose accuracy after
@@ -228,7 +229,29 @@ def possible(dimensions: dict, valid, fixed: dict) -> bool:
                for values in itertools.product(*(dimensions[n] for n in rest)))
 
 
-ROWS = covering_array(DIMENSIONS)
+def with_sgd_rows(rows: list[dict]) -> list[dict]:
+    """`rows` with an SGD row for every strategy with replicas and every precision: Adam
+    normalizes a gradient's scale away, so only an SGD row sees a strategy that scales,
+    sums or loss-scales the gradients wrongly under that precision. A row of that strategy
+    and precision is moved to SGD where no pair loses its last row, else one is added."""
+    rows = [dict(r) for r in rows]
+    for strategy, precision in itertools.product(["mirrored", "multi_worker"],
+                                                 DIMENSIONS["precision"]):
+        mine = [r for r in rows if (r["strategy"], r["precision"]) == (strategy, precision)]
+        if not mine or any(r["optimizer"] == "sgd" for r in mine):
+            continue
+        held = Counter(p for r in rows for p in _pairs(r))
+        for row in sorted(mine, key=cost):
+            lost = _pairs(row) - _pairs({**row, "optimizer": "sgd"})
+            if all(held[p] > 1 for p in lost):
+                row["optimizer"] = "sgd"
+                break
+        else:
+            rows.append({**min(mine, key=cost), "optimizer": "sgd"})
+    return rows
+
+
+ROWS = with_sgd_rows(covering_array(DIMENSIONS))
 # the pairs no valid row can hold, each once: refused at plan time, before any update
 REFUSED = [{**ROWS[i], "model": model, "augment": augment} for i, (model, augment) in
            enumerate(itertools.product(TEXT, ["normalize+crop", "mixup"]))] + \
@@ -263,6 +286,10 @@ def test_the_matrix_covers_every_pair():
                     if possible(DIMENSIONS, runs, {a: va, b: vb})}
         assert {(row[a], row[b]) for row in ROWS} == runnable, (a, b)
     assert len(ROWS) >= MIN_CONFIGS and all(map(runs, ROWS))
+    # a wrong gradient scale shows only under SGD: every strategy with replicas meets it
+    # under every precision
+    assert {(r["strategy"], r["precision"]) for r in ROWS if r["optimizer"] == "sgd"} >= \
+        set(itertools.product(["mirrored", "multi_worker"], DIMENSIONS["precision"]))
     assert not any(map(runs, REFUSED))
     print(f"feature matrix: {len(ROWS)} configs that run and {len(REFUSED)} that are refused, "
           f"seed {SEED}")
