@@ -4,7 +4,9 @@ Each fault is an edit of one source line, of the kind a refactoring could make b
 mistake. For each, the tree is copied to a temporary directory, the edit applied there
 (the original text must be found exactly once, so a fault that no longer applies fails
 loudly), and the tests listed for it are run against the copy; a fault is caught when at
-least one of them fails. Prints a table (markdown) and exits 1 if a fault went uncaught.
+least one of them fails that passes on the tree as it is (the control: every listed test
+run once with nothing planted). Prints a table (markdown) and exits 1 if a fault went
+uncaught.
 
     python scripts/plant_faults.py                    # every fault (about 20 minutes)
     python scripts/plant_faults.py --fault accumulation_short
@@ -45,7 +47,7 @@ FAULTS = [
           " * tf.distribute.get_replica_context().num_replicas_in_sync",
           ("tests/training/test_train_step.py::test_mirrored_two_replicas_equals_one_device_double_batch",
            "tests/e2e/test_matrix.py::test_every_combination_works_or_is_refused_before_training"
-           "[mirrored-float32-3-sgd-cnn-keras3_file-mixup-pad-distill-saved_model-off]")),
+           "[mirrored-float32-3-sgd-transformer-builder-none-drop-train-saved_model-off]")),
     Fault("accumulation_short",
           "gradient accumulation one micro-batch short",
           "tftrain/training/train_step.py",
@@ -114,16 +116,63 @@ FAULTS = [
           "            for k in range(b // micro):",
           "            micro = b\n            for k in range(b // micro):",
           ("tests/data/test_data.py::test_batch_augmentation_pairs_within_micro_batches_alike_on_replicas_or_accumulating",)),
+    # the code behind "verified"
+    Fault("accuracy_drop_sign",
+          "a reduced-precision file's accuracy drop counted the wrong way round",
+          "tftrain/export/verification.py",
+          '            drop = accuracy - entry["accuracy"]',
+          '            drop = entry["accuracy"] - accuracy',
+          ("tests/export/test_verification.py::test_verification_has_teeth",)),
+    Fault("layers_judged_by_the_floor_alone",
+          "a layer's noise no longer held to what its 8-bit steps allow",
+          "tftrain/export/layer_noise.py",
+          '    if local < row.get("allowed_sqnr_db", float("-inf")) - LEEWAY_DB:',
+          '    if local < row.get("allowed_sqnr_db", float("-inf")) - 10 * LEEWAY_DB:',
+          ("tests/export/test_layer_noise.py",
+           "tests/export/test_fidelity.py::test_a_layer_is_held_to_what_its_own_8_bit_steps_allow")),
+    Fault("local_noise_accumulated",
+          "a layer's added noise measured against the model's own values, not against what "
+          "the file fed it",
+          "tftrain/export/fidelity.py",
+          '           "local_sqnr_db": round(sqnr_db(local, got), 2),',
+          '           "local_sqnr_db": round(sqnr_db(reference[name], got), 2),',
+          ("tests/export/test_fidelity.py::test_every_layer_of_the_int8_file_is_compared_and_a_widened_range_is_named_worst",)),
+    Fault("tensor_named_by_a_suffix",
+          "a TFLite tensor matched to a layer whose name is only part of its own",
+          "tftrain/export/fidelity.py",
+          "                     if not any(a <= i and j <= b and (a, b) != (i, j) for a, b in spans))",
+          "                     if True)",
+          ("tests/export/test_fidelity.py::test_layers_whose_names_hold_a_slash_are_each_compared",)),
+    Fault("logit_noise_not_centred",
+          "logit SQNR taken without removing each example's mean (which a softmax ignores)",
+          "tftrain/export/measures.py",
+          "    noise = diff - diff.mean(axis=-1, keepdims=True)",
+          "    noise = diff",
+          ("tests/export/test_measures.py",)),
+    Fault("loss_scale_not_removed",
+          "float16 gradients applied still multiplied by the loss scale",
+          "tftrain/training/train_step.py",
+          "                    unscaled.append(self.precision.unscale(optimizer, g))",
+          "                    unscaled.append(g)",
+          ("tests/training/test_train_step.py::test_mirrored_float16_with_loss_scaling_equals_one_device_within_float16_rounding",)),
+    Fault("hard_sigmoid_range_wrong",
+          "QAT's hard-sigmoid gate quantized on [0, 6] where the int8 file holds [0, 1]",
+          "tftrain/compress/qat_configs.py",
+          "        return _UNIT(six * (1.0 / 6.0), False, {})",
+          "        return _RELU6(six * (1.0 / 6.0), False, {})",
+          ("tests/compress/test_compression.py::test_hard_swish_and_squeeze_excite_quantize_to_int8_ops_xnnpack_runs",)),
 ]
 
 
-def planted(fault: Fault, tmp: Path) -> Path:
-    """A copy of the tree in `tmp` with `fault` applied."""
+def planted(fault: Fault | None, tmp: Path) -> Path:
+    """A copy of the tree in `tmp` with `fault` applied (None: as it is)."""
     copy = tmp / "tree"
     skipped = shutil.ignore_patterns(".git", ".venv", "__pycache__", ".pytest_cache",
                                      "*.egg-info")
     shutil.copytree(ROOT, copy, ignore=lambda where, names: set(skipped(where, names)) | (
         {"runs", "data", "sweeps", "mlruns"} & set(names) if Path(where) == ROOT else set()))
+    if fault is None:
+        return copy
     target = copy / fault.path
     text = target.read_text()
     if text.count(fault.old) != 1:
@@ -133,18 +182,20 @@ def planted(fault: Fault, tmp: Path) -> Path:
     return copy
 
 
-def run(fault: Fault) -> tuple[list[str], float]:
-    """The tests that failed with `fault` planted, and the seconds it took."""
+def run(fault: Fault | None, tests=()) -> tuple[list[str], float]:
+    """The tests that failed with `fault` planted (None: the control, nothing planted,
+    running `tests`), and the seconds it took."""
     began = time.time()
     with tempfile.TemporaryDirectory(prefix="tftrain-fault-") as tmp:
         copy = planted(fault, Path(tmp))
+        tests = fault.tests if fault else tests
         env = {**os.environ, "PYTHONPATH": str(copy)}
         proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                               "-o", "addopts=", "-n", "2", "-rf", *fault.tests], cwd=copy,
+                               "-o", "addopts=", "-n", "2", "-rf", *tests], cwd=copy,
                               env=env, capture_output=True, text=True, timeout=3600)
         failed = sorted(set(re.findall(r"^FAILED (.+?)(?: - .*)?$", proc.stdout, re.M)))
         if proc.returncode not in (0, 1):      # not a test failing: a test not found, say
-            raise SystemExit(f"fault {fault.name}: pytest exited {proc.returncode} (its tests "
+            raise SystemExit(f"fault {fault.name if fault else '(control)'}: pytest exited {proc.returncode} (its tests "
                              f"did not run as listed: update the fault): {proc.stdout[-500:]}")
     return failed, time.time() - began
 
@@ -160,8 +211,15 @@ def main(argv=None) -> int:
             print(f"{f.name}: {f.what} ({f.path})")
         return 0
     rows, missed = [], []
+    # the control: every listed test on the tree as it is; a test failing there catches
+    # nothing (it would fail whatever was planted)
+    every = sorted({t for f in chosen for t in f.tests})
+    broken, seconds = run(None, every)
+    print(f"control: {len(broken)} of the listed tests fail with nothing planted "
+          f"({seconds:.0f} s)" + (f": {', '.join(broken)}" if broken else ""), flush=True)
     for fault in chosen:
         failed, seconds = run(fault)
+        failed = [t for t in failed if t not in broken]
         print(f"{fault.name}: {len(failed)} failing test(s) in {seconds:.0f} s", flush=True)
         rows.append(f"| `{fault.name}` | {fault.what} | `{fault.path}` | "
                     + ("<br>".join(f"`{t}`" for t in failed) or "**none**") + " |")
