@@ -1,7 +1,8 @@
 """What an artifact's logits are measured against."""
 import numpy as np
+import pytest
 
-from tftrain.export.measures import ROUNDING_ULPS, rounding_noise
+from tftrain.export.measures import ROUNDING_ULPS, against, rounding_noise
 
 
 def test_rounding_noise_is_float_rounding_for_a_tame_model_and_large_for_an_amplifying_one():
@@ -34,3 +35,18 @@ def test_an_artifacts_layer_rounding_noise_is_the_models_and_none_for_token_ids(
     assert layer_rounding_noise(net, x, reference) == layer_noise(net, x, reference) > 0
     ids = np.arange(16)[:, None]
     assert layer_rounding_noise(net, ids, reference) == 0.0
+
+
+def test_logits_are_compared_as_a_softmax_reads_them():
+    """A per-example shift of every logit changes no probability: the artifact's logits
+    counted exact. Noise on top: the SQNR is the centred signal's power over the centred
+    noise's, exactly."""
+    reference = np.array([[1.0, -1.0, 0.0], [2.0, 0.0, -2.0]])
+    shifted = against(reference + np.array([[5.0], [-3.0]]), reference)
+    assert shifted["logit_sqnr_db"] == 200.0 and shifted["top1_agreement"] == 1.0
+    assert shifted["max_abs_logit_diff"] == 5.0
+    noise = np.array([[0.1, -0.1, 0.0], [0.0, 0.1, -0.1]])          # centred already
+    found = against(reference + noise + 7.0, reference)
+    signal = np.sum((reference - reference.mean(-1, keepdims=True)) ** 2)    # 2 + 8
+    assert found["logit_sqnr_db"] == pytest.approx(10 * np.log10(signal / np.sum(noise ** 2)))
+    assert found["logit_spread"] == pytest.approx(np.sqrt(signal / 6))
