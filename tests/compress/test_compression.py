@@ -392,6 +392,16 @@ def test_hard_swish_and_squeeze_excite_quantize_to_int8_ops_xnnpack_runs(tmp_pat
     logits, _ = artifacts.tflite_logits(blob, x)
     sqnr = 10 * np.log10(np.sum(expected ** 2) / np.sum((logits - expected) ** 2))
     assert sqnr >= 25, sqnr
+    # each hard sigmoid's relu6(x + 3) held on 8 bits of [0, 6], its gate on [0, 1]: the
+    # ranges the int8 file computes in (a gate on [0, 6] would round 6 times coarser)
+    held = {}
+    for op in interpreter._get_ops_details():
+        for index in op["outputs"]:
+            detail = interpreter._get_tensor_details(index, 0)
+            scale, zero = detail["quantization"]
+            if "se_gate" in detail["name"] and scale:
+                held[detail["name"].split(";")[0]] = ((-128 - zero) * scale, (127 - zero) * scale)
+    assert sorted(held.values()) == [pytest.approx((0.0, 1.0)), pytest.approx((0.0, 6.0))], held
     # the float file it is timed against: the QAT model's float function, fused float
     # HARD_SWISH and no fake quantization left (the fixed ranges are tfmot quantizers)
     float_blob = artifacts._float_tflite(q, tmp_path / "sm", tmp_path, qat=True)
