@@ -233,3 +233,22 @@ def test_a_layer_is_held_to_what_its_own_8_bit_steps_allow(qat_cnn, tmp_path):
     assert layer_noise.too_noisy(conv, floor)
     assert "beyond 10 dB of the" in layer_noise.why_noisy(conv, floor)
     assert [name for name, row in rows.items() if layer_noise.too_noisy(row, floor)] == ["relu_1"]
+
+
+def test_a_float16_files_weights_are_never_taken_for_a_layers_output(tmp_path):
+    """A float16 file DEQUANTIZEs its weights at run time, into tensors named after their
+    layer; a 1x1 convolution from 16 to 96 channels on a 4x4 map has a kernel of as many
+    values as its output map (96 x 16 = 4 x 4 x 96). Only tensors the input reaches are
+    compared: every layer within float16 rounding (it was -16 dB, the kernel compared with
+    MobileNetV2's expand batch norm)."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((4, 4, 16))
+    h = keras.layers.Conv2D(96, 1, use_bias=False, name="expand")(inputs)
+    h = keras.layers.ReLU(6.0, name="expand_relu")(keras.layers.BatchNormalization(name="expand_BN")(h))
+    net = keras.Model(inputs, keras.layers.Dense(10, name="logits")(
+        keras.layers.GlobalAveragePooling2D(name="pool")(h)))
+    x = np.random.default_rng(0).normal(size=(16, 4, 4, 16)).astype(np.float32)
+    blob = artifacts.convert_tflite(artifacts.save_saved_model(net, tmp_path / "sm"), "float16", None)
+    rows = {r["layer"]: r for r in fidelity.tflite_report(blob, net, x)}
+    assert "expand_relu" in rows and "expand_BN" not in rows, rows
+    assert min(r["local_sqnr_db"] for r in rows.values()) >= layer_noise.FLOAT16_FLOOR_DB, rows

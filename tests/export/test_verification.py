@@ -188,6 +188,57 @@ def test_flat_logits_pass_unjudged_only_in_the_preflight_and_an_empty_comparison
     assert not bad["verified"]
     assert bad["check"].startswith("compared layer by layer, but none of the model's layers "
                                    "was found in the file")
-    # without a layer comparison at all, the logits' floor still decides
-    assert verify({"tflite_int8": {k: v for k, v in empty.items() if k != "layers"}}, cfg, 0.1,
-                  by_labels=False)["tflite_int8"]["verified"]
+    # without a layer comparison at all: after training not verified; in the preflight,
+    # on an untrained model, the logits' floor decides and the run's end judges again
+    bare = {k: v for k, v in empty.items() if k != "layers"}
+    assert not verify({"tflite_int8": dict(bare)}, cfg, 0.1, by_labels=False)["tflite_int8"][
+        "verified"]
+    assert verify({"tflite_int8": dict(bare)}, cfg, 0.1, by_labels=False,
+                  untrained=True)["tflite_int8"]["verified"]
+
+
+def test_without_labels_every_reduced_precision_file_passes_only_on_its_layers():
+    """A dynamic-range file at 0.5 dB and a float16 file at 10.5 dB at their logits,
+    without a layer comparison: not verified after training, saying why. Compared layer by
+    layer, each precision has its own floor: a layer adding noise 45 dB down passes in a
+    dynamic-range file and fails in a float16 one (float16 rounds 8 bits finer)."""
+    cfg = load_config(None, []).export
+    base = {"top1_agreement": 0.3, "logit_spread": 1.0, "max_abs_logit_diff": 0.9,
+            "accuracy": 0.1}
+    report = verify({"tflite_dynamic": {**base, "logit_sqnr_db": 0.5},
+                     "tflite_float16": {**base, "logit_sqnr_db": 10.5}}, cfg, 0.1,
+                    by_labels=False)
+    for name in ("tflite_dynamic", "tflite_float16"):
+        assert not report[name]["verified"]
+        assert report[name]["check"].startswith("not compared layer by layer: without labels "
+                                                "to judge it by, nothing shows it computes"), name
+    layers = [{"layer": "conv", "local_sqnr_db": 70.0}, {"layer": "dense", "local_sqnr_db": 45.0}]
+    judged = verify({"tflite_dynamic": {**base, "logit_sqnr_db": 0.5, "layers": layers},
+                     "tflite_float16": {**base, "logit_sqnr_db": 10.5, "layers": layers}}, cfg,
+                    0.1, by_labels=False)
+    assert judged["tflite_dynamic"]["verified"], judged["tflite_dynamic"]["check"]
+    assert not judged["tflite_float16"]["verified"]
+    assert judged["tflite_float16"]["check"].startswith(
+        "the noisiest failing layer, dense, adds noise 45.0 dB below its values < float16's "
+        "layer floor 50")
+
+
+def test_a_float_file_of_a_model_that_amplifies_rounding_past_its_logits_is_not_verified_by_them():
+    """An untrained EfficientNetV2M at 32 x 32: its logits move by 447 under float32
+    input rounding on a largest logit of 326, so 10 times that noise allows any file. Not
+    verified at its logits, saying why; compared layer by layer within float rounding
+    (a float TFLite file), verified."""
+    cfg = load_config(None, []).export
+    chaotic = {"max_abs_logit_diff": 401.0, "logit_scale": 325.7, "logit_noise": 447.1,
+               "accuracy": 0.1}
+    found = verify({"saved_model": dict(chaotic)}, cfg, 0.1)["saved_model"]
+    assert not found["verified"]
+    assert "which is as large as the largest logit 326: the model amplifies float32 rounding " \
+           "past its signal" in found["check"], found["check"]
+    layered = verify({"tflite_float": {**chaotic, "layers": [
+        {"layer": "conv", "local_sqnr_db": 99.0}, {"layer": "dense", "local_sqnr_db": 71.0}]}},
+        cfg, 0.1)["tflite_float"]
+    assert layered["verified"] and "layer by layer the noisiest, dense" in layered["check"]
+    tame = verify({"saved_model": {**chaotic, "logit_noise": 3.0, "max_abs_logit_diff": 20.0}},
+                  cfg, 0.1)["saved_model"]
+    assert tame["verified"], tame["check"]

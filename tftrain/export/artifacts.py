@@ -258,8 +258,9 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
     if cfg.tflite != "none":
         with making(tflite):
             entry = _tflite_entry(blob, plain, x_val, y_val, reference,
-                                  int8 is not None and layers, calibration, cfg, timed=timed,
-                                  beside=None if cfg.tflite == "float" else beside)
+                                  mode != "float" and layers, calibration, cfg, timed=timed,
+                                  beside=None if cfg.tflite == "float" else beside,
+                                  precision=mode)
             if mode == "float" and layers and not verification.logits_within(entry, cfg) \
                     and not verification.logits_within({**entry, "logit_noise": noise()}, cfg):
                 # judged by its layers: a deep untrained network amplifies float rounding
@@ -337,9 +338,10 @@ def _converted_within(patch, plain, source: Path, mode: str, calibration, **opti
 
 
 def _tflite_entry(blob: bytes, plain, x_val, y_val, reference, layers: bool, calibration,
-                  cfg, timed: bool = True, beside: bytes | None = None) -> dict:
-    """A TFLite file's report entry (its `logits` too, for the caller to take), `timed`
-    (in turn with the float file `beside`, if given)."""
+                  cfg, timed: bool = True, beside: bytes | None = None,
+                  precision: str = "int8") -> dict:
+    """A TFLite file's report entry (its `logits` too, for the caller to take), `timed` (in
+    turn with the float file `beside`), its `layers` compared as a file of `precision`."""
     from tftrain.export import speed
 
     logits, latency = tflite_logits(blob, x_val)
@@ -351,7 +353,7 @@ def _tflite_entry(blob: bytes, plain, x_val, y_val, reference, layers: bool, cal
                 if timed and cfg.latency_reference else {})}
     if layers:
         from tftrain.export import fidelity
-        entry.update(fidelity.tflite_entry(blob, plain, calibration, cfg))
+        entry.update(fidelity.tflite_entry(blob, plain, calibration, cfg, precision))
     return entry
 
 

@@ -20,6 +20,7 @@ import math
 import numpy as np
 
 from tftrain.core import console
+from tftrain.export.layer_noise import floor as layer_floor
 from tftrain.export.layer_noise import rounding_limited, too_noisy, why_noisy
 from tftrain.models.rounding import replay
 
@@ -64,7 +65,11 @@ def tflite_tensors(blob: bytes, layer_names: list[str], x: np.ndarray) -> dict[s
     interp.allocate_tensors()
     order = {name: i for i, name in enumerate(layer_names)}
     chosen: dict[str, tuple[int, str]] = {}        # layer -> (tensor index, op name)
+    computed = {inp["index"]}      # tensors the input reaches: not a weight DEQUANTIZEd
     for op in interp._get_ops_details():          # in execution order: the last one wins
+        if not computed & {int(i) for i in op["inputs"]}:
+            continue              # a float16 file's weights (a kernel can match a map's size)
+        computed.update(int(i) for i in op["outputs"])
         for index in op["outputs"]:
             layer = layer_of_tensor(interp._get_tensor_details(index, 0)["name"], order)
             if layer is not None:
@@ -266,13 +271,16 @@ def tflite_report(blob: bytes, model, x: np.ndarray) -> list[dict]:
 EXAMPLES = 128      # calibration examples the per-layer comparison runs on
 
 
-def tflite_entry(blob: bytes, plain, calibration: np.ndarray, cfg) -> dict:
-    """What the int8 TFLite file is (`label`, its float ops) and, layer by layer, how far
-    it is from the model it was converted from."""
-    ops = float_ops(blob)
+def tflite_entry(blob: bytes, plain, calibration: np.ndarray, cfg,
+                 precision: str = "int8") -> dict:
+    """Layer by layer, how far a reduced-precision TFLite file (`precision`: int8,
+    dynamic or float16) is from the model it was converted from; for int8, also what the
+    file is (`label`, its float ops)."""
     rows = tflite_report(blob, plain, calibration[:EXAMPLES])
-    return {"label": label(ops), "float_ops": ops,
-            **entries("tflite_int8", rows, cfg)}
+    if precision != "int8":
+        return entries(f"tflite_{precision}", rows, cfg, precision)
+    ops = float_ops(blob)
+    return {"label": label(ops), "float_ops": ops, **entries("tflite_int8", rows, cfg)}
 
 
 def saved_model_int8_entry(plain, quantized, layers: dict, calibration: np.ndarray,
@@ -291,16 +299,16 @@ def saved_model_int8_entry(plain, quantized, layers: dict, calibration: np.ndarr
             **entries("saved_model_int8", compare(plain, artifact, x), cfg)}
 
 
-def entries(name: str, rows: list[dict], cfg) -> dict:
+def entries(name: str, rows: list[dict], cfg, precision: str = "int8") -> dict:
     """`layers` (every compared layer), `worst_layers` (the five adding the most error),
-    and one warning for the layers adding more noise than `export.min_layer_sqnr` or
-    than their 8-bit steps allow (`layer_noise`)."""
-    floor = cfg.min_layer_sqnr
+    and one warning for the layers adding more noise than their precision's floor
+    (`layer_noise.floor`) or than their 8-bit steps allow."""
+    floor = layer_floor(precision, cfg)
     noisy = worst([row for row in rows if too_noisy(row, floor) or row["local_sqnr_db"] < floor],
                   len(rows))
     if noisy:            # one warning however many layers: the noisiest named, then a count
         row, more = noisy[0], len(noisy) - 1
-        console.warn(f"{name}: layer {why_noisy(row, floor)} ({row['op']}; its values are "
+        console.warn(f"{name}: layer {why_noisy(row, floor, precision)} ({row['op']}; its values are "
                      f"{row['sqnr_db']:.1f} dB from the model's)"
                      + ("" if rounding_limited(row) else
                         ": its 8-bit range or kernel does not fit its values")

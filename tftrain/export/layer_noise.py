@@ -12,6 +12,18 @@ from __future__ import annotations
 # adds noise about 26 dB down, wherever its steps allow 40 or more
 LEEWAY_DB, LEEWAY_MEASURED_DB = 10.0, 6.4
 
+# a float16 file's layer (weights rounded to 11 bits, computed in float32) adds noise far
+# below an 8-bit one's: 10 log10(3 x 2^22) = 71 dB for a value's own rounding
+FLOAT16_FLOOR_DB = 50.0
+
+
+def floor(precision: str, cfg) -> float:
+    """The SQNR (dB) a layer of a file of `precision` must keep above the noise it adds:
+    `export.min_layer_sqnr` for 8-bit kernels (int8, dynamic range), `FLOAT16_FLOOR_DB`
+    for float16."""
+    return FLOAT16_FLOOR_DB if precision == "float16" else cfg.min_layer_sqnr
+
+
 # a range is the values' own when they reach at least this share of one of its ends (a
 # range calibrated on them, wide for a few large values); a range 8 times too wide, 1/8
 RANGE_FILL = 0.5
@@ -37,11 +49,12 @@ def too_noisy(row: dict, floor: float) -> bool:
     return local < floor and not rounding_limited(row)
 
 
-def why_noisy(row: dict, floor: float) -> str:
+def why_noisy(row: dict, floor: float, precision: str = "int8") -> str:
     """What a layer's noise is held to, and whether it is within it."""
     local, allowed = row["local_sqnr_db"], row.get("allowed_sqnr_db")
+    named = "float16's layer floor" if precision == "float16" else "export.min_layer_sqnr"
     said = (f"{row['layer']}, adds noise {local:.1f} dB below its values "
-            f"{'>=' if local >= floor else '<'} export.min_layer_sqnr {floor:g}")
+            f"{'>=' if local >= floor else '<'} {named} {floor:g}")
     if allowed is None:
         return said
     ok = local >= allowed - LEEWAY_DB

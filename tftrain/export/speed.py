@@ -93,13 +93,13 @@ def medians(times: dict[str, list[float]]) -> dict[str, float]:
 
 
 def round_times(makers: list, x: np.ndarray, budget: float, rounds: int,
-                settings=SETTINGS) -> list[dict[str, list[float]]]:
+                settings=None) -> list[dict[str, list[float]]]:
     """For each file, each setting's milliseconds per example in each round: in each
-    setting (`(batch, threads)`), `rounds` rounds (the order reversed every other round)
+    setting (`(batch, threads)`; default `SETTINGS`), `rounds` rounds (the order reversed every other round)
     of `budget / rounds` seconds a file, so that two files' figures of one round are
     timed moments apart (the machine's speed jumps from second to second)."""
     found = [{} for _ in makers]
-    for b, t in settings:
+    for b, t in settings or SETTINGS:
         runners = [make(b, t) for make in makers]
         times = [[] for _ in makers]
         for r in range(rounds):

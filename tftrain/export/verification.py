@@ -95,8 +95,18 @@ def _limit(entry: dict, cfg) -> tuple[float, str]:
 
 
 def logits_within(entry: dict, cfg) -> bool:
-    """Whether a float artifact's largest logit difference is within its `_limit`."""
-    return entry["max_abs_logit_diff"] <= _limit(entry, cfg)[0]
+    """Whether a float artifact's largest logit difference is within its `_limit`, and
+    that limit says something (not `vacuous`)."""
+    return entry["max_abs_logit_diff"] <= _limit(entry, cfg)[0] and not vacuous(entry)
+
+
+def vacuous(entry: dict) -> bool:
+    """Whether the model's own logit noise allows a difference as large as its largest
+    logit: an untrained deep network that amplifies float32 rounding past its signal
+    (EfficientNetB4-B7 and V2S-V2L untrained at 32 x 32: logits moved by 30-160% of
+    their size under input rounding), where no difference at the logits tells a broken
+    file from a sound one."""
+    return NOISE_FACTOR * entry.get("logit_noise", 0.0) >= entry.get("logit_scale", float("inf"))
 
 
 def _float_check(entry: dict, cfg) -> tuple[bool, str]:
@@ -109,6 +119,11 @@ def _float_check(entry: dict, cfg) -> tuple[bool, str]:
     ok = entry["max_abs_logit_diff"] <= limit
     why = (f"largest logit difference {entry['max_abs_logit_diff']:.2g} "
            f"{'<=' if ok else '>'} {what}")
+    if ok and vacuous(entry):
+        ok, why = False, (f"{why}, which is as large as the largest logit "
+                          f"{entry['logit_scale']:.3g}: the model amplifies float32 rounding past "
+                          "its signal (untrained, deep), and no difference at its logits can tell "
+                          "a broken file; train it first, or compare it layer by layer")
     rows = entry.get("layers")
     if ok or not rows:
         return ok, why
@@ -143,10 +158,11 @@ def _against_the_model(entry: dict, precision: str, cfg, qat: bool,
                        "the file (its tensors' names match no layer): nothing shows it computes "
                        "what the model does" + tail)
     if rows:
-        failed = [row for row in rows if layer_noise.too_noisy(row, cfg.min_layer_sqnr)]
+        floor = layer_noise.floor(precision, cfg)
+        failed = [row for row in rows if layer_noise.too_noisy(row, floor)]
         worst = min(failed or rows, key=lambda row: row["local_sqnr_db"])
         return not failed, (f"the {'noisiest failing' if failed else 'noisiest'} layer, "
-                            f"{layer_noise.why_noisy(worst, cfg.min_layer_sqnr)}" + tail)
+                            f"{layer_noise.why_noisy(worst, floor, precision)}" + tail)
     if qat:     # the QAT model computes the 8-bit arithmetic itself: only rounding differs
         ok = entry["logit_sqnr_db"] >= cfg.min_layer_sqnr
         return ok, (f"logits {entry['logit_sqnr_db']:.1f} dB above their difference from the "
@@ -154,12 +170,15 @@ def _against_the_model(entry: dict, precision: str, cfg, qat: bool,
                     f"{cfg.min_layer_sqnr:g} (it computes the same 8-bit arithmetic); top-1 "
                     f"agrees on {entry['top1_agreement']:.1%}; accuracy is not judged: the model "
                     "is untrained or smoke-trained")
+    if not untrained:     # after training, a file passes without labels only on its layers
+        return False, ("not compared layer by layer: without labels to judge it by, nothing "
+                       "shows it computes what the model does" + tail)
     floor = SQNR_FLOOR_DB[precision]
     ok = entry["logit_sqnr_db"] >= floor
     return ok, (f"logits {entry['logit_sqnr_db']:.1f} dB above their difference from the "
                 f"model's {'>=' if ok else '<'} {floor:g} dB ({precision}; top-1 agrees on "
-                f"{entry['top1_agreement']:.1%}; accuracy is not judged: the model is untrained "
-                "or smoke-trained)")
+                f"{entry['top1_agreement']:.1%}; the preflight's untrained model: not judged "
+                "layer by layer here, judged again at the run's end)")
 
 
 def failures(report: dict) -> list[str]:
