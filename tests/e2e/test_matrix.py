@@ -1,6 +1,7 @@
 """The pairwise feature matrix: every pair of values of ten feature dimensions in at
 least one config, each run with `--smoke` (a few updates per stage) with the strategy it
-names. Each either completes with every exported artifact verified, or is refused with
+names. Its rows are a tier of their own (`python -m pytest -m matrix`), which `.ci/run`
+runs beside the default run. Each either completes with every exported artifact verified, or is refused with
 exit 2 before anything is written, with a line naming what cannot go together. Nothing
 may fail after training has begun.
 
@@ -473,6 +474,7 @@ def reference_losses(row: dict, sets: list[str], tmp_path, capsys) -> dict[int, 
 
 
 @pytest.mark.slow
+@pytest.mark.matrix
 @pytest.mark.parametrize("index,row", list(enumerate(ROWS + REFUSED)),
                          ids=[_id(row) for row in ROWS + REFUSED])
 def test_every_combination_works_or_is_refused_before_training(index, row, tmp_path, capsys,
