@@ -101,6 +101,7 @@ def repeated(recipe: str, targets: list[str], runs: Path, n: int) -> None:
         search(copy, targets)
         records.append(json.loads((copy / "search" / "search.json").read_text()))
     from tftrain.config.compression import TargetConfig
+    from tftrain.search import timing
     from tftrain.search.front import meets
     target = TargetConfig(**records[0]["target"])
     names = [c for c in records[0]["candidates"] if c != "float"]
@@ -113,9 +114,12 @@ def repeated(recipe: str, targets: list[str], runs: Path, n: int) -> None:
             if f is None:
                 seen.append((r["candidates"].get(name) or {}).get("status", "not tried"))
                 continue
+            # the interval and whether it straddles the limit, from the recorded rounds by
+            # the rule of this tree (`search.timing`), whichever tree ran the search
+            low, high = timing.ratio_interval(f.get("latency_rounds", [f["latency_ratio"]]))
+            borderline = timing.straddles((low, high), timing.ratio_limit(target, r["dense"]))
             word = ("meets" if meets(f, target) else "misses") + \
-                (" (borderline)" if f.get("borderline") else "")
-            low, high = f.get("latency_interval", [f["latency_ratio"]] * 2)
+                (" (borderline)" if borderline else "")
             seen.append(f"{word} {f['latency_ratio']:.2f}x [{low:.2f}, {high:.2f}], "
                         f"{len(f.get('latency_rounds', [1]))} rounds, {f['accuracy']:.4f}")
         decided = {s.split()[0] for s in seen if s.startswith(("meets", "misses"))

@@ -3,7 +3,7 @@ Pareto front of accuracy, latency and bytes, and the candidate to ship."""
 from __future__ import annotations
 
 from tftrain.search.candidates import violations
-from tftrain.search.timing import median_interval
+from tftrain.search.timing import ratio_interval
 
 
 def figures(summary: dict, artifact: str, target, dense: dict | None) -> dict:
@@ -24,7 +24,7 @@ def figures(summary: dict, artifact: str, target, dense: dict | None) -> dict:
             "drop": 0.0 if dense is None else dense["accuracy"] - accuracy,
             "bytes": entry["gzip_bytes" if target.size == "gzip" else "size_bytes"],
             "latency_ms": latency, "latency_ratio": ratio, "latency_rounds": rounds or [ratio],
-            "latency_interval": list(median_interval(rounds or [ratio])), "borderline": False,
+            "latency_interval": list(ratio_interval(rounds or [ratio])), "borderline": False,
             "label": entry.get("label", ""), "fallback": (entry.get("fallback") or {}).get("layers", [])}
 
 
