@@ -27,5 +27,10 @@ def test_a_layer_fails_beyond_its_steps_or_below_the_floor_unless_rounding_limit
         "the 8.0 dB its own 8-bit steps allow; its values reach 90% of its 8-bit range's end "
         "(rounding-limited: the range is its values', the 8-bit file can do no better; "
         "calibrate on more examples or train with QAT)")
+    # a gate nearly closed on every example: its values below one step, rounded to zero
+    tiny = {**row(2.8, 3.1, 0.0), "signal_steps": 0.4}
+    assert layer_noise.rounding_limited(tiny) and not layer_noise.too_noisy(tiny, floor)
+    assert "0.40 of an 8-bit step (RMS): rounding-limited" in layer_noise.why_noisy(tiny, floor)
+    assert layer_noise.too_noisy({**tiny, "signal_steps": 1.5}, floor)
     assert layer_noise.why_noisy(row(30.0), floor) == (
         "conv, adds noise 30.0 dB below its values >= export.min_layer_sqnr 20")

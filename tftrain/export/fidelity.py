@@ -222,6 +222,8 @@ def _substituted(name: str, local: np.ndarray, artifact: dict, reference: dict):
         row["rounding_sqnr_db"] = _db(local, found["step"] ** 2 / 12)
         row["range_fill"] = round(max(float(np.max(got)) / found["high"] if found["high"] > 0 else 0.0,
                                       float(np.min(got)) / found["low"] if found["low"] < 0 else 0.0), 3)
+        row["signal_steps"] = round(float(np.sqrt(np.mean(np.square(local, dtype=np.float64))))
+                                    / found["step"], 3)      # its values' RMS in 8-bit steps
     return got, row
 
 

@@ -31,12 +31,14 @@ RANGE_FILL = 0.5
 
 def rounding_limited(row: dict) -> bool:
     """Whether a layer's noise is what its own 8-bit tensors allow (within `LEEWAY_DB`)
-    and its output's range is its values' (`RANGE_FILL`): a range calibrated on a few
-    large values rounds the rest coarsely (an untrained squeeze-excite gate's input),
-    which the 8-bit file cannot do better, and no conversion fault does that."""
+    and either its output's range is its values' (`RANGE_FILL`: a range calibrated on a
+    few large values rounds the rest coarsely, as an untrained squeeze-excite gate's
+    input), or its values are smaller than one 8-bit step (a gate nearly closed on every
+    example: the file rounds it to zero): the 8-bit file cannot do better, and no
+    conversion fault does that."""
     allowed = row.get("allowed_sqnr_db")
-    return allowed is not None and row["local_sqnr_db"] >= allowed - LEEWAY_DB and \
-        row.get("range_fill", 0.0) >= RANGE_FILL
+    return allowed is not None and row["local_sqnr_db"] >= allowed - LEEWAY_DB and (
+        row.get("range_fill", 0.0) >= RANGE_FILL or row.get("signal_steps", 1.0) < 1.0)
 
 
 def too_noisy(row: dict, floor: float) -> bool:
@@ -63,6 +65,9 @@ def why_noisy(row: dict, floor: float, precision: str = "int8") -> str:
     if local >= floor or not ok:
         return said
     fill = row.get("range_fill", 0.0)
+    if fill < RANGE_FILL and row.get("signal_steps", 1.0) < 1.0:
+        return said + (f"; its values are {row['signal_steps']:.2f} of an 8-bit step (RMS): "
+                       "rounding-limited, the 8-bit file rounds them to the nearest step")
     return said + (f"; its values reach {fill:.0%} of its 8-bit range's end "
                    + ("(rounding-limited: the range is its values', the 8-bit file can do no "
                       "better; calibrate on more examples or train with QAT)"
