@@ -65,6 +65,7 @@ def tflite_tensors(blob: bytes, layer_names: list[str], x: np.ndarray) -> dict[s
     interp.allocate_tensors()
     order = {name: i for i, name in enumerate(layer_names)}
     chosen: dict[str, tuple[int, str]] = {}        # layer -> (tensor index, op name)
+    every: dict[str, list[int]] = {}               # layer -> all its 8-bit tensors
     computed = {inp["index"]}      # tensors the input reaches: not a weight DEQUANTIZEd
     for op in interp._get_ops_details():          # in execution order: the last one wins
         if not computed & {int(i) for i in op["inputs"]}:
@@ -74,18 +75,29 @@ def tflite_tensors(blob: bytes, layer_names: list[str], x: np.ndarray) -> dict[s
             layer = layer_of_tensor(interp._get_tensor_details(index, 0)["name"], order)
             if layer is not None:
                 chosen[layer] = (index, op["op_name"])
+                if interp._get_tensor_details(index, 0)["dtype"] in (np.int8, np.uint8):
+                    every.setdefault(layer, []).append(index)
     values: dict[str, list] = {layer: [] for layer in chosen}
+    ends = {layer: [0, 0] for layer in every}     # codes at their range's ends, codes read
     for row in x:
         set_example(interp, inp, row)
         interp.invoke()
         for layer, (index, _) in chosen.items():
             values[layer].append(_dequantized(interp, index))
+        for layer, indices in every.items():
+            for index in indices:
+                codes = interp.get_tensor(index)
+                info = np.iinfo(codes.dtype)
+                ends[layer][0] += int(np.sum((codes == info.min) | (codes == info.max)))
+                ends[layer][1] += codes.size
     out = {}
     for layer, (index, op) in chosen.items():
         detail = interp._get_tensor_details(index, 0)
         params = detail["quantization_parameters"]
         out[layer] = {"value": np.concatenate(values[layer]), "op": op,
                       **grid(detail["dtype"], params["scales"], params["zero_points"])}
+        if layer in ends:       # the share of its 8-bit values clipped at a range's end
+            out[layer]["saturated"] = ends[layer][0] / max(1, ends[layer][1])
     return out
 
 
@@ -148,7 +160,10 @@ def compare(model, artifact: dict[str, dict], x: np.ndarray) -> list[dict]:
     found_rows = {}
     rng = np.random.default_rng(0)
 
+    makers: list = []
+
     def dithered(maker, value):       # moved within the 8-bit step the file holds it to
+        makers.append(maker)
         step = artifact.get(maker, {}).get("step")
         return value + rng.uniform(-0.5, 0.5, value.shape).astype(value.dtype) * step \
             if step else value
@@ -157,7 +172,14 @@ def compare(model, artifact: dict[str, dict], x: np.ndarray) -> list[dict]:
         value, row = _substituted(name, local, artifact, reference)
         if row is not None:
             if "step" in artifact[name]:
+                makers.clear()
                 row["allowed_sqnr_db"] = _allowed(local, again(dithered), artifact[name])
+                # how far the file's inputs of the layer already are from the model's
+                inputs = [found_rows[m]["sqnr_db"] for m in makers if m in found_rows]
+                if inputs:
+                    row["input_sqnr_db"] = min(inputs)
+            if "saturated" in artifact[name]:
+                row["saturated"] = round(artifact[name]["saturated"], 4)
             found_rows[name] = row
         return value
     replay(model, x, substitute, again=True)
