@@ -217,9 +217,8 @@ def test_post_training_int8_of_hard_swish_is_int8_ops_xnnpack_runs(tmp_path):
     report = export_all(model, load_config(None, ["export.tflite=int8"]).export, tmp_path, source)
     entry = report["tflite_int8"]
     assert entry["verified"] and entry["xnnpack"]["fallback"] == [], entry["xnnpack"]
-    # relu6(x + 3) * (x / 6), so the converter gives x / 6 its own range (in the other
-    # order it got the product's, and each hard-swish added noise about 8 dB beyond
-    # what its 8-bit steps allow)
+    # (x / 6) * relu6(x + 3): x / 6 held on the product's range, at most 6 times its own,
+    # within what the layer's steps allow and the measured leeway
     rows = {row["layer"]: row for row in entry["layers"]}
     for name in ("swish", "swish_1"):
         assert rows[name]["local_sqnr_db"] >= \
@@ -229,6 +228,13 @@ def test_post_training_int8_of_hard_swish_is_int8_ops_xnnpack_runs(tmp_path):
     blob = convert_tflite(tmp_path / "saved_model", "float", None)
     assert "HARD_SWISH" in {op["op_name"] for op in Interpreter(model_content=blob)._get_ops_details()}
     assert speed.xnnpack(blob)["fallback"] == []
+    # an input far beyond relu6's [0, 6] is traced fused: LiteRT's int8 ADD of x and 3
+    # into [0, 6] miscomputed a large negative x (6 for x = -1275)
+    from tftrain.models import tensor_ops
+    x = next(iter(source.calibration(64).batch(64)))[0].numpy()
+    assert tensor_ops.unfusable(model, x) == ["swish", "swish_1"]
+    model.get_layer("bn").gamma.assign(model.get_layer("bn").gamma * 1000.0)
+    assert tensor_ops.unfusable(model, x) == []       # both inputs now reach beyond 96
 
 
 def test_a_float_tflite_file_beyond_the_logit_limit_is_compared_layer_by_layer(tmp_path, trained,

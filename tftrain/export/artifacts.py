@@ -236,9 +236,9 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
             source_dir = saved if serving is None else _write_saved_model(plain,
                                                                           out / "tflite_source")
             if mode == "int8" and not qat and tensor_ops.has_hard_swish(plain):
-                # post-training int8 of HardSwish layers: traced unfused (tensor_ops)
-                blob = _converted_within(tensor_ops.unfused(), plain, out / "tflite_int8_source",
-                                         "int8", calibration)
+                # post-training int8 of HardSwish layers: traced unfused where safe (tensor_ops)
+                blob = _converted_within(tensor_ops.unfused(tensor_ops.unfusable(
+                    plain, calibration)), plain, out / "tflite_int8_source", "int8", calibration)
             else:
                 blob = convert_tflite(source_dir, mode, calibration, qat=qat)
             if timed and (cfg.tflite not in ("none", "float") or cfg.tflite_sparse):

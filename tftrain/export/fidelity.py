@@ -78,7 +78,9 @@ def tflite_tensors(blob: bytes, layer_names: list[str], x: np.ndarray) -> dict[s
                 if interp._get_tensor_details(index, 0)["dtype"] in (np.int8, np.uint8):
                     every.setdefault(layer, []).append(index)
     values: dict[str, list] = {layer: [] for layer in chosen}
-    ends = {layer: [0, 0] for layer in every}     # codes at their range's ends, codes read
+    ends = {layer: [0, 0] for layer in every}     # codes clipped, codes read
+    clipping = {index: _clipping_codes(interp._get_tensor_details(index, 0))
+                for indices in every.values() for index in indices}
     for row in x:
         set_example(interp, inp, row)
         interp.invoke()
@@ -87,8 +89,7 @@ def tflite_tensors(blob: bytes, layer_names: list[str], x: np.ndarray) -> dict[s
         for layer, indices in every.items():
             for index in indices:
                 codes = interp.get_tensor(index)
-                info = np.iinfo(codes.dtype)
-                ends[layer][0] += int(np.sum((codes == info.min) | (codes == info.max)))
+                ends[layer][0] += int(np.sum(np.isin(codes, clipping[index])))
                 ends[layer][1] += codes.size
     out = {}
     for layer, (index, op) in chosen.items():
@@ -110,6 +111,20 @@ def grid(dtype, scales, zeros) -> dict:
         step, zero, info = float(np.ravel(scales)[0]), int(np.ravel(zeros)[0]), np.iinfo(dtype)
         found.update(step=step, low=(info.min - zero) * step, high=(info.max - zero) * step)
     return found
+
+
+# values an activation's range ends at by design (ReLU's 0, ReLU6's 6, a gate's 1): a
+# code there is a value, not one clipped
+BOUNDS = (0.0, 1.0, 6.0)
+
+
+def _clipping_codes(detail: dict) -> list[int]:
+    """The codes of an 8-bit tensor at which a value was clipped: its range's ends, but
+    for an end an activation reaches by design (`BOUNDS`)."""
+    info = np.iinfo(detail["dtype"])
+    scale, zero = detail["quantization"]
+    return [code for code in (info.min, info.max)
+            if not any(abs((code - zero) * scale - bound) <= scale / 2 for bound in BOUNDS)]
 
 
 def set_example(interp, inp: dict, row: np.ndarray, batch: bool = False) -> None:

@@ -48,31 +48,50 @@ class HardSigmoid(keras.layers.Layer):
 @keras.utils.register_keras_serializable("tftrain")
 class HardSwish(keras.layers.Layer):
     """x * relu6(x + 3) / 6: MobileNetV3's activation (TFLite's HARD_SWISH in float).
-    Traced inside `unfused()`, it is written relu6(x + 3) * (x / 6), a form the TFLite
-    converter does not fuse: post-training int8 then gets an int8 ADD (RELU6 fused), MUL
-    and MUL, which XNNPack runs, instead of an int8 HARD_SWISH, which it does not
-    (MobileNetV3Small's int8 file ran at 0.47x the float file's speed for it). The
-    operands in the other order, (x / 6) * relu6(x + 3), convert to the same ops, but
-    the converter then gives `x / 6` the range of the product (6 times too wide: 1.6
-    steps of spread in a smoke-trained MobileNetV3Small, each such layer 15-21 dB from
-    the model's; a small network's logits 32.9 dB against 37.5)."""
-
-    fused = True
+    Traced inside `unfused(...)` and named there, it is written (x / 6) * relu6(x + 3), a
+    form the TFLite converter does not fuse: post-training int8 then gets an int8 MUL, ADD
+    (RELU6 fused) and MUL, which XNNPack runs, instead of an int8 HARD_SWISH, which it
+    does not (MobileNetV3Small's int8 file ran at 0.47x the float file's speed for it).
+    The converter gives the first operand of the last MUL the product's range too: `x / 6`
+    held on a range up to 6 times its own (the other order, relu6(x + 3) first, widens
+    [0, 6] to the product's range, x's whole range: 240 times in a smoke-trained Keras 3
+    MobileNetV3Small). An input far larger than relu6's [0, 6] (`UNFUSED_MAX`) is left
+    fused: LiteRT's int8 ADD of x and 3 into [0, 6] at a scale ratio of 423 gave 6 for
+    x = -1275, where the int8 HARD_SWISH kernel computes it right."""
 
     def call(self, x):
-        if HardSwish.fused:
+        if self.name not in HardSwish.unfused_names:
             return x * (tf.nn.relu6(x + 3.0) * (1.0 / 6.0))
-        return tf.nn.relu6(x + 3.0) * (x * (1.0 / 6.0))
+        return (x * (1.0 / 6.0)) * tf.nn.relu6(x + 3.0)
+
+
+HardSwish.unfused_names = frozenset()
+# the largest |input| (on the calibration examples) a HardSwish layer is traced unfused
+# for: its int8 ADD then rescales by at most UNFUSED_MAX / 6 into relu6's [0, 6]
+UNFUSED_MAX = 96.0
 
 
 @contextlib.contextmanager
-def unfused():
-    """Inside: `HardSwish` layers trace in the form the converter leaves unfused."""
-    HardSwish.fused = False
+def unfused(names):
+    """Inside: the `HardSwish` layers named trace in the form the converter leaves
+    unfused."""
+    HardSwish.unfused_names = frozenset(names)
     try:
         yield
     finally:
-        HardSwish.fused = True
+        HardSwish.unfused_names = frozenset()
+
+
+def unfusable(model, x) -> list[str]:
+    """The `HardSwish` layers of `model` whose input stays within `UNFUSED_MAX` on `x`."""
+    layers = [layer for layer in model.layers if isinstance(layer, HardSwish)]
+    if not layers:
+        return []
+    probe = keras.Model(model.inputs, [layer.input for layer in layers])
+    found = [probe(x[i:i + 64], training=False) for i in range(0, len(x), 64)]
+    found = [f if isinstance(f, (list, tuple)) else [f] for f in found]
+    return [layer.name for k, layer in enumerate(layers)
+            if max(float(np.max(np.abs(np.asarray(f[k])))) for f in found) <= UNFUSED_MAX]
 
 
 def has_hard_swish(model) -> bool:
