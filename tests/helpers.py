@@ -72,16 +72,25 @@ def saved_model_cli(*args, timeout=300):
 
 
 def saved_model_cli_show_and_run(path, x, tmp_path) -> None:
-    """`saved_model_cli show --all` and `run` on a SavedModel in a fresh process: both
-    succeed, the signature is `serving_default` and it returns `logits` for `x`."""
+    """`saved_model_cli show --all` and `run` on a SavedModel in a fresh process: the
+    signature `serving_default` takes `inputs` and gives `logits`, and the logits the
+    command writes for `x` are the ones the SavedModel loaded here computes."""
     import numpy as np
+    import tensorflow as tf
 
     show = saved_model_cli("show", "--all", "--dir", path)
-    assert show.returncode == 0 and "serving_default" in show.stdout and "logits" in show.stdout
+    assert show.returncode == 0, show.stderr[-2000:]
+    signature = show.stdout[show.stdout.index("signature_def['serving_default']"):]
+    assert "inputs['inputs']" in signature and "outputs['logits']" in signature, show.stdout
     np.save(tmp_path / "x.npy", x)
     ran = saved_model_cli("run", "--dir", path, "--tag_set", "serve", "--signature_def",
-                          "serving_default", "--inputs", f"inputs={tmp_path / 'x.npy'}")
-    assert ran.returncode == 0 and "logits" in ran.stdout, ran.stderr[-2000:]
+                          "serving_default", "--inputs", f"inputs={tmp_path / 'x.npy'}",
+                          "--outdir", str(tmp_path / "cli"))
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    expected = tf.saved_model.load(str(path)).signatures["serving_default"](
+        inputs=tf.constant(x))["logits"].numpy()
+    np.testing.assert_allclose(np.load(tmp_path / "cli" / "logits.npy"), expected,
+                               rtol=1e-5, atol=1e-6)
 
 
 def quick_config(tmp_path, *overrides):
