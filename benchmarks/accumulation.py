@@ -27,6 +27,7 @@ from tftrain import data
 from tftrain.runtime import precision
 from tftrain.runtime import strategy
 from tftrain.training import train_step
+from tftrain.training.losses import build_loss
 from tftrain.core.keras import keras
 from tftrain.config import load_config
 from tftrain.models import build_model
@@ -141,7 +142,7 @@ def peak_memory(micro: int, n: int, steps: int = 2) -> int:
             load_config(None, ["model.name=resnet", "model.params={depth: 8, width: 16}"]).model,
             spec), n)
         model.compile(keras.optimizers.SGD(0.1, momentum=0.9),
-                      train_step.build_loss("sparse_categorical_crossentropy"))
+                      build_loss("sparse_categorical_crossentropy"))
         x = np.random.rand(micro * n * steps, 64, 64, 3).astype(np.float32)
         y = np.random.randint(0, 10, len(x))
         ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(micro * n)

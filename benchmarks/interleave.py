@@ -14,6 +14,7 @@ from tftrain.training import epoch_logs
 from tftrain.optim import optimizers
 from tftrain.runtime import precision
 from tftrain.training import train_step
+from tftrain.training.losses import build_loss
 from tftrain.training import xla
 from tftrain.core.keras import keras
 from tftrain.models import build_model
@@ -44,7 +45,7 @@ def build_side(cfg, source, plan, strat, tftrain_side: bool, policy="float32",
             model.resizable_calls = auto
         model.compile(numerics.wrap_optimizer(opt) if tftrain_side
                       else precision.wrap_optimizer(opt, policy, cfg.precision),
-                      train_step.build_loss(cfg.train.loss), metrics=["accuracy"],
+                      build_loss(cfg.train.loss), metrics=["accuracy"],
                       steps_per_execution=1 if auto else steps_per_execution)
     if tftrain_side:
         if jit_compile is not False:

@@ -28,6 +28,7 @@ from tftrain.runtime.parallelism import Placed  # noqa: E402
 from tftrain.runtime import placement
 from tftrain.runtime import precision
 from tftrain.training import train_step
+from tftrain.training.losses import build_loss
 from tftrain.core.keras import keras  # noqa: E402
 from tftrain.config import load_config  # noqa: E402
 from tftrain.data import InputSpec  # noqa: E402
@@ -53,7 +54,7 @@ def build(micro: int | None):
         parallel = Placed(placement=placement.plan(make(), cfg))
         net = parallel.build(make)
         model = train_step.TrainModel.wrap(net, micro, parallel=parallel)
-    model.compile(keras.optimizers.SGD(0.01), train_step.build_loss("sparse_categorical_crossentropy"))
+    model.compile(keras.optimizers.SGD(0.01), build_loss("sparse_categorical_crossentropy"))
     rng = np.random.default_rng(0)
     x = rng.normal(size=(BATCH * STEPS, *SPEC.shape)).astype(np.float32)
     y = rng.integers(0, 10, len(x))

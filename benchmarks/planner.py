@@ -21,6 +21,7 @@ from tftrain.runtime import placement
 from tftrain.runtime import planner
 from tftrain.runtime import precision
 from tftrain.training import train_step
+from tftrain.training.losses import build_loss
 from tftrain.core.keras import keras
 from tftrain.config import load_config
 from tftrain.data import InputSpec
@@ -46,7 +47,7 @@ def measured_peak(name, params, spec, batch) -> tuple[int, float]:
         net = precision.float32_outputs(MODELS.get(name)(spec, **params))
         model = train_step.TrainModel.wrap(net)
         model.compile(keras.optimizers.Adam(1e-3),
-                      train_step.build_loss("sparse_categorical_crossentropy"))
+                      build_loss("sparse_categorical_crossentropy"))
         rng = np.random.default_rng(0)
         if spec.vocab_size:
             x = rng.integers(0, spec.vocab_size, (batch * 3, *spec.shape)).astype(np.int32)
