@@ -99,6 +99,7 @@ def tflite_tensors(blob: bytes, layer_names: list[str], x: np.ndarray) -> dict[s
                       **grid(detail["dtype"], params["scales"], params["zero_points"])}
         if layer in ends:       # the share of its 8-bit values clipped at a range's end
             out[layer]["saturated"] = ends[layer][0] / max(1, ends[layer][1])
+            out[layer]["tensors"] = len(every[layer])
     return out
 
 
@@ -116,6 +117,13 @@ def grid(dtype, scales, zeros) -> dict:
 # values an activation's range ends at by design (ReLU's 0, ReLU6's 6, a gate's 1): a
 # code there is a value, not one clipped
 BOUNDS = (0.0, 1.0, 6.0)
+
+
+def _bounded(found: dict) -> bool:
+    """Whether a tensor's range is an activation's own ([0, 1], [0, 6]: a gate, a ReLU6),
+    not one calibrated on values."""
+    near = lambda value, bound: abs(value - bound) <= found["step"]    # noqa: E731
+    return near(found["low"], 0.0) and (near(found["high"], 1.0) or near(found["high"], 6.0))
 
 
 def _clipping_codes(detail: dict) -> list[int]:
@@ -195,6 +203,7 @@ def compare(model, artifact: dict[str, dict], x: np.ndarray) -> list[dict]:
                     row["input_sqnr_db"] = min(inputs)
             if "saturated" in artifact[name]:
                 row["saturated"] = round(artifact[name]["saturated"], 4)
+                row["tensors"] = artifact[name]["tensors"]
             found_rows[name] = row
         return value
     replay(model, x, substitute, again=True)
@@ -257,8 +266,9 @@ def _substituted(name: str, local: np.ndarray, artifact: dict, reference: dict):
            "dtype": found["dtype"], "op": found["op"]}
     if found.get("step"):       # what rounding to the tensor's own 8-bit step alone gives
         row["rounding_sqnr_db"] = _db(local, found["step"] ** 2 / 12)
-        row["range_fill"] = round(max(float(np.max(got)) / found["high"] if found["high"] > 0 else 0.0,
-                                      float(np.min(got)) / found["low"] if found["low"] < 0 else 0.0), 3)
+        row["range_fill"] = 1.0 if _bounded(found) else round(max(
+            float(np.max(got)) / found["high"] if found["high"] > 0 else 0.0,
+            float(np.min(got)) / found["low"] if found["low"] < 0 else 0.0), 3)
         row["signal_steps"] = round(float(np.sqrt(np.mean(np.square(local, dtype=np.float64))))
                                     / found["step"], 3)      # its values' RMS in 8-bit steps
     return got, row

@@ -60,15 +60,17 @@ def range_limited(row: dict) -> bool:
 
 
 def too_noisy(row: dict, floor: float) -> bool:
-    """Whether a layer adds more noise than its own 8-bit tensors allow (`LEEWAY_DB`
-    beyond `allowed_sqnr_db`), or more than `floor` dB below its values
+    """Whether a layer the file computes in one op adds more noise than its own 8-bit
+    tensors allow (`LEEWAY_DB` beyond `allowed_sqnr_db`: the estimate does not see the
+    rounding inside an attention or a token mean, whose layers reached 12-14 dB beyond
+    it), or any layer more than `floor` dB below its values
     (`export.min_layer_sqnr`) where it is not `rounding_limited`; never a
     `range_limited` one."""
     local = row["local_sqnr_db"]
     if range_limited(row):
         return False
-    if local < row.get("allowed_sqnr_db", float("-inf")) - LEEWAY_DB:
-        return True
+    if row.get("tensors", 1) == 1 and local < row.get("allowed_sqnr_db", float("-inf")) - LEEWAY_DB:
+        return True      # a layer the file computes in one op (composites: the floor alone)
     return local < floor and not rounding_limited(row)
 
 
