@@ -65,7 +65,7 @@ DIMENSIONS = {
     "accumulation": [1, 3],
     "optimizer": ["adam", "sgd"],
     "model": ["cnn", "resnet", "ds_cnn", "conv1d", "embedding_bag", "transformer",
-              "keras_applications:MobileNetV2", "keras_applications:MobileNetV3Small"],
+              "keras_applications:MobileNetV2"],
     # the model from its builder, or from a file the model was saved to: by tf_keras, or
     # by Keras 3 (converted layer by layer; Keras 3's own application of that name)
     "source": ["builder", "tf_keras_file", "keras3_file"],
