@@ -1,0 +1,55 @@
+"""The benchmark harness: every documented figure needs the entry its command wrote."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+
+import pytest
+
+from helpers import ROOT
+
+
+def _harness():
+    spec = importlib.util.spec_from_file_location("harness", ROOT / "benchmarks" / "__main__.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _complete(harness) -> dict:
+    """An entry, written by its command on a named machine, for every documented benchmark."""
+    return {name: {"date": "2026-12-05", "machine": "AMD EPYC, 2 cores",
+                   "command": f"python benchmarks/{name}.py",
+                   "rows": [{"figure": f"{name} figure", "value": "1.0"}]}
+            for name in harness.cited()}
+
+
+def test_the_documented_benchmarks_are_the_tables_and_those_the_pages_cite():
+    harness = _harness()
+    cited = harness.cited()
+    assert set(harness.SCRIPTS) <= set(cited)
+    assert "README.md" in cited["search"] and "docs/compression.md" in cited["fallback"]
+    assert harness.missing(_complete(harness)) == []
+
+
+def test_the_table_fails_when_a_documented_figure_is_removed_or_copied(tmp_path, monkeypatch):
+    harness = _harness()
+    table = tmp_path / "performance.md"
+    shutil.copy(ROOT / "docs" / "performance.md", table)
+    monkeypatch.setattr(harness, "TABLE", table)
+    complete = _complete(harness)
+    for name, broken in [("search", {k: v for k, v in complete.items() if k != "search"}),
+                         ("planner", {**complete, "planner": {**complete["planner"],
+                                                              "note": "copied from README once"}})]:
+        path = tmp_path / f"results-{name}.json"
+        path.write_text(json.dumps(broken))
+        monkeypatch.setattr(harness, "RESULTS", path)
+        with pytest.raises(SystemExit) as err:
+            harness.main(["--table"])
+        lines = [line for line in str(err.value).splitlines() if line.startswith("  ")]
+        assert len(lines) == 1 and lines[0].startswith(f"  {name}: "), err.value
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(complete))
+    monkeypatch.setattr(harness, "RESULTS", path)
+    harness.main(["--table"])                  # complete: the table written, no exit
