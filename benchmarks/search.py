@@ -62,18 +62,13 @@ def search(run_dir: Path, targets: list[str]) -> Path:
 
 def timed_again(chosen: Path, dense: Path, batch: int, threads: int, rounds: int) -> float:
     """The chosen file's latency over the dense file's, on its own: `rounds` rounds
-    alternating between them (the order reversed every other), the median ratio."""
-    from tftrain.export import speed
-    x = np.random.default_rng(0).normal(size=(64, *_input_shape(dense))).astype(np.float32)
-    makers = speed.tflite_makers([chosen.read_bytes(), dense.read_bytes()], x)
-    times, dense_times = speed.round_times(makers, x, 0.25 * rounds, rounds)
-    key = speed.key(batch, threads)
-    return float(np.median([a / b for a, b in zip(times[key], dense_times[key])]))
+    alternating between them (`search.timing.retimed`, 0.25 s a file a round), the median
+    ratio."""
+    from types import SimpleNamespace
 
-
-def _input_shape(path: Path) -> tuple:
-    from ai_edge_litert.interpreter import Interpreter
-    return tuple(Interpreter(model_path=str(path)).get_input_details()[0]["shape"][1:])
+    from tftrain.search import timing
+    return float(np.median(timing.retimed(chosen, dense, SimpleNamespace(
+        batch=batch, threads=threads), rounds, round_seconds=0.25)))
 
 
 def accuracy_again(run_dir: Path, chosen: Path) -> float:

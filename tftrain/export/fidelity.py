@@ -72,10 +72,11 @@ def tflite_tensors(blob: bytes, layer_names: list[str], x: np.ndarray) -> dict[s
             continue              # a float16 file's weights (a kernel can match a map's size)
         computed.update(int(i) for i in op["outputs"])
         for index in op["outputs"]:
-            layer = layer_of_tensor(interp._get_tensor_details(index, 0)["name"], order)
+            detail = interp._get_tensor_details(index, 0)
+            layer = layer_of_tensor(detail["name"], order)
             if layer is not None:
                 chosen[layer] = (index, op["op_name"])
-                if interp._get_tensor_details(index, 0)["dtype"] in (np.int8, np.uint8):
+                if detail["dtype"] in (np.int8, np.uint8):
                     every.setdefault(layer, []).append(index)
     values: dict[str, list] = {layer: [] for layer in chosen}
     ends = {layer: [0, 0] for layer in every}     # codes clipped, codes read

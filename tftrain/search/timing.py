@@ -96,7 +96,8 @@ def add_rounds(figures: dict, file: Path, reference: Path, target, dense: dict,
         figures["latency_ms"] = ratio * dense["latency_ms"]
 
 
-def retimed(file: Path, reference: Path, latency, rounds: int) -> list[float]:
+def retimed(file: Path, reference: Path, latency, rounds: int,
+            round_seconds: float = ROUND_SECONDS) -> list[float]:
     """Each round's ratio of `file`'s milliseconds to `reference`'s, timed in turn
     (`speed.round_times`) at the target's batch and threads, on examples shaped as the
     file's input (random values: the files' speed does not depend on them)."""
@@ -108,7 +109,7 @@ def retimed(file: Path, reference: Path, latency, rounds: int) -> list[float]:
     makers = [speed.makers_for(blob, kind, x, kind == "onnx" and speed.onnx_is_int8(blob))
               for blob in blobs]
     setting = (latency.batch, latency.threads)
-    ours, theirs = speed.round_times(makers, x, ROUND_SECONDS * rounds, rounds, (setting,))
+    ours, theirs = speed.round_times(makers, x, round_seconds * rounds, rounds, (setting,))
     key = speed.key(*setting)
     return [a / b for a, b in zip(ours[key], theirs[key])]
 
