@@ -11,7 +11,6 @@ from tftrain.core.keras import keras
 from tftrain.data import load_source
 from tftrain.export.artifacts import (convert_tflite, export_all, inference_model,
                                       save_saved_model, tflite_logits)
-from tftrain.export import layer_noise
 from tftrain.models import MODELS
 from tftrain.training.train_step import TrainModel
 
@@ -217,12 +216,12 @@ def test_post_training_int8_of_hard_swish_is_int8_ops_xnnpack_runs(tmp_path):
     report = export_all(model, load_config(None, ["export.tflite=int8"]).export, tmp_path, source)
     entry = report["tflite_int8"]
     assert entry["verified"] and entry["xnnpack"]["fallback"] == [], entry["xnnpack"]
-    # (x / 6) * relu6(x + 3): x / 6 held on the product's range, at most 6 times its own,
-    # within what the layer's steps allow and the measured leeway
+    # (x / 6) * relu6(x + 3), each tensor calibrated on its own values (`calibration`):
+    # within 1 dB of what the layer's steps allow (28.7 and 27.0 dB, 7 dB short of it,
+    # when the converter's calibration held x / 6 on the product's range)
     rows = {row["layer"]: row for row in entry["layers"]}
     for name in ("swish", "swish_1"):
-        assert rows[name]["local_sqnr_db"] >= \
-            rows[name]["allowed_sqnr_db"] - layer_noise.LEEWAY_MEASURED_DB, rows[name]
+        assert rows[name]["local_sqnr_db"] >= rows[name]["allowed_sqnr_db"] - 1.0, rows[name]
     ops = [op["op_name"] for op in Interpreter(model_path=str(tmp_path / "model.tflite"))._get_ops_details()]
     assert "HARD_SWISH" not in ops and ops.count("MUL") == 4 and ops.count("ADD") == 2, ops
     blob = convert_tflite(tmp_path / "saved_model", "float", None)

@@ -19,12 +19,12 @@ import tensorflow as tf
 
 from tftrain.core.keras import keras
 from tftrain.models import tensor_ops
+from tftrain.export.calibration import own_ranges
 from tftrain.export.measures import (accuracy, against, dir_bytes, input_kind,
                                      layer_rounding_noise, rounding_noise, signature_latency,
                                      signature_logits, sizes)
 
-# examples the model's own rounding noise layer by layer is measured on (a replay of its
-# graph in eager mode: slower than a call)
+# examples each layer's own rounding noise is measured on (an eager replay: slow)
 NOISE_EXAMPLES = 256
 
 
@@ -113,8 +113,7 @@ def convert_tflite(saved_model: Path, mode: str, calibration: np.ndarray,
                    qat: bool = False, strict: bool = False) -> bytes:
     """TFLite flatbuffer from a SavedModel in the given mode. A quantization-aware
     trained model (`qat`) converts to int8 with the ranges it learned: no calibration.
-    `strict` (QAT): an op whose kernel has no fake-quant stays float (else the converter
-    quantizes that kernel itself)."""
+    `strict` (QAT): an op whose kernel has no fake-quant stays float, not requantized."""
     converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model))
     if mode in ("dynamic", "float16", "int8"):
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
@@ -130,7 +129,8 @@ def convert_tflite(saved_model: Path, mode: str, calibration: np.ndarray,
                 yield [row[None].astype(dtype)]
         converter.representative_dataset = representative
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-    return converter.convert()
+    with own_ranges():        # each tensor calibrated on its own values (`calibration`)
+        return converter.convert()
 
 
 def tflite_logits(flatbuffer: bytes, x: np.ndarray, threads: int = 1) -> tuple[np.ndarray, float]:

@@ -52,12 +52,11 @@ class HardSwish(keras.layers.Layer):
     form the TFLite converter does not fuse: post-training int8 then gets an int8 MUL, ADD
     (RELU6 fused) and MUL, which XNNPack runs, instead of an int8 HARD_SWISH, which it
     does not (MobileNetV3Small's int8 file ran at 0.47x the float file's speed for it).
-    The converter gives the first operand of the last MUL the product's range too: `x / 6`
-    held on a range up to 6 times its own (the other order, relu6(x + 3) first, widens
-    [0, 6] to the product's range, x's whole range: 240 times in a smoke-trained Keras 3
-    MobileNetV3Small). An input far larger than relu6's [0, 6] (`UNFUSED_MAX`) is left
-    fused: LiteRT's int8 ADD of x and 3 into [0, 6] at a scale ratio of 423 gave 6 for
-    x = -1275, where the int8 HARD_SWISH kernel computes it right."""
+    (The converter's own calibration held `x / 6` on the product's range, its result
+    written over it in place: `export.calibration` measures each tensor's own.) An input
+    far larger than relu6's [0, 6] (`UNFUSED_MAX`) is left fused: LiteRT's int8 ADD of x
+    and 3 into [0, 6] at a scale ratio of 423 gave 6 for x = -1275, where the int8
+    HARD_SWISH kernel computes it right."""
 
     def call(self, x):
         if self.name not in HardSwish.unfused_names:
