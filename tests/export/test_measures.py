@@ -50,3 +50,30 @@ def test_logits_are_compared_as_a_softmax_reads_them():
     signal = np.sum((reference - reference.mean(-1, keepdims=True)) ** 2)    # 2 + 8
     assert found["logit_sqnr_db"] == pytest.approx(10 * np.log10(signal / np.sum(noise ** 2)))
     assert found["logit_spread"] == pytest.approx(np.sqrt(signal / 6))
+
+
+def test_a_qat_savedmodel_is_measured_against_the_model_traced_as_it_runs_it():
+    """`against_traced`: the reference is the model as a traced function computes it, and
+    the eager model's distance from that is kept beside it. A layer that computes
+    otherwise when eager (as fused graph kernels round otherwise) shows only there."""
+    import tensorflow as tf
+
+    from tftrain.core.keras import keras
+    from tftrain.export.measures import against_traced
+
+    class EagerOffset(keras.layers.Layer):
+        def call(self, x):
+            return x + (tf.constant([0.5, 0.0, 0.0, 0.0]) if tf.executing_eagerly() else 0.0)
+
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, EagerOffset()(inputs * tf.constant([1.0, 2.0, 3.0, 4.0])))
+    x = np.random.default_rng(0).uniform(-1, 1, (32, 4)).astype("float32")
+    eager = model(x, training=False).numpy()
+    traced = x * np.float32([1, 2, 3, 4])
+    assert np.abs(eager - traced).max() == pytest.approx(0.5)
+    found = against_traced(model, x, traced, eager)
+    assert found["max_abs_logit_diff"] == 0.0 and found["top1_agreement"] == 1.0
+    assert found["eager_logit_sqnr_db"] == pytest.approx(against(traced, eager)["logit_sqnr_db"])
+    assert 0 < found["eager_logit_sqnr_db"] < 30
+    moved = against_traced(model, x, traced + np.float32(0.01) * (np.arange(4) == 0), eager)
+    assert moved["max_abs_logit_diff"] == pytest.approx(0.01, rel=1e-5)

@@ -16,13 +16,16 @@ def test_verification_has_teeth():
     assert failures(report) == [f"{n}: {report[n]['check']}" for n in ("saved_model", "tflite_int8")]
     within = verify({"tflite_int8": {"max_abs_logit_diff": 0.4, "accuracy": 0.94}}, cfg, 0.95)
     assert within["tflite_int8"]["verified"]                      # exactly one point: allowed
-    # a QAT model's SavedModel holds fake-quant ops: one 8-bit step apart is no failure,
-    # an accuracy drop is
-    qat = verify({"saved_model": {"max_abs_logit_diff": 0.044, "accuracy": 0.95}}, cfg, 0.95,
-                 qat=True)
-    assert qat["saved_model"]["verified"] and qat["saved_model"]["check"].startswith("accuracy")
-    assert not verify({"saved_model": {"max_abs_logit_diff": 0.044, "accuracy": 0.93}}, cfg,
-                      0.95, qat=True)["saved_model"]["verified"]
+    # a QAT model's SavedModel is held, as a float artifact, to the model traced as the
+    # SavedModel runs it (`measures.against_traced`): one 8-bit step apart is a fault there
+    for qat in (True, False):
+        for by_labels in (True, False):
+            step = verify({"saved_model": {"max_abs_logit_diff": 0.044, "accuracy": 0.95}}, cfg,
+                          0.95, qat=qat, by_labels=by_labels)["saved_model"]
+            assert not step["verified"] and step["check"] == (
+                "largest logit difference 0.044 > export.max_logit_diff 0.001")
+            assert verify({"saved_model": {"max_abs_logit_diff": 1e-6, "accuracy": 0.5}}, cfg,
+                          0.95, qat=qat, by_labels=by_labels)["saved_model"]["verified"]
 
 
 def test_a_file_that_only_loses_too_much_accuracy_is_a_budget_missed_with_something_to_ship():

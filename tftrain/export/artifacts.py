@@ -20,7 +20,7 @@ import tensorflow as tf
 from tftrain.core.keras import keras
 from tftrain.models import tensor_ops
 from tftrain.export.calibration import own_ranges
-from tftrain.export.measures import (accuracy, against, dir_bytes, input_kind,
+from tftrain.export.measures import (accuracy, against, against_traced, dir_bytes, input_kind,
                                      layer_rounding_noise, rounding_noise, signature_latency,
                                      signature_logits, sizes)
 
@@ -197,8 +197,7 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
     x_val, y_val = (np.concatenate(parts) for parts in zip(
         *val_dataset(source, BatchPlan(1024, 1, 1), data_cfg).as_numpy_iterator()))
     plain = inference_model(model)
-    # the model called eagerly, batch by batch: no predict function traced for the
-    # reference (as long as the SavedModel's own trace: 2-3 s for a MobileNetV2)
+    # the model called eagerly, batch by batch (a trace costs 2-3 s for a MobileNetV2)
     reference = signature_logits(
         lambda inputs: {"logits": tf.cast(plain(inputs, training=False), tf.float32)}, x_val)
     serving = source.spec.serving
@@ -208,7 +207,8 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
         loaded = tf.saved_model.load(str(saved)).signatures["serving_default"]
         saved_logits = logits = signature_logits(loaded, raw)
         report["saved_model"] = {**sizes(dir_bytes(saved)), "accuracy": accuracy(logits, y_val),
-                                 **against(logits, reference),
+                                 **(against_traced(plain, x_val, logits, reference) if qat
+                                    else against(logits, reference)),
                                  "latency_ms": signature_latency(loaded, raw) * 1e3,
                                  "input": input_kind(plain, serving)}
     calibration = None
@@ -296,7 +296,7 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
         shutil.rmtree(saved)
         del report["saved_model"]
     for name in report.keys() & set(verification.FLOAT_ARTIFACTS):
-        if verification.wants_noise(report[name], cfg, qat, by_labels):
+        if verification.wants_noise(report[name], cfg):
             report[name]["logit_noise"] = noise()       # what its check may allow for
     return verification.verify(report, cfg, accuracy(reference, y_val), qat, by_labels,
                                untrained)

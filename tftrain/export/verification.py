@@ -34,9 +34,7 @@ SIGNAL_FLOOR = 1e-4
 
 def precision_of(name: str, qat: bool) -> str:
     """The precision an artifact computes in (`float`, `int8`, `dynamic`, `float16`)."""
-    if name == "saved_model" and qat:
-        return "int8"                 # its fake-quant ops round every activation to 8 bits
-    if name in FLOAT_ARTIFACTS:
+    if name in FLOAT_ARTIFACTS:       # a QAT model's SavedModel: its float fake-quant graph
         return "float"
     if name in ("tflite_dynamic", "tflite_float16"):
         return name.split("_")[1]
@@ -52,11 +50,11 @@ def verify(report: dict, cfg, accuracy: float, qat: bool = False, by_labels: boo
     `export.min_layer_sqnr` (int8 files compared layer by layer), or else the logits of
     a QAT model's files within `export.min_layer_sqnr` and others' above the floor of
     their precision (`SQNR_FLOOR_DB`). `untrained` (the export preflight): a QAT
-    model's ranges are not calibrated yet, so its files are held to the plain floors. The SavedModel of a quantization-aware trained
-    model (`qat`) holds its fake-quant ops: where the traced graph rounds a float
-    differently from the eager model (a fused or reordered sum, 1e-7 apart), a value on a
-    rounding edge moves one 8-bit step, and so may the logits after it; it is checked as
-    the 8-bit model it is."""
+    model's ranges are not calibrated yet, so its files are held to the plain floors. The
+    SavedModel of a quantization-aware trained model (`qat`) holds its fake-quant ops in
+    float: it is held, as a float artifact, to the model traced as a function
+    (`measures.against_traced`), not to the eager model, from which a value on an 8-bit
+    rounding edge can move a whole step."""
     for name, entry in report.items():
         precision = precision_of(name, qat)
         if precision == "float":
@@ -100,12 +98,9 @@ def logits_within(entry: dict, cfg) -> bool:
     return entry["max_abs_logit_diff"] <= _limit(entry, cfg)[0] and not vacuous(entry)
 
 
-def wants_noise(entry: dict, cfg, qat: bool, by_labels: bool) -> bool:
+def wants_noise(entry: dict, cfg) -> bool:
     """Whether a float artifact's check needs the model's own logit noise: its logits
-    apart beyond `export.max_logit_diff`; a QAT model's SavedModel judged without labels,
-    its logits below `export.min_layer_sqnr`."""
-    if qat:
-        return not by_labels and entry["logit_sqnr_db"] < cfg.min_layer_sqnr
+    apart beyond `export.max_logit_diff`."""
     return not logits_within(entry, cfg)
 
 
