@@ -51,7 +51,8 @@ SCRIPTS = {
 
 
 def machine() -> str:
-    """The CPU model and core count (figures differ between machines)."""
+    """The CPU model, core count and bfloat16 and int8 instructions (figures differ
+    between machines)."""
     model = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -60,8 +61,10 @@ def machine() -> str:
                 break
     except OSError:
         pass
+    from benchmarks.record import cpu_features
+
     gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return f"{model}, {os.cpu_count()} cores" + (f", GPUs {gpus}" if gpus else "")
+    return f"{model}, {os.cpu_count()} cores ({cpu_features()})" + (f", GPUs {gpus}" if gpus else "")
 
 
 def run(name: str) -> dict:

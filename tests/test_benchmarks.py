@@ -53,3 +53,19 @@ def test_the_table_fails_when_a_documented_figure_is_removed_or_copied(tmp_path,
     path.write_text(json.dumps(complete))
     monkeypatch.setattr(harness, "RESULTS", path)
     harness.main(["--table"])                  # complete: the table written, no exit
+
+
+def test_an_entry_names_the_machine_with_its_bfloat16_and_int8_instructions(monkeypatch):
+    """bfloat16 and int8 speed flip with the CPU's instructions: the machine an entry
+    names says which it has."""
+    import sys
+
+    monkeypatch.syspath_prepend(str(ROOT))
+    sys.modules.pop("benchmarks.record", None)
+    from benchmarks import record
+    harness = _harness()
+    flags = "flags\t: fpu avx2 avx512f avx512_vnni\n"
+    monkeypatch.setattr(record.Path, "read_text", lambda self: flags)
+    assert harness.machine().split(" cores ")[1].startswith("(avx512_vnni)")
+    flags = "flags\t: fpu avx2\n"
+    assert "(no AVX-512 BF16/VNNI)" in harness.machine()
