@@ -86,10 +86,19 @@ def progressed(proc, run_path: Path, stages: list[str], since: float) -> bool:
     folders = [run_path / "checkpoints" / sub for stage, sub in STAGES if stage in stages]
     while proc.poll() is None:
         for folder in folders:
-            if any(p.stat().st_mtime > since for p in folder.glob("ckpt-*.index")):
+            if any(_written_after(p, since) for p in folder.glob("ckpt-*.index")):
                 return True
         time.sleep(0.05)
     return False
+
+
+def _written_after(path: Path, since: float) -> bool:
+    """Whether `path` was written after `since` (False once the run deleted it: the
+    checkpoint manager keeps only the newest)."""
+    try:
+        return path.stat().st_mtime > since
+    except FileNotFoundError:
+        return False
 
 
 def chaos(command, run_path: Path, kills: int, stages: list[str], rng, kill_worker=False) -> dict:
