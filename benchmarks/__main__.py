@@ -94,7 +94,7 @@ def table(results: dict) -> str:
         entry = results.get(key)
         if entry is None:
             continue
-        when = entry["date"] + (f" ({entry['note']})" if entry.get("note") else "")
+        when = f"{entry['date']}, {entry['machine']}" + (f"; {entry['note']}" if entry.get("note") else "")
         for i, row in enumerate(entry["rows"]):
             lines.append(f"| {row['figure']} | {row['value']} | {when if i == 0 else 'same run'} "
                          f"| {'`' + entry['command'] + '`' if i == 0 else 'same run'} |")

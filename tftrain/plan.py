@@ -107,6 +107,7 @@ class RunPlan:
             lines.append("note: batch norm computes statistics per micro-batch of "
                          f"{b.per_replica} examples, not over the whole global batch")
         lines.append(data.describe(source, self.layout, self.cfg.data))
+        lines.append(exports_line(self.cfg))
         lines.append(self.training_line())
         if self.preflight is not None:
             lines.append(self.preflight.describe())
@@ -124,9 +125,9 @@ def sketch(cfg: Config, smoke: bool = False) -> str:
     import math
 
     from tftrain.core.batches import per_replica_batch
-    from tftrain.export import catalog
     from tftrain.runtime.forking import local_gpus
     from tftrain.runtime.cluster import current_task, describe_source, resolve_kind
+    from tftrain.stages import plan_stages
     from tftrain.training.rundir import run_path
 
     d = cfg.distribute
@@ -161,26 +162,36 @@ def sketch(cfg: Config, smoke: bool = False) -> str:
     else:
         steps = None
         lines.insert(3, f"data: {cfg.data.name} (examples counted when it is read)")
-    updates = cfg.train.epochs * steps if steps is not None else None
-    lines.append(f"training: {cfg.train.epochs} epochs"
-                 + (f" x {steps} updates = {updates} updates" if steps is not None else ""))
+    # the stages as the run plans them (`plan_stages`), each with its length in updates
+    # (their epochs alone where the examples are counted only when the data is read)
+    stages = plan_stages(cfg, 1 if steps is None else steps, smoke)
+    lengths = [stage.length() if steps is not None else _epochs_only(stage.length())
+               for stage in stages]
+    lines.append(lengths[0])
     lines.append(f"model: {cfg.model.name}"
                  + (f" ({', '.join(f'{k} {v}' for k, v in cfg.model.params.items())})"
                     if cfg.model.params else ""))
-    compression = cfg.compression
-    stages = [name for name, on in (("distillation", compression.distillation.enabled),
-                                    ("pruning", compression.pruning.enabled),
-                                    ("quantization-aware training", compression.quantization.enabled))
-              if on]
-    if stages:
-        lines.append("then: " + ", ".join(stages))
+    lines += lengths[1:]
+    first = stages[0]
     if steps:
-        lines.append(optimizer_line(cfg, steps, max(1, updates)))
-    lines.append(f"exports: {', '.join(catalog.titles(cfg.export)) or 'none'}")
+        lines.append(optimizer_line(cfg, steps, max(1, first.updates)))
+    lines.append(exports_line(cfg))
     lines.append(f"run directory: {run_path(cfg, smoke)}")
     if where := describe_source():
         lines.append(where)
     return "\n".join(lines)
+
+
+def _epochs_only(line: str) -> str:
+    """A stage's plan line up to its epochs ("stage prune: 10 epochs")."""
+    at = line.find(" epochs")
+    return line if at < 0 else line[:at + len(" epochs")]
+
+
+def exports_line(cfg: Config) -> str:
+    """The artifacts the config asks for, as both plans print them."""
+    from tftrain.export import catalog
+    return f"exports: {', '.join(catalog.titles(cfg.export)) or 'none'}"
 
 
 def _examples(cfg: Config) -> int | None:

@@ -50,6 +50,7 @@ import itertools
 import json
 import math
 import random
+import re
 import subprocess
 from collections import Counter
 
@@ -65,7 +66,7 @@ DIMENSIONS = {
     "accumulation": [1, 3],
     "optimizer": ["adam", "sgd"],
     "model": ["cnn", "resnet", "ds_cnn", "conv1d", "embedding_bag", "transformer",
-              "keras_applications:MobileNetV2"],
+              "keras_applications:MobileNetV2", "keras_applications:MobileNetV3Small"],
     # the model from its builder, or from a file the model was saved to: by tf_keras, or
     # by Keras 3 (converted layer by layer; Keras 3's own application of that name)
     "source": ["builder", "tf_keras_file", "keras3_file"],
@@ -451,6 +452,66 @@ def _run(row: dict, index: int, sets: list[str], tmp_path, capsys) -> tuple[int,
     return proc.returncode, out, out
 
 
+# refusals that need the model or the data read (a layer of the model's, the data's
+# dtype): `--dry-run`, before TensorFlow loads, cannot know them and says what checks them
+NEEDS_THE_MODEL = ("data.augment[0]: ", "model.name: ", "export.tflite_sparse: ",
+                   "compression.pruning.structure: channels", "export.tflite: post-training")
+# the plan lines both plans print alike (a stage's full line goes on after the dry run's)
+PLAN_LINES = ("strategy: ", "batch: ", "training: ", "stage ", "exports: ")
+
+
+def dry_run_agrees(row: dict, index: int, sets: list[str], tmp_path, capsys, code: int,
+                   out: str, err: str) -> None:
+    """`--dry-run` (the config alone, before TensorFlow loads) says what the plan the row's
+    run built and printed says (`--dry-run --full` prints that plan and stops): the same
+    exit code and config error, or the same strategy, batch, stages with their updates,
+    and exports. A refusal that needs the model is left to the full plan, which the dry
+    run names."""
+    from tftrain.run import main
+    args = [str(QUICKSTART), "--run-dir", str(tmp_path / "dry"), "--smoke", "--dry-run",
+            *[a for s in sets for a in ("--set", s)]]
+    n = workers(row, index)
+    if n:                  # as launched: each worker's dry run (worker 0's lines compared)
+        cpus = "distribute.virtual_cpus=" + ("1" if n == 2 else "2")
+        proc = start_run("--workers", str(n), *args, "--set", cpus, module="tftrain.launch",
+                         stderr=subprocess.STDOUT)
+        sketch, _ = proc.communicate(timeout=300)
+        dry, sketch, sketch_err, out = proc.returncode, worker0(sketch), sketch, worker0(out)
+    else:
+        capsys.readouterr()
+        dry = main(args)
+        sketch, sketch_err = capsys.readouterr()
+    assert not (tmp_path / "dry").exists()
+
+    def errors(text):
+        return [line.split("] ", 1)[-1] for line in text.splitlines() if "config error" in line]
+    if code:
+        if refusal(row).startswith(NEEDS_THE_MODEL):
+            assert dry == 0 and "--dry-run --full builds the model" in sketch, sketch_err
+        else:
+            assert dry == code and errors(sketch_err)[:1] == errors(err)[:1], (sketch_err, err)
+        return
+    assert dry == 0, sketch_err[-2000:]
+
+    def plan(text: str) -> list[str]:
+        lines = text.splitlines()
+        block = lines[next(i for i, line in enumerate(lines) if line.startswith("strategy: ")):]
+        block = block[:next(i for i, line in enumerate(block) if line.startswith("run directory"))]
+        # (the dry run names where the cluster came from: "workers: 2 (from TF_CONFIG)")
+        return [re.sub(r" \(from \w+\)", "", line.split("   devices:")[0]) for line in block
+                if line.startswith(PLAN_LINES)]
+    ours, theirs = plan(sketch), plan(out)
+    assert len(ours) == len(theirs) and all(t.startswith(o) for o, t in zip(ours, theirs)), \
+        (ours, theirs)
+    assert ours[0].startswith("strategy: ") and ours[-1].startswith("exports: ")
+
+
+def worker0(text: str) -> str:
+    """Worker 0's lines of a launch's output, without their prefix."""
+    return "\n".join(line[len("[worker 0] "):] for line in text.splitlines()
+                     if line.startswith("[worker 0] "))
+
+
 def first_stage_losses(run_path, row: dict) -> dict[int, float]:
     """{update: training loss} of the first stage's `updates.csv`."""
     name = "updates-frozen.csv" if row["stages"] == "freeze" else "updates.csv"
@@ -485,6 +546,7 @@ def test_every_combination_works_or_is_refused_before_training(index, row, tmp_p
         sets = [s for s in sets if not s.startswith("model=")] + \
             [model_file(row, sets, tmp_path / "file")]
     code, out, err = _run(row, index, sets, tmp_path, capsys)
+    dry_run_agrees(row, index, sets, tmp_path, capsys, code, out, err)
     run = tmp_path / "quickstart-smoke"
     if not runs(row):                   # refused: at plan time, one line, nothing written
         assert code == 2, err[-4000:]

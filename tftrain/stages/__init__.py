@@ -13,7 +13,6 @@ from tftrain.stages.distill import Distill
 from tftrain.stages.freeze import Freeze
 from tftrain.stages.prune import Prune
 from tftrain.stages.qat import QAT
-from tftrain.stages.runner import Preempted, StageRunner, fit, scratch_dir
 from tftrain.stages.train import Train
 
 # The order stages run in.
@@ -33,6 +32,15 @@ def plan_stages(cfg, steps_per_epoch: int, smoke: bool = False) -> list[Stage]:
               for cls in STAGES if cls.enabled(cfg)]
     replaced = {name for stage in stages for name in stage.supersedes()}
     return [stage for stage in stages if stage.name not in replaced]
+
+
+def __getattr__(name: str):
+    """The runner's names, imported when first asked for: planning the stages (the dry
+    run) loads no TensorFlow."""
+    if name in ("Preempted", "StageRunner", "fit", "scratch_dir"):
+        from tftrain.stages import runner
+        return getattr(runner, name)
+    raise AttributeError(f"module 'tftrain.stages' has no attribute {name!r}")
 
 
 __all__ = ["Built", "Preempted", "STAGES", "Stage", "StageRunner", "fit", "plan_stages",

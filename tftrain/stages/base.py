@@ -116,6 +116,11 @@ class Stage:
         return contextlib.nullcontext()
 
     def describe(self, ctx) -> str:
+        return self.length()
+
+    def length(self) -> str:
+        """The start of its plan line: its epochs and updates, as the config gives them
+        (what `--dry-run` prints before anything is built)."""
         return f"stage {self.name}: {self.epochs} epochs = {self.updates} updates at {self.rate()}"
 
     def rate(self) -> str:

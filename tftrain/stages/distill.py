@@ -53,9 +53,9 @@ class Distill(Stage):
     def describe(self, ctx) -> str:
         cfg = self.settings(self.cfg)
         teacher = cfg.teacher or "the trained model"
-        return (f"stage distill: {self.epochs} epochs = {self.updates} updates at {self.rate()}; "
-                f"student {cfg.student.name} ({self.student.count_params():,} parameters) "
-                f"learns from {teacher} at temperature {cfg.temperature:g}, alpha {cfg.alpha:g}")
+        return (f"{self.length()}; student {cfg.student.name} "
+                f"({self.student.count_params():,} parameters) learns from {teacher} at "
+                f"temperature {cfg.temperature:g}, alpha {cfg.alpha:g}")
 
 
 def distiller(teacher, cfg):

@@ -49,6 +49,9 @@ class Train(Stage):
         return built.net
 
     def describe(self, ctx) -> str:
+        return self.length()
+
+    def length(self) -> str:
         if not self.updates:
             return ("training: none (train.epochs: 0): the model is evaluated as it starts"
                     + (", its batch-norm statistics re-estimated" if
