@@ -33,10 +33,11 @@ def wrap(text: str, width: int = WIDTH, indent: str = "    ") -> str:
 
 
 @contextlib.contextmanager
-def phase(name: str, what: str = ""):
+def phase(name: str, what: str = "", ended: bool = True):
     """`[name] what...` when the phase starts and `[name] done in T` when it ends (also
     when it fails: `[name] stopped after T`); yields a dict whose `"detail"` is printed
-    after the time."""
+    after the time. `ended=False`: no line at its end, when what it made reports its time
+    (the export preflight's line in the plan)."""
     say(f"[{name}] {what}..." if what else f"[{name}] ...")
     began = time.perf_counter()
     note: dict = {}
@@ -48,8 +49,8 @@ def phase(name: str, what: str = ""):
     detail = note.get("detail")
     took = time.perf_counter() - began
     PHASE_SECONDS[name] = PHASE_SECONDS.get(name, 0.0) + took
-    say(f"[{name}] done in {seconds(took)}"
-        + (f": {detail}" if detail else ""))
+    if ended:
+        say(f"[{name}] done in {seconds(took)}" + (f": {detail}" if detail else ""))
 
 
 def seconds(s: float) -> str:

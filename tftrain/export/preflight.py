@@ -55,7 +55,8 @@ def run(cfg, net, source, qat: bool) -> Preflight | None:
     from tftrain.core import console
 
     began = time.perf_counter()
-    with console.phase("preflight", "converting every export from the untrained model"), \
+    with console.phase("preflight", "converting every export from the untrained model",
+                       ended=False), \
             contextlib.redirect_stdout(io.StringIO()):   # (the untrained layers' warnings)
         found = _converted(cfg, net, source, qat)
     return Preflight(time.perf_counter() - began, found)

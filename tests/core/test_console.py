@@ -1,0 +1,31 @@
+"""What a run prints: phases with their times, lines within 120 columns."""
+import re
+
+import pytest
+
+from tftrain.core import console
+
+
+def test_a_phase_says_when_it_starts_and_ends_and_keeps_its_seconds(capsys, monkeypatch):
+    monkeypatch.setattr(console, "PHASE_SECONDS", {})
+    with console.phase("export", "converting") as note:
+        note["detail"] = "2 of 2 verified"
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "[export] converting..."
+    assert re.fullmatch(r"\[export\] done in \d\.\d s: 2 of 2 verified", lines[1]), lines
+    # a phase whose result reports its time (the preflight's plan line) ends silently
+    with console.phase("preflight", "converting every export", ended=False):
+        pass
+    assert capsys.readouterr().out.splitlines() == ["[preflight] converting every export..."]
+    assert set(console.PHASE_SECONDS) == {"export", "preflight"}
+    with pytest.raises(KeyError), console.phase("preflight", ended=False):
+        raise KeyError
+    assert re.fullmatch(r"\[preflight\] \.\.\.\n\[preflight\] stopped after \d\.\d s\n",
+                        capsys.readouterr().out)
+
+
+def test_a_long_line_wraps_at_120_columns_with_its_words_whole():
+    text = " ".join(["word"] * 40)
+    lines = console.wrap(text).splitlines()
+    assert len(lines) == 2 and all(len(line) <= 120 for line in lines)
+    assert lines[1].startswith("    word") and console.wrap("short") == "short"
