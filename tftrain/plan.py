@@ -164,9 +164,8 @@ def sketch(cfg: Config, smoke: bool = False) -> str:
         lines.insert(3, f"data: {cfg.data.name} (examples counted when it is read)")
     # the stages as the run plans them (`plan_stages`), each with its length in updates
     # (their epochs alone where the examples are counted only when the data is read)
-    stages = plan_stages(cfg, 1 if steps is None else steps, smoke)
-    lengths = [stage.length() if steps is not None else _epochs_only(stage.length())
-               for stage in stages]
+    stages = plan_stages(cfg, steps or 0, smoke)
+    lengths = [stage.length(counted=steps is not None) for stage in stages]
     lines.append(lengths[0])
     lines.append(f"model: {cfg.model.name}"
                  + (f" ({', '.join(f'{k} {v}' for k, v in cfg.model.params.items())})"
@@ -180,12 +179,6 @@ def sketch(cfg: Config, smoke: bool = False) -> str:
     if where := describe_source():
         lines.append(where)
     return "\n".join(lines)
-
-
-def _epochs_only(line: str) -> str:
-    """A stage's plan line up to its epochs ("stage prune: 10 epochs")."""
-    at = line.find(" epochs")
-    return line if at < 0 else line[:at + len(" epochs")]
 
 
 def exports_line(cfg: Config) -> str:

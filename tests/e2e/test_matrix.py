@@ -537,18 +537,18 @@ def first_stage(row: dict) -> str:
 
 def one_device(row: dict, sets: list[str]) -> list[str]:
     """The row's overrides on one device, accumulating both replicas' micro-batches (the
-    same global batch), without exports."""
-    keep = [s for s in sets if not s.startswith(("distribute.strategy=", "train.accumulation_steps=",
-                                                 "export."))]
+    same global batch)."""
+    keep = [s for s in sets if not s.startswith(("distribute.strategy=", "train.accumulation_steps="))]
     return keep + ["distribute.strategy=one_device",
-                   f"train.accumulation_steps={2 * row['accumulation']}", "export.tflite=none",
-                   "export.saved_model=false", "export.preflight=false"]
+                   f"train.accumulation_steps={2 * row['accumulation']}"]
 
 
 def reference_losses(row: dict, sets: list[str], tmp_path, capsys) -> dict[str, dict[int, float]]:
-    """The row's first stage on one device (`one_device`), without the later stages."""
+    """The row's first stage on one device (`one_device`), without the later stages and
+    exports."""
     from tftrain.run import main
-    keep = [s for s in one_device(row, sets) if not s.startswith("compression.")]
+    keep = [s for s in one_device(row, sets) if not s.startswith(("compression.", "export."))]
+    keep += ["export.tflite=none", "export.saved_model=false", "export.preflight=false"]
     code = main([str(QUICKSTART), "--run-dir", str(tmp_path / "reference"), "--smoke",
                  *[a for s in keep for a in ("--set", s)]])
     out, err = capsys.readouterr()
@@ -578,11 +578,9 @@ def resumed_losses(row: dict, sets: list[str], run, stage: str, tmp_path,
     (copy / "stages.json").write_text(json.dumps(done))
     (copy / "summary.json").unlink()
     shutil.rmtree(copy / "export", ignore_errors=True)
-    # the row's config on one device (a resumed run keeps its config but for its topology)
-    keep = [s for s in sets if not s.startswith(("distribute.strategy=", "train.accumulation_steps="))]
-    keep += ["distribute.strategy=one_device", f"train.accumulation_steps={2 * row['accumulation']}"]
+    # (a resumed run keeps its config but for its topology: the row's exports too)
     code = main([str(QUICKSTART), "--run-dir", str(copy.parent), "--smoke",
-                 *[a for s in keep for a in ("--set", s)]])
+                 *[a for s in one_device(row, sets) for a in ("--set", s)]])
     out, err = capsys.readouterr()
     assert code == 0, err[-4000:]
     assert f"[{stage}] " in out and not any(f"[{n}] " in out for n in order[:order.index(stage)])

@@ -251,9 +251,9 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
             beside = _float_tflite(plain, saved, out, qat)
     # the model's own logit noise (`measures.rounding_noise`), measured only when a float
     # artifact is further apart than float rounding at its logits: one more pass
-    noise = functools.cache(lambda: max(     # a QAT model's: values crossing 8-bit edges
+    noise = functools.cache(lambda: 0.0 if qat else max(    # (QAT: `against_traced`)
         rounding_noise(lambda v: plain(v, training=False), x_val, reference),
-        0.0 if qat else layer_rounding_noise(plain, x_val[:NOISE_EXAMPLES], reference)))
+        layer_rounding_noise(plain, x_val[:NOISE_EXAMPLES], reference)))
     int8_logits = None
     if cfg.tflite != "none":
         with making(tflite):
@@ -296,7 +296,7 @@ def export_all(model, cfg, out: Path, source, qat: bool = False, data_cfg=None,
         shutil.rmtree(saved)
         del report["saved_model"]
     for name in report.keys() & set(verification.FLOAT_ARTIFACTS):
-        if verification.wants_noise(report[name], cfg):
+        if not verification.logits_within(report[name], cfg):
             report[name]["logit_noise"] = noise()       # what its check may allow for
     return verification.verify(report, cfg, accuracy(reference, y_val), qat, by_labels,
                                untrained)

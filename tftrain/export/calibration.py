@@ -53,7 +53,7 @@ def remeasured(calibrated: bytes, dataset_gen) -> bytes:
                          experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
     inputs = interp.get_input_details()
     low, high = {i: np.inf for i in stated}, {i: -np.inf for i in stated}
-    shapes = None
+    shapes, readable = None, None
     for example in dataset_gen():
         example = list(example.values()) if isinstance(example, dict) else list(example)
         if shapes != [np.shape(v) for v in example]:
@@ -64,16 +64,21 @@ def remeasured(calibrated: bytes, dataset_gen) -> bytes:
         for detail, value in zip(inputs, example):
             interp.set_tensor(detail["index"], np.asarray(value, dtype=detail["dtype"]))
         interp.invoke()
-        for i in stated:
-            try:
-                value = interp.get_tensor(i)
-            except ValueError:                 # a tensor without data (kept as calibrated)
-                low.pop(i, None)
-                continue
-            if i in low:
-                low[i], high[i] = min(low[i], float(value.min())), max(high[i], float(value.max()))
-    for i in low:
+        if readable is None:         # a tensor without data keeps its calibrated range
+            readable = [i for i in stated if _has_data(interp, i)]
+        for i in readable:
+            value = interp.get_tensor(i)
+            low[i], high[i] = min(low[i], float(value.min())), max(high[i], float(value.max()))
+    for i in readable or []:
         if np.isfinite(low[i]):
             tensors[i].quantization.min = np.array([low[i]], np.float32)
             tensors[i].quantization.max = np.array([high[i]], np.float32)
     return bytes(flatbuffer_utils.convert_object_to_bytearray(model))
+
+
+def _has_data(interp, index: int) -> bool:
+    try:
+        interp.get_tensor(index)
+        return True
+    except ValueError:
+        return False

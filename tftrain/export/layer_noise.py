@@ -7,9 +7,9 @@ from __future__ import annotations
 # (`allowed_sqnr_db`). Measured on --smoke runs (2026-12-04) of post-training int8
 # files of a CNN, a ResNet, MobileNetV2, MobileNetV3Small and EfficientNetB0 (TFLite,
 # and ONNX for the CNN and EfficientNetB0): at most LEEWAY_MEASURED_DB beyond it (a
-# MobileNetV3Small hard-swish, whose `x / 6` the converter's calibration held on the
-# product's range, since measured on its own: `calibration`; a squeeze-excite mean 6.3
-# dB, others 4.4 dB at most); QAT files' layers add less than
+# MobileNetV3Small hard-swish, whose `x / 6` LiteRT's calibration then held on the
+# product's range, now measured on its own values by `calibration`; a squeeze-excite mean
+# 6.3 dB, others 4.4 dB at most); QAT files' layers add less than
 # their steps allow (they were trained with that rounding). A kernel 5% off adds noise
 # about 26 dB down, wherever its steps allow 40 or more
 LEEWAY_DB, LEEWAY_MEASURED_DB = 10.0, 8.5

@@ -98,12 +98,6 @@ def logits_within(entry: dict, cfg) -> bool:
     return entry["max_abs_logit_diff"] <= _limit(entry, cfg)[0] and not vacuous(entry)
 
 
-def wants_noise(entry: dict, cfg) -> bool:
-    """Whether a float artifact's check needs the model's own logit noise: its logits
-    apart beyond `export.max_logit_diff`."""
-    return not logits_within(entry, cfg)
-
-
 def vacuous(entry: dict) -> bool:
     """Whether the model's own logit noise allows a difference as large as its largest
     logit: an untrained deep network that amplifies float32 rounding past its signal
@@ -169,13 +163,6 @@ def _against_the_model(entry: dict, precision: str, cfg, qat: bool,
                             f"{layer_noise.why_noisy(worst, floor, precision)}" + tail)
     if qat:     # the QAT model computes the 8-bit arithmetic itself: only rounding differs
         ok = entry["logit_sqnr_db"] >= cfg.min_layer_sqnr
-        if not ok and entry.get("logit_noise") and not vacuous(entry) and \
-                entry["max_abs_logit_diff"] <= NOISE_FACTOR * entry["logit_noise"]:
-            return True, (f"largest logit difference {entry['max_abs_logit_diff']:.2g} <= "
-                          f"{NOISE_FACTOR:g} x the QAT model's own logit noise (its logits moved "
-                          f"by {entry['logit_noise']:.2g} when its input moved by float32 "
-                          "roundoff: values crossing 8-bit edges); its logits "
-                          f"{entry['logit_sqnr_db']:.1f} dB above their difference")
         return ok, (f"logits {entry['logit_sqnr_db']:.1f} dB above their difference from the "
                     f"QAT model's {'>=' if ok else '<'} export.min_layer_sqnr "
                     f"{cfg.min_layer_sqnr:g} (it computes the same 8-bit arithmetic); top-1 "

@@ -118,10 +118,12 @@ class Stage:
     def describe(self, ctx) -> str:
         return self.length()
 
-    def length(self) -> str:
+    def length(self, counted: bool = True) -> str:
         """The start of its plan line: its epochs and updates, as the config gives them
-        (what `--dry-run` prints before anything is built)."""
-        return f"stage {self.name}: {self.epochs} epochs = {self.updates} updates at {self.rate()}"
+        (what `--dry-run` prints before anything is built); its epochs alone where the
+        examples are not `counted` yet (read with the data)."""
+        head = f"stage {self.name}: {self.epochs} epochs"
+        return f"{head} = {self.updates} updates at {self.rate()}" if counted else head
 
     def rate(self) -> str:
         """The stage's learning rate as `describe` prints it."""

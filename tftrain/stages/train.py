@@ -48,10 +48,9 @@ class Train(Stage):
             result["float32_variables_gzip_bytes"] = artifacts.saved_model_variables_gzip(built.net)
         return built.net
 
-    def describe(self, ctx) -> str:
-        return self.length()
-
-    def length(self) -> str:
+    def length(self, counted: bool = True) -> str:
+        if not counted and self.epochs:
+            return f"training: {self.epochs} epochs"
         if not self.updates:
             return ("training: none (train.epochs: 0): the model is evaluated as it starts"
                     + (", its batch-norm statistics re-estimated" if
