@@ -8,6 +8,7 @@ from functools import cached_property
 from typing import Any
 
 from tftrain.config import Config, ConfigError
+from tftrain.export import kinds
 
 
 @contextlib.contextmanager
@@ -107,7 +108,7 @@ class RunPlan:
             lines.append("note: batch norm computes statistics per micro-batch of "
                          f"{b.per_replica} examples, not over the whole global batch")
         lines.append(data.describe(source, self.layout, self.cfg.data))
-        lines.append(exports_line(self.cfg))
+        lines.append(kinds.exports_line(self.cfg, self.stages[-1].quantization_aware))
         lines.append(self.training_line())
         if self.preflight is not None:
             lines.append(self.preflight.describe())
@@ -174,17 +175,11 @@ def sketch(cfg: Config, smoke: bool = False) -> str:
     first = stages[0]
     if steps:
         lines.append(optimizer_line(cfg, steps, max(1, first.updates)))
-    lines.append(exports_line(cfg))
+    lines.append(kinds.exports_line(cfg, stages[-1].quantization_aware, built=False))
     lines.append(f"run directory: {run_path(cfg, smoke)}")
     if where := describe_source():
         lines.append(where)
     return "\n".join(lines)
-
-
-def exports_line(cfg: Config) -> str:
-    """The artifacts the config asks for, as both plans print them."""
-    from tftrain.export import catalog
-    return f"exports: {', '.join(catalog.titles(cfg.export)) or 'none'}"
 
 
 def _examples(cfg: Config) -> int | None:
@@ -277,17 +272,11 @@ def make(cfg: Config, *, smoke: bool, stop) -> RunPlan:
             net = stage.plan(net, plan)
             if i == 0:
                 plan.model = net
-    if cfg.export.tflite_sparse:
-        from tftrain.export import sparse
-        why = ("a quantization-aware trained model exports int8; disable "
-               "compression.quantization" if cfg.compression.quantization.enabled
-               else sparse.refusal(net, cfg.compression.pruning))
+    qat = plan.stages[-1].quantization_aware
+    for kind in kinds.enabled(cfg, qat):          # what an artifact cannot be made of
+        why = kind.refusal(cfg, net, qat)
         if why:
-            raise ConfigError(f"export.tflite_sparse: {why}")
-    from tftrain.export.artifacts import refusal
-    why = refusal(net, cfg.export, qat=plan.stages[-1].quantization_aware)
-    if why:
-        raise ConfigError(f"export.tflite: {why}")
+            raise ConfigError(why)
     plan.flops_per_example = sum(c.flops for c in layer_costs(plan.model))
     # every export converted once from the model the last stage hands on, before any update
     plan.preflight = preflight.run(cfg, net, source, qat=plan.stages[-1].quantization_aware)

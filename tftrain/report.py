@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 
 from tftrain.core.exit_codes import BUDGET_MISSED, COMPLETED, EXPORT_FAILED
+from tftrain.export import kinds
 
 
 def summary(plan, results: dict, artifacts: dict, net) -> dict:
@@ -60,17 +61,15 @@ def summary(plan, results: dict, artifacts: dict, net) -> dict:
     return out
 
 
-# the artifact a run's headline accuracy is taken from: what it was compressed for first
-DEPLOYED = ("tflite_int8", "tflite_float16", "tflite_dynamic", "tflite_float", "onnx_int8",
-            "saved_model_int8", "onnx", "saved_model")
 GAP_PT = 0.2         # a stage/artifact accuracy gap (points) the report explains
 
 
 def deployed_accuracy(metrics: dict, stage: str, artifacts: dict) -> dict | None:
-    """The run's headline accuracy: the deployed artifact's (`DEPLOYED` order), beside the
-    last stage's evaluation of the same model; a gap above `GAP_PT` points comes with
-    what differs (an int8 artifact's noisiest layers, or a float one's logits)."""
-    name = next((n for n in DEPLOYED if "accuracy" in artifacts.get(n, {})), None)
+    """The run's headline accuracy: the deployed artifact's (what the run was compressed
+    for first: `kinds.headline_order`), beside the last stage's evaluation of the same
+    model; a gap above `GAP_PT` points comes with what differs (an int8 artifact's
+    noisiest layers, or a float one's logits)."""
+    name = next((n for n in kinds.headline_order() if "accuracy" in artifacts.get(n, {})), None)
     if name is None or "val_accuracy" not in metrics:
         return None
     art, evaluated = artifacts[name], metrics["val_accuracy"]

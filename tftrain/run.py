@@ -181,12 +181,11 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
     from tftrain import data, report
     from tftrain import plan as planning
     from tftrain.core import extras
-    from tftrain.export import artifacts as exporting
-    from tftrain import models
     import yaml
 
     from tftrain.config import dump_config
-    from tftrain.export import catalog, keras3_file, verification
+    from tftrain.export import exports, kinds, verification
+    from tftrain.export.context import ExportFlags
     from tftrain.training import board, report_page, rundir, tracking
     from tftrain.training.report_table import report_table
     from tftrain.stages import StageRunner
@@ -222,21 +221,20 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
         stop.check("after the last stage", runner.agree)
         from tftrain.compress.quantization import clone
         net = plan.parallel.detach(net, clone)      # a model the chief can run alone
-        exports = ", ".join(catalog.titles(cfg.export))
-        with (console.phase("export", f"{exports}: converting, checking and timing each")
-              if plan.chief and exports else contextlib.nullcontext()) as note, quiet():
+        qat = plan.stages[-1].quantization_aware
+        made = kinds.enabled(cfg, qat)
+        if any(kind.runtime == "keras3" for kind in made):   # (every worker joins)
+            float_net = plan.parallel.detach(float_net)      # handed back as it came in
+        titles = ", ".join(kind.title for kind in made)
+        with (console.phase("export", f"{titles}: converting, checking and timing each")
+              if plan.chief and made else contextlib.nullcontext()) as note, quiet():
             # (quiet: the converters' and LiteRT's notices)
-            artifacts = exporting.export_all(   # a smoke run's accuracy is noise: by logits
-                net, cfg.export, run.export, plan.source, data_cfg=cfg.data,
-                qat=plan.stages[-1].quantization_aware, by_labels=not smoke) if plan.chief else {}
+            artifacts = exports.export_all(   # a smoke run's accuracy is noise: by logits
+                net, cfg, run.export, plan.source, ExportFlags(qat=qat, by_labels=not smoke),
+                float_model=float_net) if plan.chief else {}
             if note is not None:
                 note["detail"] = (f"{sum(a.get('verified', True) for a in artifacts.values())} "
                                   f"of {len(artifacts)} verified")
-        if models.came_in_as_keras3(cfg.model.name):    # handed back in the form it came in
-            float_net = plan.parallel.detach(float_net)          # (every worker joins)
-            if plan.chief:
-                artifacts.update(verification.verify({keras3_file.NAME: keras3_file.write(
-                    float_net, run.export, plan.source, cfg.data, cfg.export)}, cfg.export, 0.0))
         if plan.chief:    # the export's figures, each int8 artifact's layers as curves
             board.write_export(run.path / "tensorboard" / board.EXPORT, artifacts)
         stop.check("after the export (the rerun exports again and reports)", runner.agree)
@@ -296,8 +294,8 @@ class BudgetMissed(ExportFailed):
 
 
 def rundir_path(name: str) -> str:
-    from tftrain.training.report_table import artifact_path
-    return artifact_path(name)
+    from tftrain.export import kinds
+    return kinds.named(name).path
 
 
 if __name__ == "__main__":

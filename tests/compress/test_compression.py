@@ -404,7 +404,7 @@ def test_hard_swish_and_squeeze_excite_quantize_to_int8_ops_xnnpack_runs(tmp_pat
     assert sorted(held.values()) == [pytest.approx((0.0, 1.0)), pytest.approx((0.0, 6.0))], held
     # the float file it is timed against: the QAT model's float function, fused float
     # HARD_SWISH and no fake quantization left (the fixed ranges are tfmot quantizers)
-    float_blob = artifacts._float_tflite(q, tmp_path / "sm", tmp_path, qat=True)
+    float_blob = artifacts.float_tflite(q, tmp_path / "sm", tmp_path, qat=True)
     interpreter = Interpreter(model_content=float_blob)
     interpreter.allocate_tensors()
     float_ops = {op["op_name"] for op in interpreter._get_ops_details()}

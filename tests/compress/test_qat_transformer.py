@@ -87,10 +87,10 @@ def test_a_qat_transformer_converts_with_every_matmul_int8(tmp_path, trained):
     its only float ops are the layer norms'; and it predicts what the QAT model predicts."""
     from ai_edge_litert.interpreter import Interpreter
 
-    from tftrain.export.artifacts import _write_saved_model, convert_tflite, tflite_logits
+    from tftrain.export.artifacts import write_saved_model, convert_tflite, tflite_logits
 
     model, qat = trained
-    source = _write_saved_model(keras.Model(qat.inputs, qat.outputs), tmp_path / "saved")
+    source = write_saved_model(keras.Model(qat.inputs, qat.outputs), tmp_path / "saved")
     blob = convert_tflite(source, "int8", None, qat=True)
     interp = Interpreter(model_content=blob)
     tensors = {t["index"]: t for t in interp.get_tensor_details()}

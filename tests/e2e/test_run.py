@@ -1070,14 +1070,14 @@ def test_sigterm_at_any_moment_exits_42_and_the_rerun_ends_equal(
     validation, during the export), each rerun resuming; it ends equal to the run that was
     never stopped."""
     from tftrain import stages
-    from tftrain.export import artifacts
+    from tftrain.export import exports
     from tftrain.training.train_step import TrainModel
     run_path = tmp_path / "compress"
     moments = [  # (where the signal lands, what the stop message says, what the rerun says)
         ((stages.StageRunner, "run_stage", 1, True), "before stage prune", None),
         ((TrainModel, "evaluate", 1, False), "in stage prune at update 23/23",  # its validation
          "at update 23/23 of stage prune"),       # the epoch's checkpoint, validated again
-        ((artifacts, "export_all", 1, False), "after the export", None)]
+        ((exports, "export_all", 1, False), "after the export", None)]
     for where, stopped, resumed in moments:
         with monkeypatch.context() as patch:
             _signal_during(patch, *where)

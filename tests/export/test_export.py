@@ -9,7 +9,8 @@ from tftrain.runtime import precision
 from tftrain.config import load_config
 from tftrain.core.keras import keras
 from tftrain.data import load_source
-from tftrain.export.artifacts import (convert_tflite, export_all, inference_model,
+from tftrain.export.exports import export_all
+from tftrain.export.artifacts import (convert_tflite, inference_model,
                                       save_saved_model, tflite_logits)
 from tftrain.models import MODELS
 from tftrain.training.train_step import TrainModel
@@ -30,7 +31,7 @@ def trained():
 @pytest.mark.parametrize("mode", ["float", "dynamic", "float16", "int8"])
 def test_tflite_modes_match_the_model(tmp_path, trained, mode):
     model, source = trained
-    cfg = load_config(None, [f"export.tflite={mode}"]).export
+    cfg = load_config(None, [f"export.tflite={mode}"])
     report = export_all(model, cfg, tmp_path, source)
     saved, lite = report["saved_model"], report[f"tflite_{mode}"]
     assert saved["max_abs_logit_diff"] < 1e-4
@@ -55,9 +56,9 @@ def test_the_float_file_beside_a_qat_models_int8_one_is_its_float_function(qat_c
     from ai_edge_litert.interpreter import Interpreter
 
     from tftrain.compress import quantization
-    from tftrain.export.artifacts import _float_tflite
+    from tftrain.export.artifacts import float_tflite
     q, x, _, _ = qat_cnn
-    blob = _float_tflite(q, None, tmp_path, qat=True)
+    blob = float_tflite(q, None, tmp_path, qat=True)
     interp = Interpreter(model_content=blob)
     ops = {op["op_name"] for op in interp._get_ops_details()}
     assert "CONV_2D" in ops and not ops & {"QUANTIZE", "DEQUANTIZE"}, ops
@@ -144,7 +145,7 @@ def test_each_saved_model_is_checked_in_bounded_batches(tmp_path, trained, monke
             return signature(inputs=inputs)
         return type("Loaded", (), {"signatures": {"serving_default": call}})()
     monkeypatch.setattr(tf.saved_model, "load", recording)
-    cfg = load_config(None, ["export.tflite=none", "export.saved_model_int8=true"]).export
+    cfg = load_config(None, ["export.tflite=none", "export.saved_model_int8=true"])
     report = export_all(model, cfg, tmp_path, source)
     assert report["saved_model"]["verified"] and report["saved_model_int8"]["verified"]
     assert source.num_val > 64 and max(sizes) <= 64
@@ -164,7 +165,7 @@ def test_post_training_int8_of_a_token_model_is_integer_throughout(tmp_path):
     # moves its accuracy by more than export.max_accuracy_drop at random
     model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     model.fit(source.calibration(source.num_train).batch(32), epochs=5, verbose=0)
-    report = export_all(model, load_config(None, ["export.tflite=int8"]).export, tmp_path, source)
+    report = export_all(model, load_config(None, ["export.tflite=int8"]), tmp_path, source)
     assert report["tflite_int8"]["verified"]
     ops = Interpreter(model_path=str(tmp_path / "model.tflite"))._get_ops_details()
     dense = [op for op in ops if op["op_name"] == "FULLY_CONNECTED"]
@@ -213,7 +214,7 @@ def test_post_training_int8_of_hard_swish_is_int8_ops_xnnpack_runs(tmp_path):
     model = TrainModel.wrap(keras.Model(inputs, keras.layers.Dense(10, name="logits")(h)))
     model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     model.fit(source.calibration(source.num_train).batch(32), epochs=3, verbose=0)
-    report = export_all(model, load_config(None, ["export.tflite=int8"]).export, tmp_path, source)
+    report = export_all(model, load_config(None, ["export.tflite=int8"]), tmp_path, source)
     entry = report["tflite_int8"]
     assert entry["verified"] and entry["xnnpack"]["fallback"] == [], entry["xnnpack"]
     # (x / 6) * relu6(x + 3), each tensor calibrated on its own values (`calibration`):
@@ -244,7 +245,7 @@ def test_a_float_tflite_file_beyond_the_logit_limit_is_compared_layer_by_layer(t
     from tftrain.export import verification
     model, source = trained
     monkeypatch.setattr(verification, "NOISE_FACTOR", 0.0)      # the limit at the logits alone
-    cfg = load_config(None, ["export.tflite=float", "export.max_logit_diff=1e-12"]).export
+    cfg = load_config(None, ["export.tflite=float", "export.max_logit_diff=1e-12"])
     report = export_all(model, cfg, tmp_path, source)
     lite = report["tflite_float"]
     assert "dense_0" in [row["layer"] for row in lite["layers"]]

@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from tftrain.config import load_config
-from tftrain.export import artifacts, fallback
+from tftrain.export import artifacts, exports, fallback
+from tftrain.export.context import ExportFlags
 
 
 def corrupting(layer: str, factor: float = 8.0):
@@ -18,7 +19,7 @@ def export(q, source, out, fallback_setting):
     cfg = load_config(None, ["compression.quantization.enabled=true", "export.saved_model=false",
                              *([f"export.int8_fallback={fallback_setting}"]
                                if fallback_setting is not None else [])])
-    return artifacts.export_all(q, cfg.export, out, source, qat=True, data_cfg=cfg.data)
+    return exports.export_all(q, cfg, out, source, ExportFlags(qat=True))
 
 
 def test_a_layer_the_converter_got_wrong_is_named_worst_and_falls_back_alone(

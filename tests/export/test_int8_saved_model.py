@@ -8,7 +8,8 @@ import pytest
 import tensorflow as tf
 
 from tftrain.compress import quantization
-from tftrain.export import artifacts
+from tftrain.export import artifacts, exports
+from tftrain.export.context import ExportFlags
 from tftrain.core.keras import keras
 from tftrain.config import load_config
 from tftrain.data import load_source
@@ -176,8 +177,8 @@ def test_resnet_folds_every_batch_norm_and_loads_with_tensorflow_alone(qat_resne
                                                                        tmp_path):
     source = digits[0]
     cfg = load_config(None, ["export.saved_model_int8=true", "export.saved_model=false",
-                             "export.tflite=none"]).export
-    report = artifacts.export_all(qat_resnet, cfg, tmp_path, source, qat=True)["saved_model_int8"]
+                             "export.tflite=none"])
+    report = exports.export_all(qat_resnet, cfg, tmp_path, source, ExportFlags(qat=True))["saved_model_int8"]
     assert report["folded_batch_norms"] == 9 and report["int8_layers"] == 10
     assert report["verified"]
     # Folding changes float rounding (a folded batch norm's output moves by about 1e-6), so
@@ -229,8 +230,8 @@ def test_weight_only_int8_of_a_float_model(pqat_cnn, digits, tmp_path):
         per_channel = np.max(np.abs(codes.reshape(-1, codes.shape[-1])), axis=0)
         # symmetric, one scale per channel (a channel of zeros stays zeros)
         assert np.all((per_channel == 127) | (per_channel == 0)) and np.any(per_channel), name
-    cfg = load_config(None, ["export.saved_model_int8=true", "export.tflite=none"]).export
-    report = artifacts.export_all(float_net, cfg, tmp_path, source)["saved_model_int8"]
+    cfg = load_config(None, ["export.saved_model_int8=true", "export.tflite=none"])
+    report = exports.export_all(float_net, cfg, tmp_path, source)["saved_model_int8"]
     assert "post-training weight-only" in report["kernels"]
     # Example by example: every logit within 0.5 of the float model's, so only examples
     # whose two best float logits are within 2 x 0.5 can change class, and accuracy can

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper
 from tftrain.export import onnx_export
 from tftrain.config import load_config
 from tftrain.data import load_source
-from tftrain.export.artifacts import export_all
+from tftrain.export.exports import export_all
 from tftrain.models import MODELS
 from tftrain.training.train_step import TrainModel
 
@@ -28,7 +28,7 @@ def cnn():
 
 def test_float_onnx_gives_the_saved_model_logits(tmp_path, cnn):
     model, source = cnn
-    cfg = load_config(None, ["export.onnx=true", "export.tflite=none"]).export
+    cfg = load_config(None, ["export.onnx=true", "export.tflite=none"])
     report = export_all(model, cfg, tmp_path, source)
     entry = report["onnx"]
     assert entry["max_abs_diff_vs_saved_model"] < 1e-4 and entry["max_abs_logit_diff"] < 1e-4
@@ -45,7 +45,7 @@ def test_float_onnx_gives_the_saved_model_logits(tmp_path, cnn):
 
 def test_int8_onnx_equals_the_int8_tflite_model_and_runs_int8_kernels(tmp_path, cnn):
     model, source = cnn
-    cfg = load_config(None, ["export.onnx=true", "export.tflite=int8"]).export
+    cfg = load_config(None, ["export.onnx=true", "export.tflite=int8"])
     report = export_all(model, cfg, tmp_path, source)
     entry, lite = report["onnx_int8"], report["tflite_int8"]
     assert entry["max_abs_diff_vs_tflite_int8"] <= 1e-5

@@ -25,11 +25,13 @@ def write_run(path, with_int8=True):
     layers = [{"layer": f"l{i}", "sqnr_db": 40.0 - i, "local_sqnr_db": 45.0 - i, "op": "CONV_2D"}
               for i in range(6)]
     artifacts = {"saved_model": {"size_bytes": 200_000, "gzip_bytes": 150_000, "accuracy": 0.91,
-                                 "latency_ms": 0.5, "verified": True, "check": "ok"}}
+                                 "latency_ms": 0.5, "verified": True, "check": "ok",
+                                 "path": "export/saved_model/"}}
     if with_int8:
         artifacts["tflite_int8"] = {"size_bytes": 60_000, "gzip_bytes": 50_000, "accuracy": 0.9,
                                     "latency_grid": {"batch1_threads1": 0.01}, "layers": layers,
-                                    "verified": True, "check": "ok"}
+                                    "verified": True, "check": "ok",
+                                    "path": "export/model.tflite"}
     summary = {"status": "completed", "strategy": "mirrored", "replicas": 2, "workers": 1,
                "devices": ["CPU:0", "CPU:1"], "precision": "float32", "steps": 20, "epochs": 4,
                "per_replica_batch_size": 32, "accumulation_steps": 1, "global_batch_size": 64,

@@ -23,8 +23,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tftrain.config import ConfigError
+from tftrain.export import kinds
 
 EXAMPLES = 8            # validation and calibration examples the preflight converts with
+QUANTIZING = "compression.quantization"    # what fails when tfmot cannot wrap a layer
 
 
 @dataclass(frozen=True)
@@ -37,10 +39,8 @@ class Preflight:
                 f"untrained in {self.seconds:.1f} s (export.preflight: false skips it)")
 
 
-def wanted(cfg) -> bool:
-    e = cfg.export
-    return e.preflight and (e.saved_model or e.saved_model_int8 or e.tflite != "none" or e.onnx
-                            or e.tflite_sparse)
+def wanted(cfg, qat: bool) -> bool:
+    return cfg.export.preflight and any(kind.in_preflight for kind in kinds.enabled(cfg, qat))
 
 
 def run(cfg, net, source, qat: bool) -> Preflight | None:
@@ -50,7 +50,7 @@ def run(cfg, net, source, qat: bool) -> Preflight | None:
     does not compute the model, is a ConfigError naming the artifact (the model or the
     config must change); anything else is a bug in tftrain: a RuntimeError saying so,
     its traceback kept."""
-    if not wanted(cfg):
+    if not wanted(cfg, qat):
         return None
     from tftrain.core import console
 
@@ -64,7 +64,8 @@ def run(cfg, net, source, qat: bool) -> Preflight | None:
 
 def _converted(cfg, net, source, qat: bool) -> tuple[str, ...]:
     """The artifacts converted, run and checked (a ConfigError or a bug otherwise)."""
-    from tftrain.export import artifacts, verification
+    from tftrain.export import exports, verification
+    from tftrain.export.context import ExportFlags
     from tftrain.export.errors import ArtifactError, making
 
     model = _copy(net)
@@ -75,16 +76,15 @@ def _converted(cfg, net, source, qat: bool) -> tuple[str, ...]:
             if qat:
                 from tftrain.compress import quantization
                 from tftrain.data import preprocess
-                with making("compression.quantization"):
+                with making(QUANTIZING):
                     model = quantization.quantize_configured(model, cfg)
                     # ranges calibrated as the QAT stage calibrates them before its first
                     # update: tfmot's [-6, 6] rounds an untrained network's small values
                     # to nothing (EfficientNetV2B0's squeeze-excite pooling at -0.8 dB)
                     quantization.calibrate_ranges(model, (x for x, _ in preprocess(
                         sample.validation(), cfg.data).batch(64).as_numpy_iterator()))
-            report = artifacts.export_all(model, cfg.export, Path(tmp), sample, qat=qat,
-                                          data_cfg=cfg.data, by_labels=False, timed=False,
-                                          layers=not qat, untrained=True)
+            report = exports.export_all(model, cfg, Path(tmp), sample, ExportFlags(
+                qat=qat, layers=not qat, by_labels=False, timed=False, untrained=True))
         except ArtifactError as err:
             raise _classified(cfg, err) from err.error
     failed = verification.failures(report)
@@ -170,26 +170,14 @@ def refusal(cfg, artifact: str, err: Exception, library: str) -> str:
 
 
 def setting(cfg, artifact: str) -> tuple[str, str]:
-    """(the config key that asks for `artifact`, the setting that avoids it)."""
-    e = cfg.export
-    if artifact.startswith("tflite_sparse"):
-        return "export.tflite_sparse", "set export.tflite_sparse: false"
-    if artifact.startswith("tflite"):
-        return f"export.tflite ({e.tflite})", "replace the layer or set export.tflite: none"
-    if artifact.startswith("onnx"):
-        return "export.onnx", "replace the layer or set export.onnx: false"
-    if artifact == "saved_model_int8":
-        return "export.saved_model_int8", "set export.saved_model_int8: false"
-    if artifact == "compression.quantization":
+    """(the config key that asks for `artifact`, the setting that avoids it): its kind's,
+    or QAT's when the model was being quantized."""
+    if artifact == QUANTIZING:
         return artifact, ("leave the layer out of QAT (compression.quantization.layers, or "
                           "skip_unsupported: true) or disable compression.quantization")
-    return "export.saved_model", "replace the layer"
+    kind = kinds.named(artifact)
+    return kind.key, kind.fix
 
 
 def _target(artifact: str) -> str:
-    if artifact.startswith("onnx"):
-        from tftrain.export.onnx_export import OPSET
-        return f"ONNX opset {OPSET}"
-    if artifact.startswith("tflite"):
-        return "TFLite builtin"
-    return "exported"
+    return "exported" if artifact == QUANTIZING else kinds.named(artifact).target()

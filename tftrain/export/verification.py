@@ -5,9 +5,7 @@ untrained model, a `--smoke` run's few updates), its logits to within the noise 
 precision adds. A failed check leaves the artifact written and marked."""
 from __future__ import annotations
 
-from tftrain.export import layer_noise
-
-FLOAT_ARTIFACTS = ("saved_model", "tflite_float", "tflite_sparse", "onnx", "keras3_file")
+from tftrain.export import kinds, layer_noise
 
 # Without labels to judge by (the export preflight's untrained model, a --smoke run's few
 # updates), a reduced-precision artifact is held against the model it came from. An int8
@@ -32,13 +30,10 @@ FLOAT_LAYER_SQNR_DB = 60.0
 SIGNAL_FLOOR = 1e-4
 
 
-def precision_of(name: str, qat: bool) -> str:
-    """The precision an artifact computes in (`float`, `int8`, `dynamic`, `float16`)."""
-    if name in FLOAT_ARTIFACTS:       # a QAT model's SavedModel: its float fake-quant graph
-        return "float"
-    if name in ("tflite_dynamic", "tflite_float16"):
-        return name.split("_")[1]
-    return "int8"
+def precision_of(name: str) -> str:
+    """The precision an artifact computes in (`float`, `int8`, `dynamic`, `float16`): its
+    kind's (a QAT model's SavedModel is float: its float fake-quant graph)."""
+    return kinds.named(name).precision
 
 
 def verify(report: dict, cfg, accuracy: float, qat: bool = False, by_labels: bool = True,
@@ -56,7 +51,7 @@ def verify(report: dict, cfg, accuracy: float, qat: bool = False, by_labels: boo
     (`measures.against_traced`), not to the eager model, from which a value on an 8-bit
     rounding edge can move a whole step."""
     for name, entry in report.items():
-        precision = precision_of(name, qat)
+        precision = precision_of(name)
         if precision == "float":
             ok, entry["check"] = _float_check(entry, cfg)
         elif by_labels:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import copy
 from dataclasses import asdict, dataclass
 
+from tftrain.export import kinds
+
 PRECISIONS = ("float", "float16", "dynamic", "int8", "qat")
 CHANNEL_LEVELS = (0.7, 0.5, 0.35, 0.25)
 SPARSITY_LEVELS = (0.5, 0.75)
@@ -50,10 +52,7 @@ class Candidate:
 
     def artifact(self, runtime: str) -> str:
         """The summary entry of the file this candidate deploys."""
-        int8 = self.precision in ("int8", "qat")
-        if runtime == "onnx":
-            return "onnx_int8" if int8 else "onnx"
-        return f"tflite_{'int8' if int8 else self.precision}"
+        return kinds.deployed(runtime, "int8" if self.precision == "qat" else self.precision)
 
     def updates(self, steps_per_epoch: int, target) -> float:
         """Fine-tuning cost in plain training updates (QAT's weigh `QAT_STEP`; a narrower

@@ -6,6 +6,7 @@ import csv
 import shutil
 
 from tftrain.core import console
+from tftrain.export import kinds
 
 COLUMNS = ("candidate", "status", "accuracy", "drop_pt", "bytes", "latency_ms",
            "latency_ratio", "latency_low", "latency_high", "rounds", "borderline", "meets",
@@ -14,12 +15,10 @@ COLUMNS = ("candidate", "status", "accuracy", "drop_pt", "bytes", "latency_ms",
 
 def ship(search, chosen: dict) -> None:
     """The chosen candidate's deployed file and its config, in `search/chosen/`."""
-    from tftrain.training.report_table import artifact_path
-
     out = search.dir / "chosen"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    source = search.dir / "runs" / chosen["name"] / artifact_path(chosen["artifact"])
+    source = search.dir / "runs" / chosen["name"] / kinds.named(chosen["artifact"]).path
     shutil.copy2(source, out / source.name)
     shutil.copy2(search.dir / "configs" / f"{chosen['name']}.yaml", out / "config.yaml")
     search.record["chosen_file"] = str(out / source.name)

@@ -23,10 +23,10 @@ import yaml
 
 from tftrain.config import ConfigError, dump_config, load_config
 from tftrain.core import console, exit_codes
+from tftrain.export import kinds
 from tftrain.search import candidate_runs
 from tftrain.search import candidates as cands
 from tftrain.search import front, timing
-from tftrain.training.report_table import artifact_path
 
 COMPRESSION_STAGES = ("prune", "channels", "qat")
 STARTUP_SECONDS = 4.0       # a candidate's own start: imports, devices, data, the plan
@@ -137,7 +137,8 @@ class Search:
     def _dense_bytes(self) -> float:
         """The float file's bytes, for predictions: the dense run's float artifact, else
         4 bytes a parameter."""
-        for name in ("tflite_float", "onnx", "saved_model"):
+        floats = [name for name in kinds.headline_order() if kinds.named(name).precision == "float"]
+        for name in floats:
             if name in self.summary.get("artifacts", {}):
                 return self.summary["artifacts"][name]["size_bytes"]
         return 4.0 * self.summary.get("parameters", 1e6)
@@ -278,7 +279,7 @@ class Search:
             if candidate.reference:
                 self.record["dense"] = f
             else:
-                timing.settle(f, path / artifact_path(artifact), Path(self._reference()),
+                timing.settle(f, path / kinds.named(artifact).path, Path(self._reference()),
                               self.target, dense)
             entry["status"] = "done"
             met = front.meets(f, self.target)
@@ -344,7 +345,7 @@ class Search:
             if any(e["figures"].get("rechecked") for e in entries):
                 continue
             for c, e in zip((narrow, wide), entries):
-                file = self.dir / "runs" / c.name / artifact_path(e["figures"]["artifact"])
+                file = self.dir / "runs" / c.name / kinds.named(e["figures"]["artifact"]).path
                 timing.add_rounds(e["figures"], file, Path(self._reference()), self.target,
                                   dense)
                 timing.settle(e["figures"], file, Path(self._reference()), self.target, dense)

@@ -274,8 +274,6 @@ def _memory(plan: dict | None) -> str:
 
 
 def _artifact_table(summary: dict) -> str:
-    from tftrain.training.report_table import artifact_path
-
     arts = summary.get("artifacts") or {}
     if not arts:
         return ""
@@ -285,7 +283,7 @@ def _artifact_table(summary: dict) -> str:
     for name, a in arts.items():
         latency = (a.get("latency_grid") or {}).get("batch1_threads1", a.get("latency_ms"))
         rows.append("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in (
-            name, artifact_path(name), f"{a.get('size_bytes', 0) / 1024:,.1f}",
+            name, a.get("path", ""), f"{a.get('size_bytes', 0) / 1024:,.1f}",
             "" if a.get("accuracy") is None else f"{a['accuracy']:.4f}",
             "" if latency is None else f"{latency:.3f}", a.get("check", ""))) + "</tr>")
     return head + "".join(rows) + "</table>"

@@ -1,22 +1,12 @@
 """The report printed at the end of a run (`report_table`): what ran, how well, how fast,
 each artifact with its path, size, accuracy and latency, and where everything is, in rows
-within 120 columns. `artifact_path` names where each artifact is written."""
+within 120 columns."""
 from __future__ import annotations
 
 import textwrap
 from collections import Counter
 
 from tftrain.core import console
-
-
-# where each artifact is written, relative to the run directory
-ARTIFACT_PATHS = {"saved_model": "export/saved_model/", "saved_model_int8": "export/saved_model_int8/",
-                  "tflite_sparse": "export/model_sparse.tflite", "onnx": "export/model.onnx",
-                  "onnx_int8": "export/model_int8.onnx", "keras3_file": "export/model.keras"}
-
-
-def artifact_path(name: str) -> str:
-    return ARTIFACT_PATHS.get(name, "export/model.tflite" if name.startswith("tflite") else name)
 
 
 def grouped(values: dict[str, float]) -> str:
@@ -72,7 +62,7 @@ def report_table(summary: dict) -> str:
         rows += _artifact_rows(name, art)
     if "ship" in summary:       # an artifact missed its accuracy budget
         ship = summary["ship"]
-        rows.append(("ship", f"{ship} ({artifact_path(ship)}): the best artifact within "
+        rows.append(("ship", f"{ship} ({summary['artifacts'][ship].get('path', ship)}): the best artifact within "
                              "export.max_accuracy_drop" if ship else
                              "no artifact is within export.max_accuracy_drop"))
     if summary.get("run_dir"):
@@ -130,7 +120,7 @@ def _stage_rows(summary: dict) -> list[tuple[str, str]]:
 def _artifact_rows(name: str, art: dict) -> list[tuple[str, str]]:
 
     acc = art.get("accuracy")
-    rows = [(f"export {name}", f"{artifact_path(name)} {console.size(art['size_bytes'])} (gzip "
+    rows = [(f"export {name}", f"{art.get('path', name)} {console.size(art['size_bytes'])} (gzip "
              f"{console.size(art['gzip_bytes'])})"
              + (f", accuracy {acc:.4f}" if acc is not None else "")
              + (f", {art['latency_ms']:.3f} ms/example" if "latency_ms" in art else "")

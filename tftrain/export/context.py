@@ -1,0 +1,187 @@
+"""What every export kind shares (`ExportContext`): the inference model, the validation
+inputs and labels, the model's reference logits, the calibration examples, the export
+config and the run's flags (`ExportFlags`), and what one kind makes that a later one
+reuses (the float SavedModel, the float and the int8 TFLite flatbuffers), each made
+once, when first asked for."""
+from __future__ import annotations
+
+import functools
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from tftrain.data import BatchPlan, preprocess, val_dataset
+from tftrain.export import artifacts, fidelity, speed, verification
+from tftrain.export.measures import (accuracy, against, input_kind, layer_rounding_noise,
+                                     rounding_noise, signature_logits, sizes)
+from tftrain.models import tensor_ops
+
+# examples each layer's own rounding noise is measured on (an eager replay: slow)
+NOISE_EXAMPLES = 256
+
+
+@dataclass(frozen=True)
+class ExportFlags:
+    """How the run exports. `qat`: the model was quantization-aware trained (int8 uses
+    its learned ranges). `layers`: reduced-precision files compared with the model layer
+    by layer (`export.fidelity`). `timed` (None: as `layers`): each file timed
+    (`export.speed`). `by_labels: False`: reduced-precision files judged against the
+    model's logits and layers, not by accuracy (an untrained or smoke-trained model,
+    whose accuracy is noise: `verification.verify`). `untrained`: the export preflight."""
+    qat: bool = False
+    layers: bool = True
+    by_labels: bool = True
+    timed: bool | None = None
+    untrained: bool = False
+
+    @property
+    def timing(self) -> bool:
+        return self.layers if self.timed is None else self.timed
+
+
+class ExportContext:
+    """The model `model` exported under `out` for the run's config `cfg`, checked on the
+    validation set of `source` (validation's input: decoded, resized and the
+    deterministic steps of `data.augment`). `float_model`: the float model before any
+    QAT, for the kinds that hand it back (the Keras 3 file)."""
+
+    def __init__(self, model, cfg, out: Path, source, flags: ExportFlags,
+                 float_model=None):
+        self.cfg, self.e, self.out, self.source, self.flags = cfg, cfg.export, out, source, flags
+        self.float_model = float_model if float_model is not None else model
+        self.x, self.y = (np.concatenate(parts) for parts in zip(
+            *val_dataset(source, BatchPlan(1024, 1, 1), cfg.data).as_numpy_iterator()))
+        self.plain = artifacts.inference_model(model)
+        # the model called eagerly, batch by batch (a trace costs 2-3 s for a MobileNetV2)
+        self.reference = signature_logits(self.call, self.x)
+        self.reference_accuracy = accuracy(self.reference, self.y)
+        self.serving = source.spec.serving
+        self.raw = self.x if self.serving is None else self.serving.validation
+        self._int8: tuple[bytes, np.ndarray | None] | None = None
+        self._scratch: list[Path] = []
+
+    def call(self, inputs) -> dict:
+        return {"logits": tf.cast(self.plain(inputs, training=False), tf.float32)}
+
+    # -- what kinds share, made when first asked for -------------------------------------
+    @functools.cached_property
+    def calibration(self) -> np.ndarray:
+        """`export.calibration_examples` training examples, as validation's input."""
+        examples = preprocess(self.source.calibration(self.e.calibration_examples), self.cfg.data)
+        return np.concatenate([x for x, _ in examples.batch(256).as_numpy_iterator()])
+
+    @functools.cached_property
+    def saved_model(self) -> tuple[Path, np.ndarray]:
+        """The float SavedModel (`saved_model/`, removed at the end unless
+        `export.saved_model`) and its logits on the validation set."""
+        path = artifacts.write_saved_model(self.plain, self.out / "saved_model", self.serving)
+        if not self.e.saved_model:
+            self._scratch.append(path)
+        return path, signature_logits(self.saved_signature, self.raw)
+
+    @property
+    def saved_signature(self):
+        return tf.saved_model.load(str(self.out / "saved_model")).signatures["serving_default"]
+
+    @functools.cached_property
+    def tflite_source(self) -> Path:
+        """The SavedModel TFLite converts from: the float one, or, where the serving
+        signature takes raw input (text), a copy taking the model's own (token ids)."""
+        if self.serving is None:
+            return self.saved_model[0]
+        path = artifacts.write_saved_model(self.plain, self.out / "tflite_source")
+        self._scratch.append(path)
+        return path
+
+    @functools.cached_property
+    def float_flatbuffer(self) -> bytes:
+        """The float TFLite file of the model: `model.tflite` of `export.tflite: float`,
+        else timed beside a reduced-precision or sparse file (not written); of a QAT
+        model, its float function (`artifacts.float_tflite`)."""
+        return artifacts.float_tflite(self.plain, self.tflite_source, self.out, self.flags.qat)
+
+    def flatbuffer(self, precision: str) -> bytes:
+        """The TFLite file in `precision` (the int8 one: `int8_flatbuffer`)."""
+        if precision == "int8":
+            return self.int8_flatbuffer()
+        if precision == "float":
+            return self.float_flatbuffer
+        return artifacts.convert_tflite(self.tflite_source, precision, self.calibration)
+
+    def int8_flatbuffer(self) -> bytes:
+        """The int8 TFLite file: from the QAT ranges, or calibrated (HardSwish layers
+        traced unfused where safe, `tensor_ops`); once `publish_int8` was called (the
+        int8 TFLite kind, after any fallback), the file it published."""
+        if self._int8 is None:
+            if not self.flags.qat and tensor_ops.has_hard_swish(self.plain):
+                blob = artifacts.converted_within(
+                    tensor_ops.unfused(tensor_ops.unfusable(self.plain, self.calibration)),
+                    self.plain, self.out / "tflite_int8_source", "int8", self.calibration)
+            else:
+                blob = artifacts.convert_tflite(self.tflite_source, "int8", self.calibration,
+                                                qat=self.flags.qat)
+            self._int8 = (blob, None)
+        return self._int8[0]
+
+    def int8_logits(self) -> np.ndarray:
+        """The int8 TFLite file's logits on the validation set."""
+        blob = self.int8_flatbuffer()
+        if self._int8[1] is None:
+            self._int8 = (blob, artifacts.tflite_logits(blob, self.x)[0])
+        return self._int8[1]
+
+    def publish_int8(self, blob: bytes, logits: np.ndarray) -> None:
+        """The int8 file later kinds (the int8 ONNX file) take, and its logits."""
+        self._int8 = (blob, logits)
+
+    @functools.cache
+    def noise(self) -> float:
+        """The model's own logit noise (`measures.rounding_noise`): one more pass, only
+        for a float file further apart than float rounding at its logits; a QAT model's
+        SavedModel is held to its traced graph instead (`measures.against_traced`)."""
+        if self.flags.qat:
+            return 0.0
+        return max(rounding_noise(lambda v: self.plain(v, training=False), self.x, self.reference),
+                   layer_rounding_noise(self.plain, self.x[:NOISE_EXAMPLES], self.reference))
+
+    # -- measuring a file -------------------------------------------------------------------
+    def with_noise(self, entry: dict) -> dict:
+        """A float file's entry, with the model's own logit noise where its logits are
+        further apart than `export.max_logit_diff` allows (what its check may allow for)."""
+        if not verification.logits_within(entry, self.e):
+            entry["logit_noise"] = self.noise()
+        return entry
+
+    def tflite_entry(self, blob: bytes, layers: bool, precision: str = "int8",
+                     beside: bytes | None = None) -> dict:
+        """A TFLite file's report entry (its `logits` too, for the caller to take), timed
+        when the run times (in turn with the float file `beside`), its `layers` compared
+        as a file of `precision`."""
+        logits, latency = artifacts.tflite_logits(blob, self.x)
+        timed, reference = self.flags.timing, self.e.latency_reference
+        entry = {**sizes(blob), "accuracy": accuracy(logits, self.y),
+                 **against(logits, self.reference),
+                 "latency_ms": latency * 1e3, "input": input_kind(self.plain, None),
+                 "logits": logits,
+                 **(speed.tflite_entry(blob, self.x, beside) if timed else {}),
+                 **(speed.versus_reference(blob, "tflite", self.x, reference)
+                    if timed and reference else {})}
+        if layers:
+            entry.update(fidelity.tflite_entry(blob, self.plain, self.calibration, self.e,
+                                               precision))
+        return entry
+
+    def write_vocabulary(self) -> None:
+        """`vocabulary.txt` beside the artifacts, where the serving signature tokenizes."""
+        if self.serving is not None and hasattr(self.serving.layer, "get_vocabulary"):
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / "vocabulary.txt").write_text(
+                "\n".join(self.serving.layer.get_vocabulary()) + "\n", encoding="utf-8")
+
+    def close(self) -> None:
+        """Remove what was made only as a conversion's source."""
+        for path in self._scratch:
+            shutil.rmtree(path, ignore_errors=True)
