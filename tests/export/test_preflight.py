@@ -101,11 +101,11 @@ def test_a_bug_in_tftrain_during_the_preflight_exits_1_with_its_traceback(tmp_pa
                                                                        monkeypatch):
     """An exception from tftrain's own code while an artifact is made is not a config
     error: exit 1, the traceback, the artifact and a line saying it is a bug."""
-    from tftrain.export import artifacts
+    from tftrain.export import measures
 
     def broken(blob):
         raise KeyError("size_bytes")
-    monkeypatch.setattr(artifacts, "sizes", broken)
+    monkeypatch.setattr(measures, "sizes", broken)
     code = main(args(tmp_path, "export.tflite=float", flags=["--dry-run", "--preflight"]))
     err = capsys.readouterr().err
     assert code == 1, err[-3000:]

@@ -15,12 +15,10 @@ import tensorflow as tf
 
 from tftrain.data import BatchPlan, preprocess, val_dataset
 from tftrain.export import artifacts, fidelity, speed, verification
-from tftrain.export.measures import (accuracy, against, input_kind, layer_rounding_noise,
-                                     rounding_noise, signature_logits, sizes)
+from tftrain.export.measures import (NOISE_EXAMPLES, accuracy, against, input_kind,
+                                     layer_rounding_noise, rounding_noise, signature_logits,
+                                     sizes)
 from tftrain.models import tensor_ops
-
-# examples each layer's own rounding noise is measured on (an eager replay: slow)
-NOISE_EXAMPLES = 256
 
 
 @dataclass(frozen=True)
@@ -151,9 +149,21 @@ class ExportContext:
     def with_noise(self, entry: dict) -> dict:
         """A float file's entry, with the model's own logit noise where its logits are
         further apart than `export.max_logit_diff` allows (what its check may allow for)."""
-        if not verification.logits_within(entry, self.e):
+        if not self.logits_within(entry):
             entry["logit_noise"] = self.noise()
         return entry
+
+    def logits_within(self, entry: dict, noise: bool = False) -> bool:
+        """Whether a float file's logits are within its limit (`verification.logits_within`),
+        with the model's own logit noise allowed for (`noise`)."""
+        return verification.logits_within({**entry, "logit_noise": self.noise()} if noise
+                                          else entry, self.e)
+
+    @staticmethod
+    def below_floor(entry: dict, precision: str) -> bool:
+        """Whether a file's logits are below its precision's floor without labels
+        (`verification.SQNR_FLOOR_DB`): noise, to be judged by its layers instead."""
+        return entry["logit_sqnr_db"] < verification.SQNR_FLOOR_DB[precision]
 
     def tflite_entry(self, blob: bytes, layers: bool, precision: str = "int8",
                      beside: bytes | None = None) -> dict:

@@ -21,11 +21,10 @@ def write(ctx) -> dict:
     are further apart than `export.max_logit_diff` allows (two more passes), as for the
     other float files."""
     from tftrain.core.keras import keras3
-    from tftrain.export import verification
     from tftrain.export.artifacts import inference_model
-    from tftrain.export.context import NOISE_EXAMPLES
-    from tftrain.export.measures import (accuracy, against, input_kind, layer_rounding_noise,
-                                         rounding_noise, signature_logits, sizes)
+    from tftrain.export.measures import (NOISE_EXAMPLES, accuracy, against, input_kind,
+                                         layer_rounding_noise, rounding_noise, signature_logits,
+                                         sizes)
     from tftrain.models.keras3 import to_keras3
 
     plain, x = inference_model(ctx.float_model), ctx.x
@@ -39,7 +38,7 @@ def write(ctx) -> dict:
     entry = {**sizes(path.read_bytes()), "accuracy": accuracy(logits, ctx.y),
              **against(logits, reference), "input": input_kind(plain, None),
              "form": "Keras 3 .keras (the float model before any QAT)"}
-    if not verification.logits_within(entry, ctx.e):
+    if not ctx.logits_within(entry):
         entry["logit_noise"] = max(rounding_noise(lambda v: plain(v, training=False), x, reference),
                                    layer_rounding_noise(plain, x[:NOISE_EXAMPLES], reference))
     return entry

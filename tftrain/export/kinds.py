@@ -149,20 +149,20 @@ class TFLite(ExportKind):
         return "TFLite builtin"
 
     def make(self, ctx):
-        from tftrain.export import fidelity, verification
+        from tftrain.export import fidelity
 
         blob, flags, e = ctx.flatbuffer(self.precision), ctx.flags, ctx.e
         quantized = self.precision != "float"
         entry = ctx.tflite_entry(blob, quantized and flags.layers, self.precision,
                                  beside=ctx.float_flatbuffer if quantized and flags.timing
                                  else None)
-        if not quantized and flags.layers and not verification.logits_within(entry, e) \
-                and not verification.logits_within({**entry, "logit_noise": ctx.noise()}, e):
+        if not quantized and flags.layers and not ctx.logits_within(entry) \
+                and not ctx.logits_within(entry, noise=True):
             # judged by its layers: a deep untrained network amplifies float rounding
             rows = fidelity.tflite_report(blob, ctx.plain, ctx.calibration[:fidelity.EXAMPLES])
             entry.update(layers=rows, worst_layers=[r["layer"] for r in fidelity.worst(rows)])
         elif self.precision == "int8" and not (flags.layers or flags.by_labels) and \
-                entry["logit_sqnr_db"] < verification.SQNR_FLOOR_DB["int8"]:
+                ctx.below_floor(entry, "int8"):
             # the preflight's untrained QAT model, its logits noise: judged by its layers
             # (an untrained EfficientNetV2B0 amplified its int8 rounding to -0.6 dB)
             entry.update(fidelity.tflite_entry(blob, ctx.plain, ctx.calibration, e))

@@ -10,6 +10,10 @@ import numpy as np
 import tensorflow as tf
 
 
+# examples each layer's own rounding noise is measured on (an eager replay: slow)
+NOISE_EXAMPLES = 256
+
+
 def sizes(blob: bytes) -> dict:
     """A file's bytes and its gzip size (what a download or an app bundle costs)."""
     return {"size_bytes": len(blob), "gzip_bytes": len(gzip.compress(blob, 9))}
