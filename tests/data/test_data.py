@@ -175,7 +175,7 @@ def test_tfrecord_file_sharding_gives_disjoint_files(tmp_path):
     plan = BatchPlan(5, 2, 1)
     layout = epoch_layout(source, plan, data, workers=2)
     assert not layout.shared_stream and layout.steps() == 10
-    seen = [ids(train_dataset(source, plan, data, 1, worker=w, workers=2).take(10)) for w in (0, 1)]
+    seen = [ids(train_dataset(source, plan, data, 1, pipeline=(w, 2)).take(10)) for w in (0, 1)]
     shards = [{s for _, s in part} for part in seen]
     assert shards == [{0, 2}, {1, 3}]
     assert sorted(seen[0] + seen[1]) == sorted((i, s) for s in range(4) for i in range(25))
@@ -200,8 +200,8 @@ def test_file_streams_are_reassigned_to_another_number_of_workers(tmp_path):
         per = plan.replicas // workers                      # elements per worker and update
         out = [[] for _ in range(began.steps() - start)]
         for w in range(workers):
-            batches = train_dataset(source, plan, data, 7, start_update=start, worker=w,
-                                    workers=workers, streams=2).take(per * len(out))
+            batches = train_dataset(source, plan, data, 7, start_update=start,
+                                    pipeline=(w, workers), streams=2).take(per * len(out))
             for i, (x, _, weight) in enumerate(batches):
                 j = start * layout.share + i * plan.replica_batch + np.arange(plan.replica_batch)
                 keys = [layout.slot_key(w, int(k)) for k in j]
@@ -227,7 +227,7 @@ def test_data_sharding_takes_each_workers_share_of_every_update():
     source = load_source(data, 0)
     plan = BatchPlan(8, 2, 1)
     one = [b[1].numpy() for b in train_dataset(source, plan, data, 5).take(40)]
-    two = [[b[1].numpy() for b in train_dataset(source, plan, data, 5, worker=w, workers=2).take(20)]
+    two = [[b[1].numpy() for b in train_dataset(source, plan, data, 5, pipeline=(w, 2)).take(20)]
            for w in (0, 1)]
     for u in range(20):        # update u: worker 0 has the first 8 of its 16, worker 1 the rest
         np.testing.assert_array_equal(np.concatenate([one[2 * u], one[2 * u + 1]]),
@@ -244,8 +244,8 @@ def test_an_example_is_augmented_alike_whatever_the_number_of_workers(augment):
     source = load_source(data, 0)
     plan = BatchPlan(8, 2, 1)
     one = [b[0].numpy() for b in train_dataset(source, plan, data, 5).take(60)]
-    two = [[b[0].numpy() for b in train_dataset(source, plan, data, 5, worker=w,
-                                                workers=2).take(30)] for w in (0, 1)]
+    two = [[b[0].numpy() for b in train_dataset(source, plan, data, 5,
+                                                pipeline=(w, 2)).take(30)] for w in (0, 1)]
     for u in range(30):        # crosses an epoch's end (11 updates of 16 per epoch)
         np.testing.assert_array_equal(np.concatenate([one[2 * u], one[2 * u + 1]]),
                                       np.concatenate([two[0][u], two[1][u]]))
@@ -515,9 +515,9 @@ def test_tfrecord_resume_where_a_worker_has_only_padding_left(tmp_path):
     data = record_cfg(pattern, "data.validation_fraction=0", "data.remainder=pad", "data.shuffle_buffer=4")
     source = load_source(data, 0)
     plan = BatchPlan(3, 2, 1)              # worker 1: 6 examples, then padding to 15 slots
-    full = ids(train_dataset(source, plan, data, 0, worker=1, workers=2).take(8))
+    full = ids(train_dataset(source, plan, data, 0, pipeline=(1, 2)).take(8))
     assert full[6:15] == [(0, 0)] * 9
-    resumed = ids(train_dataset(source, plan, data, 0, start_update=3, worker=1, workers=2).take(5))
+    resumed = ids(train_dataset(source, plan, data, 0, start_update=3, pipeline=(1, 2)).take(5))
     assert resumed == full[9:]
 
 

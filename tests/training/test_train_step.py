@@ -316,7 +316,7 @@ def padded_weights(strategy, per_replica, replicas, accumulation, n=150):
     from tftrain.config import load_config
     from tftrain.data import BatchPlan, distribute, epoch_layout, from_arrays
     x, y = _data(n, seed=3)
-    source = from_arrays(x, y, 0.0, 0, num_classes=10, x_val=x[:4], y_val=y[:4])
+    source = from_arrays(x, y, 0.0, 0, num_classes=10, validation=(x[:4], y[:4]))
     cfg = load_config(None, ["data.remainder=pad", "data.shuffle=false"]).data
     plan = BatchPlan(per_replica, replicas, accumulation)
     steps = epoch_layout(source, plan, cfg).steps()

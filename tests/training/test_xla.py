@@ -85,8 +85,8 @@ def test_auto_measures_and_puts_back_what_the_probe_changed():
 
 def test_auto_keeps_the_faster_side_by_its_margin():
     strategy = mirrored()
-    assert xla.decide("auto", _net(strategy), strategy, _batch(), margin=0.0).compiled
-    off = xla.decide("auto", _net(strategy), strategy, _batch(), margin=1e9)
+    assert xla.decide("auto", _net(strategy), strategy, _batch(), probe=xla.Probe(margin=0.0)).compiled
+    off = xla.decide("auto", _net(strategy), strategy, _batch(), probe=xla.Probe(margin=1e9))
     assert not off.compiled and "needs" in off.reason
 
 
@@ -151,7 +151,7 @@ def test_settings_and_refusals():
     refused = xla.decide(True, net, strategy, _batch(), refused="model placement")
     assert not refused.compiled and refused.reason == "off: model placement"
     votes = []
-    agreed = xla.decide("auto", net, strategy, _batch(), margin=0.0,
+    agreed = xla.decide("auto", net, strategy, _batch(), probe=xla.Probe(margin=0.0),
                         vote=lambda v: votes.append(v) or [0.0])   # the other worker: off
     assert votes == [[1.0]] and not agreed.compiled and "vote" in agreed.reason
 
@@ -166,12 +166,13 @@ def test_a_model_whose_trace_alone_would_pass_the_budget_is_not_traced():
     def no_batch():
         raise AssertionError("the batch is built only to measure")
     tight = layers * xla.TRACE_PER_LAYER / xla.BUDGET * 0.9
-    skipped = xla.decide("auto", net, strategy, no_batch, steps=100, longest=tight)
+    skipped = xla.decide("auto", net, strategy, no_batch,
+                         probe=xla.Probe(steps=100, longest=tight))
     assert not skipped.compiled and skipped.reason.startswith(
         "off, not probed: tracing the step alone would take about")
     assert f"({layers} layers)" in skipped.reason
-    roomy = xla.decide("auto", net, strategy, _batch(), steps=100, longest=tight * 1000,
-                       margin=0.0)
+    roomy = xla.decide("auto", net, strategy, _batch(),
+                       probe=xla.Probe(steps=100, longest=tight * 1000, margin=0.0))
     assert "tracing the step alone" not in roomy.reason
 
 

@@ -2,13 +2,15 @@
 keras.datasets (downloaded on first use, clear error offline)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 import tensorflow as tf
 
 from tftrain.config import ConfigError
-from tftrain.data.source import DATASETS, IndexedSource, InputSpec, check_labels, existing
+from tftrain.data.source import (DATASETS, IndexedSource, InputSpec, check_labels, existing,
+                                 options)
 
 # A graph constant cannot exceed 2 GB; arrays above this stay out of memory caches.
 MAX_IN_GRAPH_BYTES = 1_500_000_000
@@ -21,8 +23,10 @@ def _split(n: int, fraction: float, seed: int):
 
 
 def from_arrays(x, y, fraction: float, seed: int, num_classes=None, vocab_size=None,
-                x_val=None, y_val=None, where: str = "data") -> IndexedSource:
-    """A source from in-memory arrays (validation split off unless given)."""
+                validation: tuple | None = None, where: str = "data") -> IndexedSource:
+    """A source from in-memory arrays (validation split off unless given: `validation`,
+    its `(x, y)`)."""
+    x_val, y_val = validation or (None, None)
     x, y = np.asarray(x), np.asarray(y)
     if x.ndim < 1 or len(x) != len(y):
         raise ConfigError(f"{where}: x has {len(x) if x.ndim else 0} examples but y has "
@@ -83,12 +87,26 @@ def digits(fraction: float, seed: int, image_size: Optional[int] = None,
     return from_arrays(x, bunch.target, fraction, seed, num_classes=10)
 
 
+@dataclass(frozen=True)
+class SyntheticOptions:
+    """`data.params` of `synthetic`."""
+    kind: str = "images"
+    num_examples: int = 2048
+    shape: tuple = (16, 16, 1)
+    num_classes: int = 10
+    seq_len: int = 32
+    vocab_size: int = 1000
+    noise: float = 1.0
+
+
 @DATASETS.register("synthetic")
-def synthetic(fraction: float, seed: int, kind: str = "images", num_examples: int = 2048,
-              shape: tuple = (16, 16, 1), num_classes: int = 10, seq_len: int = 32,
-              vocab_size: int = 1000, noise: float = 1.0) -> IndexedSource:
+@options(SyntheticOptions)
+def synthetic(fraction: float, seed: int,
+              o: SyntheticOptions = SyntheticOptions()) -> IndexedSource:
     """Random data with a learnable signal: class prototypes plus noise (images) or
     class-specific marker tokens among random ones (tokens)."""
+    kind, num_examples, shape, num_classes = o.kind, o.num_examples, o.shape, o.num_classes
+    seq_len, vocab_size, noise = o.seq_len, o.vocab_size, o.noise
     rng = np.random.default_rng(seed)
     y = rng.integers(0, num_classes, num_examples)
     if kind == "images":
@@ -104,11 +122,24 @@ def synthetic(fraction: float, seed: int, kind: str = "images", num_examples: in
     raise ConfigError(f"data.params.kind: unknown synthetic kind '{kind}'; expected images or tokens")
 
 
+@dataclass(frozen=True)
+class NpzOptions:
+    """`data.params` of `npz`."""
+    path: str = ""
+    x_key: str = "x"
+    y_key: str = "y"
+    val_x_key: Optional[str] = None
+    val_y_key: Optional[str] = None
+    vocab_size: Optional[int] = None
+    num_classes: Optional[int] = None
+
+
 @DATASETS.register("npz")
-def npz(fraction: float, seed: int, path: str = "", x_key: str = "x", y_key: str = "y",
-        val_x_key: Optional[str] = None, val_y_key: Optional[str] = None,
-        vocab_size: Optional[int] = None, num_classes: Optional[int] = None) -> IndexedSource:
+@options(NpzOptions)
+def npz(fraction: float, seed: int, o: NpzOptions = NpzOptions()) -> IndexedSource:
     """Arrays from a .npz file (keys configurable; validation keys optional)."""
+    path, x_key, y_key, val_x_key, val_y_key = o.path, o.x_key, o.y_key, o.val_x_key, o.val_y_key
+    vocab_size, num_classes = o.vocab_size, o.num_classes
     p = existing(path, "data.params.path")
     try:
         f = np.load(p, allow_pickle=False)
@@ -125,7 +156,7 @@ def npz(fraction: float, seed: int, path: str = "", x_key: str = "x", y_key: str
         x_val = f[val_x_key] if val_x_key else None
         y_val = f[val_y_key] if val_y_key else None
         return from_arrays(f[x_key], f[y_key], fraction, seed, vocab_size=vocab_size,
-                           x_val=x_val, y_val=y_val, num_classes=num_classes,
+                           validation=(x_val, y_val), num_classes=num_classes,
                            where=f"data.params.path: {p}")
 
 
@@ -146,7 +177,7 @@ def _keras_dataset(name: str):
         x_val = x_val.astype(np.float32) / 255.0
         if x.ndim == 3:
             x, x_val = x[..., None], x_val[..., None]
-        return from_arrays(x, y.reshape(-1), fraction, seed, x_val=x_val, y_val=y_val.reshape(-1))
+        return from_arrays(x, y.reshape(-1), fraction, seed, validation=(x_val, y_val.reshape(-1)))
     load.__doc__ = f"keras.datasets.{name} (downloaded on first use)."
     return load
 

@@ -22,9 +22,13 @@ def load_source(cfg: DataConfig, seed: int) -> Source:
     for key in FROM_CONFIG:
         if key in cfg.params:
             raise ConfigError(f"data.params.{key}: set data.{key} instead (one way to say it)")
-    check_params(loader, cfg.params, "data.params", skip=2)
-    taken = inspect.signature(loader).parameters
+    kind = getattr(loader, "options", None)        # `source.options`: a dataclass of them
+    taking = kind or loader
+    check_params(taking, cfg.params, "data.params", skip=0 if kind else 2)
+    taken = inspect.signature(taking).parameters
     given = {k: getattr(cfg, k) for k in FROM_CONFIG if k in taken and getattr(cfg, k) is not None}
+    if kind is not None:
+        return loader(cfg.validation_fraction, seed, kind(**cfg.params, **given))
     return loader(cfg.validation_fraction, seed, **cfg.params, **given)
 
 

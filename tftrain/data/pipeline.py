@@ -49,12 +49,14 @@ def example_seed(seed: int, epoch, key):
 
 
 def train_dataset(source: Source, plan: BatchPlan, cfg: DataConfig, seed: int,
-                  start_update: int = 0, worker: int = 0, workers: int = 1,
+                  start_update: int = 0, pipeline: tuple[int, int] = (0, 1),
                   ops: Optional[list] = None, streams: int | None = None) -> tf.data.Dataset:
-    """Endless replica batches for pipeline `worker`, beginning at update `start_update`:
+    """Endless replica batches for input pipeline `worker` of `workers` (`pipeline`),
+    beginning at update `start_update`:
     each update takes `plan.replicas / workers` consecutive elements of `plan.replica_batch`
     examples. Elements are `(x, y)`, or `(x, y, weight)` with `data.remainder: pad`.
     `streams`: as for `epoch_layout`."""
+    worker, workers = pipeline
     ops = aug.build(cfg.augment) if ops is None else ops
     layout = epoch_layout(source, plan, cfg, workers, streams)
     steps, share = layout.steps(), layout.share
@@ -151,7 +153,7 @@ def distribute(strategy, source: Source, plan: BatchPlan, cfg: DataConfig, seed:
 
     def per_worker(context: tf.distribute.InputContext):
         return train_dataset(source, plan, cfg, seed, start_update,
-                             context.input_pipeline_id, context.num_input_pipelines, ops,
+                             (context.input_pipeline_id, context.num_input_pipelines), ops,
                              streams)
 
     # Prefetching onto accelerators overlaps the host-to-device copy with the step; for

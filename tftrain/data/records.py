@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from tftrain.config import ConfigError
 from tftrain.data.batching import EpochLayout
-from tftrain.data.source import (DATASETS, InputSpec, Source, parsed, permutation,
+from tftrain.data.source import (DATASETS, InputSpec, Source, options, parsed, permutation,
                                  window_shuffle)
 
 CACHE = Path(os.environ.get("TFTRAIN_CACHE", Path.home() / ".cache" / "tftrain"))
@@ -108,11 +108,13 @@ def group_offsets(counts, t: int):
 
 
 class RecordSource(Source):
-    """Examples in record files, parsed by `parse(serialized) -> (x, y)`."""
+    """Examples in record files, parsed by `parse(serialized) -> (x, y)`; `files`: the
+    training and the validation files."""
 
-    def __init__(self, *, spec: InputSpec, train: Files, val: Files, parse: Callable,
+    def __init__(self, *, spec: InputSpec, files: tuple[Files, Files], parse: Callable,
                  cycle_length: int, window: int, kind: str, num_train: Optional[int] = None,
                  counts: Optional[Callable] = None):
+        train, val = files
         self.spec, self.train_files, self.val_files, self.parse = spec, train, val, parse
         self.cycle_length, self.window, self.kind = max(1, min(cycle_length, len(train))), window, kind
         self._counts = counts
@@ -280,15 +282,30 @@ def example_parser(features: dict, x: str, y: str, image: Optional[dict]):
     return parse
 
 
+@dataclass(frozen=True)
+class TFRecordOptions:
+    """`data.params` of `tfrecord` (`shuffle_buffer`: `data.shuffle_buffer`)."""
+    files: str = ""
+    features: Optional[dict] = None
+    x: str = "x"
+    y: str = "y"
+    shape: Optional[list] = None
+    num_classes: Optional[int] = None
+    num_examples: Optional[int] = None
+    image: Optional[dict] = None
+    cycle_length: int = 8
+    shuffle_buffer: int = 10_000
+
+
 @DATASETS.register("tfrecord")
-def tfrecord(fraction: float, seed: int, files: str = "", features: Optional[dict] = None,
-             x: str = "x", y: str = "y", shape: Optional[list] = None,
-             num_classes: Optional[int] = None, num_examples: Optional[int] = None,
-             image: Optional[dict] = None, cycle_length: int = 8,
-             shuffle_buffer: int = 10_000) -> RecordSource:
+@options(TFRecordOptions)
+def tfrecord(fraction: float, seed: int, o: TFRecordOptions = TFRecordOptions()) -> RecordSource:
     """tf.Example records, streamed. `features` maps name -> {dtype, shape}; `x`/`y`
     name the input and label; `image: {size, channels}` decodes an encoded-image bytes
     input; `num_examples` (training records) skips the counting pass at start."""
+    files, features, x, y, shape, image = o.files, o.features, o.x, o.y, o.shape, o.image
+    num_classes, num_examples = o.num_classes, o.num_examples
+    cycle_length, shuffle_buffer = o.cycle_length, o.shuffle_buffer
     paths = sorted(tf.io.gfile.glob(str(files)))
     if not paths:
         raise ConfigError(f"data.params.files: no file matches {files!r}; give a glob of TFRecord files")
@@ -313,7 +330,7 @@ def tfrecord(fraction: float, seed: int, files: str = "", features: Optional[dic
                           "read ahead of training); set it to the number of classes")
     spec = InputSpec(tuple(first_x.shape), "float32", num_classes)
     del first_y
-    return RecordSource(spec=spec, train=train, val=val, parse=_checked(parse, num_classes),
+    return RecordSource(spec=spec, files=(train, val), parse=_checked(parse, num_classes),
                         cycle_length=cycle_length, window=shuffle_buffer,
                         kind=f"{len(paths)} TFRecord files", num_train=num_examples,
                         counts=lambda: counts()[len(paths) - len(train):])

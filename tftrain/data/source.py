@@ -196,6 +196,16 @@ RECIPE_DATA = {"speech_digits": "python scripts/make_speech_digits.py --out {pat
                "fortunes": "python scripts/make_fortunes_text.py --out {path}"}
 
 
+def options(kind: type):
+    """A loader whose `data.params` are the fields of the frozen dataclass `kind`: it is
+    called `loader(fraction, seed, kind(**params))`, and `data.params` are checked against
+    the fields."""
+    def mark(loader):
+        loader.options = kind
+        return loader
+    return mark
+
+
 def existing(path, key: str) -> Path:
     p = Path(os.path.expanduser(str(path)))
     if not p.exists():

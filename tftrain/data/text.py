@@ -10,6 +10,7 @@ the model and takes raw strings (`InputSpec.serving`); TFLite files take token i
 from __future__ import annotations
 
 import csv
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -18,7 +19,7 @@ import tensorflow as tf
 
 from tftrain.config import ConfigError
 from tftrain.data.arrays import from_arrays
-from tftrain.data.source import DATASETS, IndexedSource, Serving, existing
+from tftrain.data.source import DATASETS, IndexedSource, Serving, existing, options
 
 TABLE_SUFFIXES = {".csv": ",", ".tsv": "\t"}
 
@@ -137,15 +138,29 @@ def encode(layer, texts: list[str]) -> np.ndarray:
                            for i in range(0, len(texts), 512)]).astype(np.int32)
 
 
+@dataclass(frozen=True)
+class TextOptions:
+    """`data.params` of `text` (`on_bad_record`: `data.on_bad_record`)."""
+    path: str = ""
+    text_column: str = "text"
+    label_column: str = "label"
+    tokens: str = "word"
+    ngrams: int = 1
+    vocab_size: int = 20000
+    sequence_length: Optional[int] = None
+    on_bad_record: str = "fail"
+
+
 @DATASETS.register("text")
-def text(fraction: float, seed: int, path: str = "", text_column: str = "text",
-         label_column: str = "label", tokens: str = "word", ngrams: int = 1,
-         vocab_size: int = 20000, sequence_length: Optional[int] = None,
-         on_bad_record: str = "fail") -> IndexedSource:
+@options(TextOptions)
+def text(fraction: float, seed: int, o: TextOptions = TextOptions()) -> IndexedSource:
     """Text classification: a folder per class of .txt files, or a .csv/.tsv file;
     tokenized by `TextVectorization` fitted on the training split (`tokens`: word or
     character, n-grams up to `ngrams`, the `vocab_size` most frequent, padded or cut to
     `sequence_length` tokens: by default the 95th percentile of training lengths)."""
+    path, text_column, label_column, on_bad_record = (o.path, o.text_column, o.label_column,
+                                                      o.on_bad_record)
+    tokens, ngrams, vocab_size, sequence_length = o.tokens, o.ngrams, o.vocab_size, o.sequence_length
     root = existing(path, "data.params.path")
     (train_texts, y_train), (val_texts, y_val), classes = split(
         root, fraction, seed, text_column, label_column, on_bad_record)
@@ -160,9 +175,9 @@ def text(fraction: float, seed: int, path: str = "", text_column: str = "text",
     fixed.set_vocabulary(layer.get_vocabulary())
     source = from_arrays(encode(fixed, train_texts), y_train, fraction, seed,
                          num_classes=len(classes), vocab_size=fixed.vocabulary_size(),
-                         x_val=encode(fixed, val_texts) if val_texts else
-                         np.zeros((0, sequence_length), np.int32),
-                         y_val=y_val, where=f"data.params.path: {root}")
+                         validation=(encode(fixed, val_texts) if val_texts else
+                                     np.zeros((0, sequence_length), np.int32), y_val),
+                         where=f"data.params.path: {root}")
     serving = Serving(fixed, ((), "string"), np.array(val_texts, dtype=object), "raw strings")
     spec = source.spec.__class__(**{**source.spec.__dict__, "serving": serving})
     kind = (f"{len(train_texts) + len(val_texts)} texts under {root}, {len(classes)} classes; {tokens} "

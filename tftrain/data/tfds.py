@@ -88,7 +88,7 @@ def tfds_source(cfg: DataConfig, seed: int) -> RecordSource:
         raise ConfigError(f"data.params.image_size: tfds:{name} '{x}' has shape "
                           f"{features[x].shape}; set image_size: [height, width] to resize")
     spec = InputSpec(shape, "float32", int(label.num_classes))
-    return RecordSource(spec=spec, train=train, val=val, parse=parse,
+    return RecordSource(spec=spec, files=(train, val), parse=parse,
                         cycle_length=int(p.get("cycle_length", 8)),
                         window=cfg.shuffle_buffer or 10_000,
                         kind=f"tfds:{name} ({len(train)} files in {builder.data_dir})")

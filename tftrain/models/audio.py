@@ -21,10 +21,12 @@ from tftrain.models.registry import MODELS
 class AudioFeatures(keras.layers.Layer):
     """Waveform [batch, samples] -> features [batch, frames, bins]: log-mel energies
     (`num_mfcc: 0`) or the first `num_mfcc` MFCCs of them. Frames are `frame_ms` long
-    every `step_ms`, Hann-windowed, with an `fft_length`-point spectrum."""
+    every `step_ms`, Hann-windowed, with an `fft_length`-point spectrum; the mel bins span
+    `band` (lowest and highest Hz; None: half the sample rate)."""
 
-    def __init__(self, sample_rate, frame_ms=30.0, step_ms=20.0, fft_length=None,
-                 num_mel_bins=40, lower_hz=20.0, upper_hz=None, num_mfcc=0, **kwargs):
+    def __init__(self, sample_rate, frame_ms=30.0, step_ms=20.0, num_mel_bins=40, num_mfcc=0,
+                 band=(20.0, None), fft_length=None, **kwargs):
+        lower_hz, upper_hz = band
         kwargs["dtype"] = "float32"
         super().__init__(**kwargs)
         self.sample_rate, self.frame_ms, self.step_ms = int(sample_rate), frame_ms, step_ms
@@ -74,28 +76,30 @@ class AudioFeatures(keras.layers.Layer):
         return {**super().get_config(), "sample_rate": self.sample_rate,
                 "frame_ms": self.frame_ms, "step_ms": self.step_ms,
                 "fft_length": self.fft_length, "num_mel_bins": self.num_mel_bins,
-                "lower_hz": self.lower_hz, "upper_hz": self.upper_hz, "num_mfcc": self.num_mfcc}
+                "band": [self.lower_hz, self.upper_hz], "num_mfcc": self.num_mfcc}
 
 
-def _features(spec, features: str, num_mel_bins: int, num_mfcc: int, frame_ms, step_ms):
+def _features(spec, features: str, num_mel_bins: int, num_mfcc: int, frames):
     if spec.sample_rate is None or len(spec.shape) != 1:
         raise ValueError("needs raw waveforms [samples] with a sample rate (data.name: "
                          f"audio_folder); got inputs of shape {spec.shape}")
     if features not in ("log_mel", "mfcc"):
         raise ValueError(f"features must be 'log_mel' or 'mfcc', received {features!r}")
     inputs = keras.Input(spec.shape, name="inputs")
+    frame_ms, step_ms = frames
     x = AudioFeatures(spec.sample_rate, frame_ms, step_ms, num_mel_bins=num_mel_bins,
                       num_mfcc=num_mfcc if features == "mfcc" else 0, name="features")(inputs)
     return inputs, x
 
 
 @MODELS.register("ds_cnn")
-def ds_cnn(spec, features="mfcc", num_mel_bins=40, num_mfcc=10, frame_ms=40.0, step_ms=20.0,
+def ds_cnn(spec, features="mfcc", num_mel_bins=40, num_mfcc=10, frames=(40.0, 20.0),
            filters=64, blocks=4, dropout=0.2):
     """Depthwise-separable CNN for keyword spotting ("Hello Edge", Zhang et al. 2017):
     a 10x4 strided convolution over the (time, feature) map, `blocks` depthwise 3x3 +
-    pointwise 1x1 blocks (each with batch norm and ReLU), average pooling, logits."""
-    inputs, x = _features(spec, features, num_mel_bins, num_mfcc, frame_ms, step_ms)
+    pointwise 1x1 blocks (each with batch norm and ReLU), average pooling, logits.
+    `frames`: each frame's length and the step between frames, in ms."""
+    inputs, x = _features(spec, features, num_mel_bins, num_mfcc, frames)
     frames, bins = x.shape[1], x.shape[2]
     x = keras.layers.Reshape((frames, bins, 1), name="to_map")(x)
     x = keras.layers.Conv2D(filters, (10, 4), strides=(2, 2), padding="same", use_bias=False,
@@ -117,11 +121,12 @@ def ds_cnn(spec, features="mfcc", num_mel_bins=40, num_mfcc=10, frame_ms=40.0, s
 
 
 @MODELS.register("conv1d")
-def conv1d(spec, features="log_mel", num_mel_bins=40, num_mfcc=13, frame_ms=30.0, step_ms=20.0,
+def conv1d(spec, features="log_mel", num_mel_bins=40, num_mfcc=13, frames=(30.0, 20.0),
            filters=(64, 64, 128), kernel_size=5, dropout=0.2):
     """A 1-D CNN over time (features as channels) for speech: per entry of `filters` a
-    Conv1D (ReLU) and a 2x max pool, then average pooling over time and logits."""
-    inputs, x = _features(spec, features, num_mel_bins, num_mfcc, frame_ms, step_ms)
+    Conv1D (ReLU) and a 2x max pool, then average pooling over time and logits.
+    `frames`: each frame's length and the step between frames, in ms."""
+    inputs, x = _features(spec, features, num_mel_bins, num_mfcc, frames)
     for i, f in enumerate(filters):
         x = keras.layers.Conv1D(f, kernel_size, padding="same", activation="relu",
                                 name=f"conv_{i}")(x)

@@ -13,6 +13,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from tftrain.config import ConfigError
 from tftrain.core import console
@@ -125,8 +126,8 @@ class StageRunner:
         what = (f"{stage.epochs} epochs x {self.steps_per_epoch} updates" if stage.updates
                 else "evaluating the starting model")
         with console.phase(stage.name, what) as note:
-            result = self._fit(stage, built, model, optimizer, ckpt, manager, directory, start,
-                               carried)
+            result = self._fit(stage, built, model, optimizer, Saved(ckpt, manager, directory),
+                               start, carried)
             note["detail"] = ", ".join(f"{k} {v:.4f}" for k, v in result["metrics"].items())
         net = stage.finalize(built, result, self.plan)
         self._record(stage, result)
@@ -199,14 +200,16 @@ class StageRunner:
 
     def _compile_choice(self, stage, model, jit) -> None:
         """`train.jit_compile` for this stage (`tftrain.training.xla.for_stage`)."""
-        decision = xla.for_stage(stage, model, jit, self.plan, self.cfg.train.jit_compile,
+        decision = xla.for_stage(stage, model, jit, self.plan,
                                  lambda: next(iter(self._batches(1))))
         model.jit_compile_gradients = decision.compiled
         self.jit[stage.name] = {"compiled": decision.compiled, "reason": decision.reason,
                                 "speedup": decision.speedup}
 
-    def _fit(self, stage, built, model, optimizer, ckpt, manager, directory, start,
-             carried) -> dict:
+    def _fit(self, stage, built, model, optimizer, saved: "Saved", start, carried) -> dict:
+        """Train `model` from update `start` to the stage's end, checkpointed in `saved`;
+        `carried`: the epoch's running metrics the checkpoint holds."""
+        ckpt, manager, directory = saved
         from tftrain.training import callbacks as cb
         from tftrain import data
         from tftrain.optim import rates
@@ -258,7 +261,9 @@ class StageRunner:
             try:
                 fit(model, data.distribute(self.strat, self.plan.source, self.plan.batches,
                                            cfg.data, cfg.run.seed, start, self.plan.layout.streams),
-                    self.val, start, stage.epochs, spe, callbacks, cfg, self.smoke)
+                    self.val, start, stage.epochs, spe, callbacks,
+                    {"validation_steps": cfg.train.smoke_steps if self.smoke else None,
+                     "verbose": 1 if cfg.train.verbose == 1 else 0})
                 break
             except cb.NonFiniteLoss as err:
                 if cfg.train.on_nan == "stop" or attempt == cfg.train.nan_retries:
@@ -361,8 +366,17 @@ class StageRunner:
             shutil.rmtree(self.scratch, ignore_errors=True)
 
 
-def fit(model, train, val, start, epochs, steps_per_epoch, callbacks, cfg, smoke) -> None:
-    """fit from optimizer update `start` (mid-epoch if need be) to the end of the stage."""
+class Saved(NamedTuple):
+    """Where a stage is checkpointed: its checkpoint, the manager writing it, and the
+    directory it is restored from."""
+    ckpt: object
+    manager: object
+    directory: object
+
+
+def fit(model, train, val, start, epochs, steps_per_epoch, callbacks, options: dict) -> None:
+    """fit from optimizer update `start` (mid-epoch if need be) to the end of the stage;
+    `options`: Keras' `validation_steps` and `verbose`."""
     from tftrain.training.callbacks import ResumePoint
 
     if start >= epochs * steps_per_epoch:
@@ -370,8 +384,7 @@ def fit(model, train, val, start, epochs, steps_per_epoch, callbacks, cfg, smoke
     model._training_state = ResumePoint(start)   # fit starts at (epoch, step) of `start`
     try:
         model.fit(train, epochs=epochs, steps_per_epoch=steps_per_epoch, validation_data=val,
-                  validation_steps=cfg.train.smoke_steps if smoke else None,
-                  callbacks=callbacks, verbose=1 if cfg.train.verbose == 1 else 0)
+                  callbacks=callbacks, **options)
     finally:
         model._training_state = None
 

@@ -39,12 +39,12 @@ class TrainModel(keras.Model):
 
     def __init__(self, *args, accumulation_steps: int = 1, all_reduce_dtype: str | None = None,
                  update_hooks=(), unroll: bool = False, parallel=None, precision=None,
-                 time_steps: bool = True, **kwargs):
+                 **kwargs):
         from tftrain.runtime.parallelism import Parallelism
         from tftrain.runtime.precision import AllReduce, Precision
 
         super().__init__(*args, **kwargs)
-        self.time_steps = time_steps     # not under op determinism (TensorFlow refuses clocks)
+        self.time_steps = True     # (`wrap`) not under op determinism: TensorFlow refuses clocks
         # Kept out of Keras' tracking: they are how the step runs, not model state.
         self.__dict__["parallel"] = parallel or Parallelism()
         self.__dict__["precision"] = precision or Precision(    # no loss scaling of its own
@@ -83,10 +83,12 @@ class TrainModel(keras.Model):
         the all-reduce dtype (default: the global policy, no loss scaling).
         `time_steps`: measure the time inside steps for the input-wait figure (not under
         op determinism, where TensorFlow refuses clocks)."""
-        return cls(inputs=model.inputs, outputs=model.outputs, name=model.name,
-                   accumulation_steps=accumulation_steps, all_reduce_dtype=all_reduce_dtype,
-                   update_hooks=update_hooks, unroll=unroll, parallel=parallel,
-                   precision=precision, time_steps=time_steps)
+        net = cls(inputs=model.inputs, outputs=model.outputs, name=model.name,
+                  accumulation_steps=accumulation_steps, all_reduce_dtype=all_reduce_dtype,
+                  update_hooks=update_hooks, unroll=unroll, parallel=parallel,
+                  precision=precision)
+        net.time_steps = time_steps
+        return net
 
     def compile_step(self, optimizer, loss, metrics, steps_per_execution: int = 1) -> None:
         """`compile` for tftrain's step. The metrics are weighted: Keras applies sample

@@ -57,20 +57,32 @@ def check(cfg, stage, parallel) -> None:
                           "train.jit_compile: auto (XLA where it works) or false")
 
 
-def decide(setting, model, strategy, batch, vote=None, refused: str = "",
-           margin: float = 1.05, rounds: int = 3, calls: int = 3, steps: int | None = None,
-           key: str | None = None, longest: float | None = None) -> Decision:
-    """Whether `model` (a compiled `TrainModel`) computes its gradients under XLA.
-    `batch`: one replica batch `(x, y[, weight])`, or a function giving it (called only
-    when a measurement needs it); `vote(values) -> values`: the mean
-    over a cluster's replicas (None on one worker); `refused`: why XLA cannot be used
-    (`refusal`), "" if it can be tried. `steps`: the updates the stage will make: the
+@dataclass(frozen=True)
+class Probe:
+    """How `auto` measures. `margin`: the speed-up compiled steps must reach; `rounds` of
+    `calls` each, timed in turn. `steps`: the updates the stage will make: the
     measurement is skipped when it would cost more than `BUDGET` of their time. `key`
     (one worker): a decision measured before under the same key (`cache_key`: model,
     strategy, precision, batch, hardware and TensorFlow) is reused. `longest`: the most
     the stage's steps can take (from its FLOPs at `SLOWEST_MFU` of the peak): a model whose
     trace alone, estimated from its layers (`TRACE_PER_LAYER`), would cost more than
     `BUDGET` of it is not even traced to be measured."""
+    margin: float = 1.05
+    rounds: int = 3
+    calls: int = 3
+    steps: int | None = None
+    key: str | None = None
+    longest: float | None = None
+
+
+def decide(setting, model, strategy, batch, vote=None, refused: str = "",
+           probe: Probe = Probe()) -> Decision:
+    """Whether `model` (a compiled `TrainModel`) computes its gradients under XLA.
+    `batch`: one replica batch `(x, y[, weight])`, or a function giving it (called only
+    when a measurement needs it); `vote(values) -> values`: the mean
+    over a cluster's replicas (None on one worker); `refused`: why XLA cannot be used
+    (`refusal`), "" if it can be tried; `probe`: how `auto` measures (`Probe`)."""
+    margin, steps, key, longest = probe.margin, probe.steps, probe.key, probe.longest
     if setting is False:
         return Decision(False, "off (train.jit_compile: false)")
     if refused:
@@ -91,7 +103,7 @@ def decide(setting, model, strategy, batch, vote=None, refused: str = "",
                                f"{BUDGET:.0%} of the stage's {longest:.0f} s of steps at most")
     try:
         speedup, cost, planned = _measure(model, strategy, batch() if callable(batch) else batch,
-                                          rounds, calls, steps=steps)
+                                          probe.rounds, probe.calls, steps=steps)
         spent = (f" (the probe took {cost:.1f} s, {cost / planned:.0%} of the {planned:.0f} s "
                  "of steps planned)" if planned else "")
         decision = (Decision(True, f"on: compiled steps ran {speedup:.2f}x as fast{spent}",
@@ -118,7 +130,7 @@ def decide(setting, model, strategy, batch, vote=None, refused: str = "",
     return decision
 
 
-def for_stage(stage, model, jit, plan, setting, batch) -> Decision:
+def for_stage(stage, model, jit, plan, batch) -> Decision:
     """The decision for a stage about to train: as saved before a restart (`jit`, the
     stage checkpoint's variable), else decided now and saved in `jit`; printed when it
     was for `auto` to decide. `batch()`: one replica batch, built only to measure."""
@@ -128,7 +140,7 @@ def for_stage(stage, model, jit, plan, setting, batch) -> Decision:
         return Decision(bool(jit.numpy()), "as decided before the restart")
     from tftrain.core import console
 
-    parallel = plan.parallel
+    parallel, setting = plan.parallel, plan.cfg.train.jit_compile
     refused = refusal(stage, parallel)
     measuring = setting == "auto" and not refused
     key = (cache_key(model, parallel.strategy, plan.precision.policy,
@@ -143,7 +155,7 @@ def for_stage(stage, model, jit, plan, setting, batch) -> Decision:
     with (console.phase("xla", f"{stage.name}: timing compiled steps against plain ones")
           if measuring else contextlib.nullcontext()) as note:
         decision = decide(setting, model, parallel.strategy, batch, parallel.mean, refused,
-                          steps=stage.updates, key=key, longest=longest)
+                          Probe(steps=stage.updates, key=key, longest=longest))
         if note is not None:
             note["detail"] = decision.reason
     jit.assign(ON if decision.compiled else OFF)
