@@ -179,6 +179,8 @@ def test_every_package_says_what_it_is_for_and_what_it_may_import(package):
 
 
 def test_core_imports_no_tensorflow_but_its_keras_module():
+    """(`internals` reaches TensorFlow's private parts inside its functions only.)"""
+    assert _top_imports(ROOT / "tftrain" / "core" / "internals.py") == {"__future__", "__future__.annotations"}
     for path in (ROOT / "tftrain" / "core").glob("*.py"):
         named = {alias.name.split(".")[0] for node in ast.walk(ast.parse(path.read_text()))
                  if isinstance(node, ast.Import) for alias in node.names}
@@ -186,4 +188,82 @@ def test_core_imports_no_tensorflow_but_its_keras_module():
                   for node in ast.walk(ast.parse(path.read_text()))
                   if isinstance(node, ast.ImportFrom)}
         heavy = named & {"tensorflow", "tf_keras", "keras", "tensorflow_model_optimization"}
-        assert not heavy or path.name == "keras.py", (path.name, heavy)
+        assert not heavy or path.name in ("keras.py", "internals.py"), (path.name, heavy)
+
+
+# what loads TensorFlow when imported (besides TensorFlow itself): Keras, through
+# `tftrain.core.keras`
+HEAVY_ROOTS = ("tensorflow", "tf_keras", "keras", "tftrain.core.keras")
+DEFERRED_OK = ("tensorflow_model_optimization", "tensorflow_datasets")   # optional, slow
+
+
+def _top_imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.parse(path.read_text(), str(path)).body:
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def loads_tensorflow(root: Path, package: str = "tftrain") -> dict[str, bool]:
+    """module -> whether importing it loads TensorFlow (its top-level imports, or its
+    packages', reach TensorFlow or a module that does)."""
+    mods = modules(root, package)
+    tops = {name: _top_imports(path) for name, path in mods.items()}
+    found: dict[str, bool] = {}
+
+    def heavy(name: str, seen: frozenset = frozenset()) -> bool:
+        if name not in found:
+            parents = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+            found[name] = any(
+                dep.startswith(HEAVY_ROOTS) and not dep.startswith(DEFERRED_OK) or
+                (_owner(dep, mods) not in (None, name) and _owner(dep, mods) not in seen
+                 and heavy(_owner(dep, mods), seen | {name}))
+                for dep in tops[name] | parents)
+        return found[name]
+    return {name: heavy(name) for name in mods}
+
+
+def deferred_imports(root: Path, package: str = "tftrain") -> list[str]:
+    """Imports of tftrain, TensorFlow or NumPy inside a function of a module that loads
+    TensorFlow anyway: deferring them saves nothing."""
+    mods, heavy = modules(root, package), loads_tensorflow(root, package)
+    wrong = []
+    for name, path in mods.items():
+        if not heavy[name]:
+            continue
+        for fn in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                         else [node.module] if isinstance(node, ast.ImportFrom) and node.module
+                         else [])
+                wrong += [f"{name}:{node.lineno} {n}" for n in names
+                          if n.split(".")[0] in (package, "tensorflow", "numpy")]
+    return sorted(wrong)
+
+
+def test_modules_that_load_tensorflow_import_at_the_top():
+    """Only a module importable without TensorFlow (what `--help`, `--dry-run`, the config
+    check and the export kinds read) defers imports to keep those fast; one that loads
+    TensorFlow anyway imports tftrain, TensorFlow and NumPy at its top."""
+    heavy = loads_tensorflow(ROOT)
+    assert heavy["tftrain.stages.runner"] and heavy["tftrain.export.context"]
+    assert not any(heavy[m] for m in ("tftrain.run", "tftrain.plan", "tftrain.config",
+                                      "tftrain.export.kinds", "tftrain.core.internals",
+                                      "tftrain.stages"))
+    assert deferred_imports(ROOT) == []
+
+
+def test_the_deferred_import_check_sees_a_deferred_import(tmp_path):
+    root = _write(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/light.py": "def f():\n    import tensorflow\n",
+        "pkg/heavy.py": "import pkg.base\n\ndef f():\n    from pkg import light\n",
+        "pkg/base.py": "from tensorflow import nest\n"})
+    heavy = loads_tensorflow(root, "pkg")
+    assert heavy == {"pkg": False, "pkg.light": False, "pkg.heavy": True, "pkg.base": True}
+    assert deferred_imports(root, "pkg") == ["pkg.heavy:4 pkg"]

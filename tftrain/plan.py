@@ -8,6 +8,7 @@ from functools import cached_property
 from typing import Any
 
 from tftrain.config import Config, ConfigError
+from tftrain.core import internals
 from tftrain.export import kinds
 
 
@@ -15,15 +16,12 @@ from tftrain.export import kinds
 def process_settings_kept():
     """Puts back what a run switches for its whole process (op determinism, which
     `run.deterministic` turns on), so a Python caller's later code and runs are unaffected."""
-    from tensorflow.python.framework import config as tf_config   # no public disable
-
-    from tftrain.training.train_step import op_determinism
-    before = op_determinism()
+    before = internals.op_determinism()
     try:
         yield
     finally:
-        if op_determinism() != before:
-            (tf_config.enable_op_determinism if before else tf_config.disable_op_determinism)()
+        if internals.op_determinism() != before:
+            internals.set_op_determinism(before)
 
 
 @dataclass

@@ -24,6 +24,7 @@ import numpy as np
 
 from tftrain.config import ConfigError
 from tftrain.core.keras import keras
+from tftrain.runtime.placement import layer_flops
 
 KEY = "compression.pruning.structure"
 
@@ -214,7 +215,6 @@ def _last(shape) -> int:
 # -- how many channels each group keeps --------------------------------------------------
 def flops(model) -> float:
     """Multiply-add FLOPs per example of the convolutions and dense layers."""
-    from tftrain.runtime.placement import layer_flops
     return sum(layer_flops(layer) for layer in model.layers
                if type(layer).__name__ in (*PRODUCERS, "DepthwiseConv2D"))
 
@@ -227,7 +227,6 @@ def _fraction(graph: ChannelGraph, space, counts: dict[int, int]) -> float:
 
 def flops_with(graph: ChannelGraph, counts: dict[int, int]) -> float:
     """The model's FLOPs with `counts[group]` channels kept in each group."""
-    from tftrain.runtime.placement import layer_flops
     total = 0.0
     for layer in graph.model.layers:
         kind = type(layer).__name__

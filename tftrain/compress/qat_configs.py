@@ -26,6 +26,11 @@ import tensorflow as tf
 from tftrain.compress.qat_base import PrunePreservingConfig
 from tftrain.core.keras import keras
 from tftrain.models.tensor_ops import HardSigmoid, HardSwish, affine_of
+from tftrain.models.applications import Preprocess
+from tftrain.models.audio import AudioFeatures
+from tftrain.compress import qat_transformer as qt
+from tftrain.models.text import TokenMean
+from tftrain.models.transformer import PositionEmbedding
 
 
 @keras.utils.register_keras_serializable("tftrain")
@@ -62,7 +67,6 @@ class Conv1DAsConv2D(keras.layers.Layer):
         super().build(input_shape)
 
     def call(self, inputs):
-        import tensorflow as tf
         # conv, bias and activation on the 4-D map, so TFLite fuses them into one int8
         # CONV_2D; the reshapes around it stay int8
         y = tf.nn.conv2d(tf.expand_dims(inputs, 1), tf.cast(self.kernel, inputs.dtype),
@@ -245,11 +249,6 @@ def config_for(layer, preserve_sparsity: bool) -> Optional[object]:
     from tensorflow_model_optimization.python.core.quantization.keras.default_8bit import (
         default_8bit_quantize_configs as configs,
     )
-    from tftrain.models.applications import Preprocess
-    from tftrain.models.audio import AudioFeatures
-    from tftrain.compress import qat_transformer as qt
-    from tftrain.models.text import TokenMean
-    from tftrain.models.transformer import PositionEmbedding
 
     if isinstance(layer, (keras.layers.MultiHeadAttention, qt.QuantizableAttention)):
         return qt.AttentionQuantizeConfig(preserve_sparsity)
@@ -283,7 +282,6 @@ def quantizable_form(layer):
     """A fresh copy of `layer` in the form QAT quantizes (a Conv1D as `Conv1DAsConv2D`;
     multi-head attention, a Dense on a sequence and layer normalization as
     `qat_transformer`'s forms)."""
-    from tftrain.compress import qat_transformer as qt
 
     if type(layer) is keras.layers.Conv1D:
         return Conv1DAsConv2D.of(layer)
@@ -312,7 +310,6 @@ def supported(layer) -> bool:
 def quantize_input(model) -> bool:
     """Whether QAT should fake-quantize the model's input: not token ids (integers), nor
     a waveform feeding float feature extraction (8 bits would lose the quiet frames)."""
-    from tftrain.models.audio import AudioFeatures
 
     if model.inputs[0].dtype.is_integer:
         return False

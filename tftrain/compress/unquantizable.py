@@ -9,6 +9,7 @@ from tftrain.compress import qat_configs
 from tftrain.config import ConfigError, QuantizationConfig
 from tftrain.core.keras import keras
 from tftrain.models import layer_parents
+from tftrain.core import internals
 
 _FOLDED_INTO = ("Conv2D", "DepthwiseConv2D", "Dense")
 
@@ -73,7 +74,7 @@ def _fit(line: str, width: int = 120) -> str:
 def float_islands(model, names: set) -> int:
     """Connected groups of the layers `names` in `model`'s graph."""
     links: dict[str, set] = {n: set() for n in names}
-    for node in (n for nodes in model._nodes_by_depth.values() for n in nodes):
+    for node in (n for nodes in internals.nodes_by_depth(model).values() for n in nodes):
         if node.layer.name not in names:
             continue
         for inbound in tf.nest.flatten(node.inbound_layers):

@@ -11,6 +11,7 @@ import tensorflow as tf
 from tftrain.config import ConfigError
 from tftrain.data.source import (DATASETS, IndexedSource, InputSpec, check_labels, existing,
                                  options)
+from tftrain.core.keras import keras
 
 # A graph constant cannot exceed 2 GB; arrays above this stay out of memory caches.
 MAX_IN_GRAPH_BYTES = 1_500_000_000
@@ -162,7 +163,6 @@ def npz(fraction: float, seed: int, o: NpzOptions = NpzOptions()) -> IndexedSour
 
 def _keras_dataset(name: str):
     def load(fraction: float, seed: int) -> IndexedSource:
-        from tftrain.core.keras import keras
 
         module = getattr(keras.datasets, name)
         try:

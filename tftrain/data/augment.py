@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from tftrain.config import ConfigError
 from tftrain.core.registry import Registry, check_params
+from tftrain.core.registry import import_function
 
 
 @dataclass(frozen=True)
@@ -263,7 +264,6 @@ def _imported(name: str, params, key: str) -> Op:
     **params) -> x` on one float example (`seed`: a stateless seed of shape (2,), a
     function of the run's seed and the example's place, so resumes replay it), applied to
     training examples only."""
-    from tftrain.core.registry import import_function
 
     fn = import_function(name, key)
     params = params if isinstance(params, dict) else {}

@@ -18,6 +18,8 @@ from tftrain.config import ConfigError, DataConfig
 from tftrain.data import augment as aug
 from tftrain.data.batching import BatchPlan, EpochLayout
 from tftrain.data.source import IndexedSource, Source
+from tftrain.data.service import spread
+from tftrain.data.arrays import array_source
 
 
 def epoch_layout(source: Source, plan: BatchPlan, cfg: DataConfig, workers: int = 1,
@@ -137,7 +139,6 @@ def train_dataset(source: Source, plan: BatchPlan, cfg: DataConfig, seed: int,
     if cfg.service is None:
         ds = stream()
     else:           # the same batches, decoded and augmented on tf.data service workers
-        from tftrain.data.service import spread
         per_epoch = steps * share // b
         ds = spread(stream, cfg.service.dispatchers, per_epoch, per_epoch - skip * share // b)
     # The stream never ends; saying so spares a cluster an all-reduce per step: for input of
@@ -248,7 +249,6 @@ def cached(source: Source, cfg: DataConfig) -> Source:
     if cache_choice(source, cfg) != "memory" or (
             isinstance(source, IndexedSource) and not source.elementwise):
         return source
-    from tftrain.data.arrays import array_source
 
     parts = list(source.calibration(source.num_train).batch(1024).as_numpy_iterator())
     x, y = (np.concatenate(p) for p in zip(*parts))

@@ -29,6 +29,7 @@ from tftrain.config import ConfigError
 from tftrain.data.batching import EpochLayout
 from tftrain.data.source import (DATASETS, InputSpec, Source, options, parsed, permutation,
                                  window_shuffle)
+from tftrain.data.images import decode
 
 CACHE = Path(os.environ.get("TFTRAIN_CACHE", Path.home() / ".cache" / "tftrain"))
 
@@ -273,7 +274,6 @@ def example_parser(features: dict, x: str, y: str, image: Optional[dict]):
     def parse(record):
         ex = tf.io.parse_single_example(record, spec)
         if image:
-            from tftrain.data.images import decode
             inputs = decode(ex[x], [int(v) for v in image.get("size", (32, 32))],
                             int(image.get("channels", 3)))
         else:

@@ -20,6 +20,7 @@ import tensorflow as tf
 from tftrain.config import ConfigError
 from tftrain.data.arrays import from_arrays
 from tftrain.data.source import DATASETS, IndexedSource, Serving, existing, options
+from tftrain.core.keras import keras
 
 TABLE_SUFFIXES = {".csv": ",", ".tsv": "\t"}
 
@@ -120,7 +121,6 @@ def split(root: Path, fraction: float, seed: int, text_column: str = "text",
 
 
 def tokenizer(tokens: str, ngrams: int, vocab_size: int, sequence_length: Optional[int]):
-    from tftrain.core.keras import keras
 
     if tokens not in ("word", "character"):
         raise ConfigError(f"data.params.tokens: {tokens!r}; expected word or character")

@@ -20,6 +20,9 @@ import tensorflow as tf
 from tftrain.core.keras import keras
 from tftrain.export.calibration import own_ranges
 from tftrain.export.measures import dir_bytes
+from tftrain.core import internals
+from tftrain.export.fidelity import set_example
+from tftrain.compress import quantization
 
 def inference_model(model):
     """A plain float32 functional model with the same weights (no training wrappers):
@@ -95,7 +98,7 @@ def convert_tflite(saved_model: Path, mode: str, calibration: np.ndarray,
     if mode in ("dynamic", "float16", "int8"):
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
     if strict:
-        converter._experimental_strict_qdq = True
+        internals.strict_qdq(converter)
     if mode == "float16":
         converter.target_spec.supported_types = [tf.float16]
     if mode == "int8" and not qat:     # full integer: activations calibrated, int8 kernels
@@ -114,7 +117,6 @@ def tflite_logits(flatbuffer: bytes, x: np.ndarray, threads: int = 1) -> tuple[n
     """Run a TFLite model with LiteRT on each example; (logits, seconds per example)."""
     from ai_edge_litert.interpreter import Interpreter
 
-    from tftrain.export.fidelity import set_example
 
     interp = Interpreter(model_content=flatbuffer, num_threads=threads)
     inp, out = interp.get_input_details()[0], interp.get_output_details()[0]
@@ -156,7 +158,6 @@ def float_tflite(plain, saved_model: Path, out: Path, qat: bool) -> bytes:
     passing its input through (`quantization.quantizers_bypassed`), no fake-quant op."""
     if not qat:
         return convert_tflite(saved_model, "float", None)
-    from tftrain.compress import quantization
     return converted_within(quantization.quantizers_bypassed(), plain,
                              out / "tflite_float_source", "float", None)
 

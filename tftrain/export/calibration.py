@@ -20,22 +20,23 @@ import contextlib
 
 import numpy as np
 
+from tftrain.core import internals
+
 
 @contextlib.contextmanager
 def own_ranges():
     """Inside: TFLite conversions calibrate every tensor on its own values."""
-    from tensorflow.lite.python.optimize import calibrator
-
-    original = calibrator.Calibrator.calibrate
+    calibrator = internals.calibrator_class()
+    original = calibrator.calibrate
 
     def calibrate(self, dataset_gen):
         return remeasured(original(self, dataset_gen), dataset_gen)
 
-    calibrator.Calibrator.calibrate = calibrate
+    calibrator.calibrate = calibrate
     try:
         yield
     finally:
-        calibrator.Calibrator.calibrate = original
+        calibrator.calibrate = original
 
 
 def remeasured(calibrated: bytes, dataset_gen) -> bytes:

@@ -24,6 +24,8 @@ from typing import Callable
 import tensorflow as tf
 
 from tftrain.core import console
+from tftrain.export.fidelity import worst
+from tensorflow.lite.python import schema_py_generated as fb
 
 
 def weighted_layer(model, name: str):
@@ -50,7 +52,6 @@ def fall_back(model, rows: list[dict], accuracy_of: Callable[[bytes], float],
     time: `convert(wrappers)` makes an int8 file with those wrappers' kernels float,
     `accuracy_of(blob)` evaluates it. Returns (the first file within `budget` of
     `reference`, or the best tried; its record)."""
-    from tftrain.export.fidelity import worst
 
     chosen, tried, best = [], [], (None, -1.0, 0)     # (file, accuracy, layers in it)
     for row in worst(rows, len(rows)):
@@ -111,7 +112,6 @@ def spliced(int8_blob: bytes, float_blob: bytes) -> tuple[bytes, list[str]]:
     names. `float_blob` is a strict-QDQ conversion with those layers' kernels float: the
     converter writes it with uint8 per-channel kernels elsewhere, which no runtime runs,
     so only its float ops are taken."""
-    from tensorflow.lite.python import schema_py_generated as fb
 
     def op_name(model, op):
         code = model.operatorCodes[op.opcodeIndex]
@@ -190,7 +190,6 @@ def with_kernel_scales(blob: bytes, layer: str, factor: float) -> bytes:
     mentions `layer` (its kernel) times `factor`: a converter that quantized that layer
     unlike QAT, for the tests and the benchmark of the fallback. A file in which the
     layer's kernel is float is returned as it is."""
-    from tensorflow.lite.python import schema_py_generated as fb
 
     model = _unpacked(blob)
     for tensor in model.subgraphs[0].tensors:
@@ -203,7 +202,6 @@ def with_kernel_scales(blob: bytes, layer: str, factor: float) -> bytes:
 
 def _unpacked(blob: bytes):
     """A TFLite flatbuffer as the schema's object tree (editable)."""
-    from tensorflow.lite.python import schema_py_generated as fb
     return fb.ModelT.InitFromObj(fb.Model.GetRootAsModel(blob, 0))
 
 

@@ -20,8 +20,9 @@ import math
 import numpy as np
 
 from tftrain.core import console
-from tftrain.export.layer_noise import floor as layer_floor
-from tftrain.export.layer_noise import rounding_limited, too_noisy, why_noisy
+from tftrain.core import internals
+from tftrain.core.keras import keras
+from tftrain.export.layer_noise import floor as layer_floor, rounding_limited, too_noisy, why_noisy
 from tftrain.models.rounding import replay
 
 CAP_DB = 99.0        # an exact tensor (no noise) is reported at this SQNR
@@ -67,12 +68,12 @@ def tflite_tensors(blob: bytes, layer_names: list[str], x: np.ndarray) -> dict[s
     chosen: dict[str, tuple[int, str]] = {}        # layer -> (tensor index, op name)
     every: dict[str, list[int]] = {}               # layer -> all its 8-bit tensors
     computed = {inp["index"]}      # tensors the input reaches: not a weight DEQUANTIZEd
-    for op in interp._get_ops_details():          # in execution order: the last one wins
+    for op in internals.ops_details(interp):          # in execution order: the last one wins
         if not computed & {int(i) for i in op["inputs"]}:
             continue              # a float16 file's weights (a kernel can match a map's size)
         computed.update(int(i) for i in op["outputs"])
         for index in op["outputs"]:
-            detail = interp._get_tensor_details(index, 0)
+            detail = internals.tensor_details(interp, index)
             layer = layer_of_tensor(detail["name"], order)
             if layer is not None:
                 chosen[layer] = (index, op["op_name"])
@@ -80,7 +81,7 @@ def tflite_tensors(blob: bytes, layer_names: list[str], x: np.ndarray) -> dict[s
                     every.setdefault(layer, []).append(index)
     values: dict[str, list] = {layer: [] for layer in chosen}
     ends = {layer: [0, 0] for layer in every}     # codes clipped, codes read
-    clipping = {index: _clipping_codes(interp._get_tensor_details(index, 0))
+    clipping = {index: _clipping_codes(internals.tensor_details(interp, index))
                 for indices in every.values() for index in indices}
     for row in x:
         set_example(interp, inp, row)
@@ -94,7 +95,7 @@ def tflite_tensors(blob: bytes, layer_names: list[str], x: np.ndarray) -> dict[s
                 ends[layer][1] += codes.size
     out = {}
     for layer, (index, op) in chosen.items():
-        detail = interp._get_tensor_details(index, 0)
+        detail = internals.tensor_details(interp, index)
         params = detail["quantization_parameters"]
         out[layer] = {"value": np.concatenate(values[layer]), "op": op,
                       **grid(detail["dtype"], params["scales"], params["zero_points"])}
@@ -147,7 +148,7 @@ def set_example(interp, inp: dict, row: np.ndarray, batch: bool = False) -> None
 
 
 def _dequantized(interp, index: int) -> np.ndarray:
-    detail = interp._get_tensor_details(index, 0)
+    detail = internals.tensor_details(interp, index)
     value = interp.get_tensor(index).astype(np.float32)
     params = detail["quantization_parameters"]
     if detail["dtype"] in (np.int8, np.uint8, np.int16) and len(params["scales"]):
@@ -157,7 +158,6 @@ def _dequantized(interp, index: int) -> np.ndarray:
 
 def keras_outputs(model, names: list[str], x: np.ndarray, batch: int = 64) -> dict:
     """Each named layer's output of `model` on `x`, in inference mode."""
-    from tftrain.core.keras import keras
 
     probe = keras.Model(model.inputs, [output(model, model.get_layer(n)) for n in names])
     found = [probe(x[i:i + batch], training=False) for i in range(0, len(x), batch)]
@@ -241,7 +241,7 @@ def fused_forward(model, artifact: dict) -> dict:
             continue
         found, current = moved.pop(layer.name), layer
         while True:
-            consumers = [node.layer for node in current._outbound_nodes
+            consumers = [node.layer for node in internals.outbound_nodes(current)
                          if node.layer in model.layers]
             if len(consumers) != 1 or consumers[0].name in moved or not _foldable(consumers[0]):
                 break
@@ -297,7 +297,7 @@ def _node(model, layer) -> int:
     """The index of `layer`'s node in `model`'s graph (a layer shared with another model,
     e.g. the one a plain copy was made from, has nodes of that model's too)."""
     for index in range(len(layer.inbound_nodes)):
-        if f"{layer.name}_ib-{index}" in model._network_nodes:
+        if internals.in_network(model, layer, index):
             return index
     raise ValueError(f"layer {layer.name} is not called in model {model.name}")
 
@@ -383,13 +383,13 @@ def float_ops(blob: bytes) -> list[str]:
 
     interp = Interpreter(model_content=blob)
     found = []
-    for op in interp._get_ops_details():
+    for op in internals.ops_details(interp):
         if op["op_name"] in _CONVERSIONS | _LAYOUT or op["op_name"] == "DELEGATE":
             continue
-        tensors = [interp._get_tensor_details(i, 0) for i in (*op["inputs"], *op["outputs"])
+        tensors = [internals.tensor_details(interp, i) for i in (*op["inputs"], *op["outputs"])
                    if i >= 0]
         if any(t["dtype"] in (np.float32, np.float16) for t in tensors):
-            out = interp._get_tensor_details(op["outputs"][0], 0)["name"].split(";")[0]
+            out = internals.tensor_details(interp, op["outputs"][0])["name"].split(";")[0]
             found.append(f"{op['op_name']} ({out})")
     return found
 

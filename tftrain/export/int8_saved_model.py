@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from tftrain.core.keras import keras
+from tftrain.core import internals
 
 # layer class name -> the attributes holding the kernels it quantizes (an embedding's
 # table: its rows are gathered from the int8 codes; QAT's attention: its four
@@ -268,7 +269,7 @@ def _fold(model, plans: dict[str, _Layer]) -> None:
     producers: dict[str, list[str]] = {}
     for layer in model.layers:
         for index, node in enumerate(layer.inbound_nodes):
-            if f"{layer.name}_ib-{index}" not in model._network_nodes:
+            if not internals.in_network(model, layer, index):
                 continue                        # a call outside this model
             for parent in tf.nest.flatten(node.inbound_layers):
                 consumers.setdefault(parent.name, []).append(layer.name)

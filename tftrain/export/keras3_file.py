@@ -12,6 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
+from tftrain.core.keras import keras3
+from tftrain.export.artifacts import inference_model
+from tftrain.export.measures import (NOISE_EXAMPLES, accuracy, against, input_kind,
+                                         layer_rounding_noise, rounding_noise, signature_logits,
+                                         sizes)
+from tftrain.models.keras3 import to_keras3
 
 
 
@@ -20,16 +26,10 @@ def write(ctx) -> dict:
     return its entry; the model's own logit noise is measured only when the file's logits
     are further apart than `export.max_logit_diff` allows (two more passes), as for the
     other float files."""
-    from tftrain.core.keras import keras3
-    from tftrain.export.artifacts import inference_model
-    from tftrain.export.measures import (NOISE_EXAMPLES, accuracy, against, input_kind,
-                                         layer_rounding_noise, rounding_noise, signature_logits,
-                                         sizes)
-    from tftrain.models.keras3 import to_keras3
 
     plain, x = inference_model(ctx.float_model), ctx.x
-    reference = signature_logits(lambda v: {"logits": tf.cast(plain(v, training=False),
-                                                              tf.float32)}, x)
+    reference = signature_logits(lambda inputs: {"logits": tf.cast(
+        plain(inputs, training=False), tf.float32)}, x)
     path = ctx.out / "model.keras"
     to_keras3(plain).save(str(path))
     loaded = keras3().saving.load_model(str(path), compile=False)

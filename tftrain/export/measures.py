@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
+from tftrain.models.rounding import layer_noise
 
 
 # examples each layer's own rounding noise is measured on (an eager replay: slow)
@@ -55,7 +56,6 @@ def against_traced(model, x: np.ndarray, logits: np.ndarray, eager: np.ndarray) 
     and the logits after it (a smoke-trained MobileNetV2's SavedModel, equal to its
     traced model, 16.2 to 30.8 dB from the eager one). That distance is kept
     (`eager_logit_sqnr_db`)."""
-    import tensorflow as tf
 
     traced = tf.function(lambda inputs: {"logits": tf.cast(model(inputs, training=False),
                                                             tf.float32)})
@@ -87,7 +87,6 @@ def layer_rounding_noise(model, x: np.ndarray, reference: np.ndarray, batch: int
     (`models.rounding.layer_noise`): another runtime rounds at every layer, not only at
     the input (an untrained EfficientNetV2S's SavedModel was 20 times as far from the model
     as input rounding moved it)."""
-    from tftrain.models.rounding import layer_noise
 
     return layer_noise(model, x, reference, batch) if x.dtype.kind == "f" else 0.0
 

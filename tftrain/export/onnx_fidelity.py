@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from tftrain.export.fidelity import EXAMPLES, compare, entries, grid, label, layer_of_tensor
+from tftrain.export import onnx_export
 
 
 # ONNX ops whose 4-D output is NCHW whatever order their input had
@@ -50,7 +51,6 @@ def onnx_tensors(blob: bytes, layer_names: list[str], x: np.ndarray, batch: int 
     import onnx
     from onnx import helper, numpy_helper
 
-    from tftrain.export import onnx_export
 
     model = onnx.load_from_string(blob)
     constants = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}

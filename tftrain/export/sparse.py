@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tftrain.core import internals
+
 RULES = "XNNPack's sparse inference (tensorflow/lite/delegates/xnnpack/README.md)"
 ZEROS = 2 / 3          # of the 1x1 convolutions' weights, across the sparse subgraph
 _ELEMENTWISE = ("InputLayer", "ReLU", "Activation", "BatchNormalization", "Dropout", "Add",
@@ -106,5 +108,5 @@ def _densify_count(blob: bytes) -> int:
     from ai_edge_litert.interpreter import Interpreter
 
     interp = Interpreter(model_content=blob, num_threads=1)
-    return sum(op["op_name"] == "DENSIFY" for op in interp._get_ops_details())
+    return sum(op["op_name"] == "DENSIFY" for op in internals.ops_details(interp))
 

@@ -13,6 +13,8 @@ import time
 
 import numpy as np
 
+from tftrain.core import internals
+
 SETTINGS = ((1, 1), (32, 1), (1, 0), (32, 0))     # (batch, threads); 0: every core
 
 
@@ -197,7 +199,7 @@ def xnnpack(blob: bytes) -> dict:
 
     interp = Interpreter(model_content=blob, num_threads=1)
     interp.allocate_tensors()
-    ops = interp._get_ops_details()
+    ops = internals.ops_details(interp)
     names = {t["index"]: t["name"] for t in interp.get_tensor_details()}
     producer = {int(o): op["index"] for op in ops if op["op_name"] != "DELEGATE"
                 for o in op["outputs"]}

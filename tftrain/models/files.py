@@ -23,6 +23,10 @@ from pathlib import Path
 from tftrain.config import ConfigError
 from tftrain.core.keras import keras, keras3
 from tftrain.core.keras_files import writer_of
+from tftrain.core import internals
+from tftrain.models import keras3 as convert
+from tftrain.models.keras3 import LAYERS, _CONVERTERS
+from tftrain.models.keras3_forms import APPLICATION_LAYERS, OPS
 
 PREFIX = "file:"
 
@@ -77,12 +81,11 @@ def load(path: str):
     writer, form = writer_of(file)
     if writer == "tf_keras":
         model = keras.models.load_model(str(file), compile=False)
-        if not isinstance(model, keras.Model) or not hasattr(model, "_nodes_by_depth"):
+        if not isinstance(model, keras.Model) or not internals.has_graph(model):
             raise ConfigError(f"model.name: {path} holds a subclassed tf_keras model; tftrain "
                               "needs a functional or Sequential one (its layers are compressed "
                               "one by one)")
         return model, Origin(str(path), writer, form, len(model.layers))
-    from tftrain.models import keras3 as convert
 
     unknown = _custom_classes(file) if form == ".keras" else []
     if unknown:
@@ -102,8 +105,6 @@ def _custom_classes(file: Path) -> list[tuple[str, str]]:
     """(layer name, class) of layers in a Keras 3 `.keras` file's config that are not
     Keras built-ins registered under another name (read from config.json: nothing is
     loaded or run)."""
-    from tftrain.models.keras3 import LAYERS, _CONVERTERS
-    from tftrain.models.keras3_forms import APPLICATION_LAYERS, OPS
 
     with zipfile.ZipFile(file) as z:
         config = json.loads(z.read("config.json"))

@@ -21,6 +21,10 @@ import numpy as np
 from tftrain.core.keras import keras, keras3
 from tftrain.models.keras3_forms import (ACTIVATIONS, APPLICATION_LAYERS, application_layer,
                                          is_tensor as _is_tensor, op_layer)
+from tftrain.core import internals
+from tftrain.models.rounding import layer_noise
+import tensorflow as tf
+from tftrain.models import tensor_ops
 
 # the built-in layers converted by their config (one class name in both Kerases)
 LAYERS = frozenset("""
@@ -56,7 +60,7 @@ def refusal(model) -> list[str]:
     """Why `model` (Keras 3) cannot be converted, one line per layer ([] if it can)."""
     k3 = keras3()
     graph = getattr(model, "_functional", None) or model
-    if not isinstance(model, k3.Model) or not hasattr(graph, "_nodes_by_depth"):
+    if not isinstance(model, k3.Model) or not internals.has_graph(graph):
         return [f"{type(model).__name__} is a subclassed Keras 3 model: only functional and "
                 "Sequential models have a graph of layers to convert; build it with the "
                 "functional API, or with tf_keras directly (import tf_keras as keras)"]
@@ -87,7 +91,7 @@ def to_tf_keras(model):
     if problems:
         raise ValueError("; ".join(problems))
     return _rebuild(model, _nodes(model), _to_tf_keras_layer, keras.Input, keras.Model,
-                    lambda t: t._keras_history.operation, lambda t: t._keras_history.node_index)
+                    lambda t: internals.history(t).operation, lambda t: internals.history(t).node_index)
 
 
 def checked(model, what: str, tolerance: float = 1e-5):
@@ -141,7 +145,6 @@ NOISE_FACTOR = 10.0
 
 
 def _noise(converted) -> float:
-    from tftrain.models.rounding import layer_noise
 
     x = _sample(converted)
     if len(x) != 1 or x[0].dtype.kind != "f":
@@ -157,17 +160,15 @@ def _scale(model) -> float:
 def to_keras3(model):
     """The Keras 3 form of a tf_keras functional model (tfmot wrappers stripped first)."""
     k3 = keras3()
-    nodes = [node for depth in sorted(model._nodes_by_depth, reverse=True)
-             for node in model._nodes_by_depth[depth]]
+    nodes = internals.nodes_in_order(model)
     return _rebuild(model, nodes, _to_keras3_layer, k3.Input, k3.Model,
-                    lambda t: t._keras_history.layer, lambda t: t._keras_history.node_index)
+                    lambda t: internals.history(t).layer, lambda t: internals.history(t).node_index)
 
 
 def _nodes(model) -> list:
     """The nodes of a Keras 3 functional model (a Sequential's own graph), inputs first."""
     graph = getattr(model, "_functional", None) or model
-    return [node for depth in sorted(graph._nodes_by_depth, reverse=True)
-            for node in graph._nodes_by_depth[depth]]
+    return internals.nodes_in_order(graph)
 
 
 def _rebuild(model, nodes, convert, make_input, make_model, owner, node_index):
@@ -188,7 +189,6 @@ def _rebuild(model, nodes, convert, make_input, make_model, owner, node_index):
 def _walk(nodes, convert, make_input, owner, node_index, made, given):
     """Each node's output tensors in the new graph, by (layer name, node index); `given`:
     the tensors a nested model's inputs take, by input name (None: new inputs)."""
-    import tensorflow as tf
 
     outputs: dict = {}
     for node in nodes:
@@ -225,7 +225,7 @@ def _walk(nodes, convert, make_input, owner, node_index, made, given):
 def _nested(layer) -> bool:
     """A Keras 3 functional or Sequential model used as a layer of another."""
     return type(layer).__module__.split(".")[0] == "keras" and \
-        hasattr(getattr(layer, "_functional", None) or layer, "_nodes_by_depth")
+        internals.has_graph(getattr(layer, "_functional", None) or layer)
 
 
 def _arguments(node):
@@ -235,11 +235,11 @@ def _arguments(node):
 
 
 def _index_of(layer, node) -> int:
-    return next(i for i, n in enumerate(layer._inbound_nodes) if n is node)
+    return next(i for i, n in enumerate(internals.inbound_nodes(layer)) if n is node)
 
 
 def _tensor_index(tensor) -> int:
-    return tensor._keras_history.tensor_index
+    return internals.history(tensor).tensor_index
 
 
 def _copy_weights(source, target) -> None:
@@ -254,7 +254,6 @@ def _copy_weights(source, target) -> None:
 
 # -- one layer ----------------------------------------------------------------------------
 def _to_tf_keras_layer(layer):
-    from tftrain.models import tensor_ops
 
     kind = type(layer).__name__
     if kind in _CONVERTERS:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import numpy as np
 
 from tftrain.core.keras import keras
+from tftrain.core import internals
 
 
 def is_tensor(value) -> bool:
     """Whether a call argument is a Keras tensor (else a constant)."""
-    return hasattr(value, "_keras_history")
+    return internals.is_symbolic(value)
 
 
 # layers Keras Applications define themselves, in both Kerases: class -> module of

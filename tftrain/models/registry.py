@@ -9,6 +9,9 @@ from tftrain.core.keras import ensure_tf_keras_model
 from tftrain.config import ConfigError, ModelConfig
 from tftrain.core.registry import Registry, check_params, import_function
 from tftrain.models import keras3, tensor_ops
+from tftrain.models.files import builder
+from tftrain.models.applications import application
+from tftrain.models.files import origin
 
 MODELS = Registry("model", "model.name")
 APPLICATIONS = "keras_applications:"      # + a keras.applications model name
@@ -20,10 +23,8 @@ def resolve_builder(name: str, key: str = "model.name"):
     if ":" not in name:
         return MODELS.get(name, key)
     if name.startswith(FILE):
-        from tftrain.models.files import builder
         return builder(name[len(FILE):])
     if name.startswith(APPLICATIONS):
-        from tftrain.models.applications import application
         try:
             return application(name[len(APPLICATIONS):])
         except ValueError as err:
@@ -60,7 +61,6 @@ _KERAS3: set[str] = set()          # model names whose builder returned a Keras 
 def came_in_as_keras3(name: str) -> bool:
     """Whether the model `model.name` names came in as Keras 3 (a Keras 3 file, or a
     builder that returned a Keras 3 model) in this process: it is handed back as one."""
-    from tftrain.models.files import origin
 
     found = origin(name)
     return name in _KERAS3 or (found is not None and found.writer == "keras3")

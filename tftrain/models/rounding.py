@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from tftrain.core import internals
+from tensorflow import nest
+
 ULPS = 4      # each layer's output moved by this many units of float32 roundoff
 
 
@@ -21,8 +24,9 @@ def replay(model, x: np.ndarray, each, again: bool = False) -> list[np.ndarray]:
     usage = model._tensor_usage_count
     tensors = {str(id(t)): [x] * usage[str(id(t))] for t in model.inputs}
     maker: dict[str, str] = {}          # tensor id -> the layer that made it
-    for depth in sorted(model._nodes_by_depth, reverse=True):
-        for node in model._nodes_by_depth[depth]:
+    graph = internals.nodes_by_depth(model)
+    for depth in sorted(graph, reverse=True):
+        for node in graph[depth]:
             if node.is_input:
                 continue
             ids = [tensor_id for tensor_id, _ in node._keras_inputs_ids_and_indices]
@@ -43,7 +47,6 @@ def replay(model, x: np.ndarray, each, again: bool = False) -> list[np.ndarray]:
 
 def _call(node, arguments) -> list[np.ndarray]:
     """A node's layer called on `arguments` ((args, kwargs)), in inference mode."""
-    from tensorflow import nest
 
     args, kwargs = arguments
     if node.layer._expects_training_arg:
@@ -55,7 +58,7 @@ def layer_noise(model, x: np.ndarray, reference: np.ndarray, batch: int = 64) ->
     """The largest change of `model`'s first output (`reference`, on `x`) when each
     layer's output moves by `ULPS` units of roundoff, up or down at random, before the
     next layers read it. 0 for a model that is not a functional graph."""
-    if not hasattr(model, "_nodes_by_depth"):
+    if not internals.has_graph(model):
         return 0.0
     rng = np.random.default_rng(1)
 

@@ -29,6 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from tftrain.core.keras import keras
+from tftrain.core import internals
 
 _SCALAR_OPS = {"__operators__.add": "add", "math.add": "add", "math.subtract": "subtract",
                "__operators__.subtract": "subtract", "math.multiply": "multiply",
@@ -99,8 +100,7 @@ def has_hard_swish(model) -> bool:
 
 def as_layers(model):
     """`model` with the operations above as layers (the same model when it has none)."""
-    nodes = [node for depth in sorted(model._nodes_by_depth, reverse=True)
-             for node in model._nodes_by_depth[depth]]
+    nodes = internals.nodes_in_order(model)
     graph = _Graph(model, nodes)
     if not graph.rewrites():
         return model
@@ -131,9 +131,9 @@ def affine_of(layer, node=None):
     if op is None or len(args) != 2 or any(v is not None for k, v in node.call_kwargs.items()
                                           if k != "name"):
         return None
-    tensor_first = hasattr(args[0], "_keras_history")
+    tensor_first = internals.is_symbolic(args[0])
     constant = args[1] if tensor_first else args[0]
-    if hasattr(constant, "_keras_history") or np.ndim(constant) != 0:
+    if internals.is_symbolic(constant) or np.ndim(constant) != 0:
         return None
     c = np.float64(constant)
     if op == "add":
@@ -153,7 +153,7 @@ class _Graph:
         self.consumers: dict[tuple, int] = {}
         for node in nodes:
             for t in tf.nest.flatten(node.call_args):
-                if hasattr(t, "_keras_history"):
+                if internals.is_symbolic(t):
                     self.consumers[_key(t)] = self.consumers.get(_key(t), 0) + 1
         for t in model.outputs:
             self.consumers[_key(t)] = self.consumers.get(_key(t), 0) + 1
@@ -171,11 +171,11 @@ class _Graph:
 
     # -- patterns, read on the original graph ------------------------------------------
     def _producer(self, tensor):
-        layer, node_index, _ = tensor._keras_history
-        return layer, layer._inbound_nodes[node_index]
+        layer, node_index, _ = internals.history(tensor)
+        return layer, internals.inbound_nodes(layer)[node_index]
 
     def _single_input(self, node):
-        inputs = [t for t in tf.nest.flatten(node.call_args) if hasattr(t, "_keras_history")]
+        inputs = [t for t in tf.nest.flatten(node.call_args) if internals.is_symbolic(t)]
         return inputs[0] if len(inputs) == 1 else None
 
     def _affine(self, node):
@@ -214,7 +214,7 @@ class _Graph:
         """("hard_swish", x, None) at `Multiply([x, hard_sigmoid(x)])` (either order)."""
         if not isinstance(node.layer, keras.layers.Multiply):
             return None
-        inputs = [t for t in tf.nest.flatten(node.call_args) if hasattr(t, "_keras_history")]
+        inputs = [t for t in tf.nest.flatten(node.call_args) if internals.is_symbolic(t)]
         if len(inputs) != 2:
             return None
         for x, gate in (inputs, inputs[::-1]):
@@ -269,7 +269,7 @@ class _Graph:
                     shape=tuple(t.shape[1:]), dtype=t.dtype, name=layer.name)
                 continue
             entry = self.plan.get(id(node))
-            node_index = layer._inbound_nodes.index(node)
+            node_index = internals.inbound_nodes(layer).index(node)
             if entry is not None and self._rewritten(node, entry):
                 kind, source, value = entry
                 if kind == "split":
@@ -287,9 +287,9 @@ class _Graph:
                     made[layer.name] = layer.__class__.from_config(layer.get_config())
                     copies.append((layer, made[layer.name]))
                 args = tf.nest.map_structure(
-                    lambda v: mapped(v) if hasattr(v, "_keras_history") else v, node.call_args)
+                    lambda v: mapped(v) if internals.is_symbolic(v) else v, node.call_args)
                 kwargs = {k: tf.nest.map_structure(
-                    lambda v: mapped(v) if hasattr(v, "_keras_history") else v, v)
+                    lambda v: mapped(v) if internals.is_symbolic(v) else v, v)
                     for k, v in node.call_kwargs.items() if v is not None}
                 result = made[layer.name](*args, **kwargs)
             for i, t in enumerate(tf.nest.flatten(result)):
@@ -326,7 +326,7 @@ class _Graph:
 
 
 def _key(tensor) -> tuple:
-    layer, node_index, tensor_index = tensor._keras_history
+    layer, node_index, tensor_index = internals.history(tensor)
     return layer.name, node_index, tensor_index
 
 

@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tftrain.core import internals
+from tftrain.core.keras import keras
+
 
 class WeightAverage:
     """The EMA of `model`'s float weights; an update hook of the train step (run once per
@@ -70,10 +73,9 @@ class WeightAverage:
 
 
 def batch_norm_layers(model) -> list:
-    from tftrain.core.keras import keras
 
     # a frozen batch norm runs in inference mode: its statistics are left as they are
-    return [layer for layer in model._flatten_layers(include_self=False)
+    return [layer for layer in internals.all_layers(model)
             if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable]
 
 

@@ -17,10 +17,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from dataclasses import dataclass
 
 from tftrain.config import ConfigError
 from tftrain.runtime import jobset
+from tftrain.core import internals
 
 GRANTED = "TFTRAIN_GRANTED_GPUS"     # the node's GPUs before this task was pinned to its share
 PORT_BASE = "TFTRAIN_PORT_BASE"      # sets the first port of a SLURM step's tasks on a node
@@ -188,8 +190,7 @@ def pin_gpus(task: Task) -> None:
     (`strategy.configure_devices` calls it first)."""
     if task.gpus is None or os.environ.get("CUDA_VISIBLE_DEVICES") == task.gpus:
         return
-    from tensorflow.python.eager import context
-    if context.context()._context_handle is not None:
+    if "tensorflow" in sys.modules and internals.runtime_started(devices_listed=False):
         raise RuntimeError(f"this {task.source} task must use GPUs {task.gpus}, but TensorFlow "
                            "already listed the devices; let tftrain configure devices first "
                            "(tftrain.configure_devices) or set CUDA_VISIBLE_DEVICES")

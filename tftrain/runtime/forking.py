@@ -27,6 +27,8 @@ import sys
 import time
 import traceback
 
+from tftrain.core import internals
+
 MODES = ("auto", "fork", "fresh")
 
 
@@ -72,9 +74,7 @@ def started() -> bool:
     initialises CUDA)."""
     if "tensorflow" not in sys.modules:
         return False
-    from tensorflow.python.eager import context
-    ctx = context.context()
-    return ctx._context_handle is not None or ctx._physical_devices is not None
+    return internals.runtime_started()
 
 
 def preload(module: str) -> None:

@@ -13,6 +13,19 @@ import contextlib
 import tensorflow as tf
 
 from tftrain.config import Config, ConfigError
+from tftrain.core import internals
+from tftrain.runtime.strategy import describe
+from tftrain.runtime import placement
+from tftrain.runtime import planner
+from tftrain.runtime import strategy
+from tftrain.config import PlacementConfig
+from tftrain.runtime.strategy import local_devices
+from tftrain.runtime.strategy import any_worker, worker_mean
+from tftrain.core.keras import keras
+from tftrain.runtime.strategy import StrategyInfo
+from tftrain.runtime.placement import build_placed
+from tftrain.runtime.placement import pin_updates
+from tftrain.runtime.placement import measure_bubble
 
 
 class Parallelism:
@@ -27,7 +40,6 @@ class Parallelism:
     overlap_micro_batches = False
 
     def __init__(self, *, strategy=None, memory_plan=None):
-        from tftrain.runtime.strategy import describe
 
         self.strategy = strategy or tf.distribute.get_strategy()
         self.info = describe(self.strategy)
@@ -75,7 +87,6 @@ class Parallelism:
         """Plan-time checks of the batch plan."""
 
     def training_devices(self) -> list[str]:
-        from tftrain.runtime.strategy import local_devices
         return local_devices(self.strategy)
 
     def describe(self) -> list[str]:
@@ -94,7 +105,6 @@ class MultiWorker(Parallelism):
     agreed on by all workers with one small all-reduce, so they stop together."""
 
     def __init__(self, *, strategy, memory_plan=None):
-        from tftrain.runtime.strategy import any_worker, worker_mean
 
         super().__init__(strategy=strategy, memory_plan=memory_plan)
         self._agree, self._mean = any_worker(strategy), worker_mean(strategy)
@@ -116,7 +126,6 @@ class MultiWorker(Parallelism):
         worker joins."""
         import tensorflow_model_optimization as tfmot
 
-        from tftrain.core.keras import keras
 
         weights = net.get_weights()
         if clone is not None:
@@ -140,7 +149,6 @@ class Placed(Parallelism):
     overlap_micro_batches = True
 
     def __init__(self, *, placement, memory_plan=None):
-        from tftrain.runtime.strategy import StrategyInfo
 
         self.strategy = tf.distribute.get_strategy()
         self.placement, self.memory_plan = placement, memory_plan
@@ -148,14 +156,13 @@ class Placed(Parallelism):
         self.microbatches = placement.microbatches
 
     def build(self, builder):
-        from tftrain.runtime.placement import build_placed
         return build_placed(builder, self.placement)
 
     def beside(self, variable):
         return tf.device(variable.device)
 
     def step_scope(self, model):
-        layer = model.outputs[0]._keras_history.layer
+        layer = internals.history(model.outputs[0]).layer
         return tf.device(getattr(layer, "_tftrain_device", ""))
 
     def gradients(self, forward, variables):
@@ -167,7 +174,6 @@ class Placed(Parallelism):
         return y_pred, loss, tf.gradients(loss, variables)
 
     def pin(self, optimizer) -> None:
-        from tftrain.runtime.placement import pin_updates
         pin_updates(optimizer)
 
     def check(self, plan) -> None:
@@ -182,7 +188,6 @@ class Placed(Parallelism):
         return super().describe() + [self.placement.describe()]
 
     def summary(self, net, batch, loss) -> dict:
-        from tftrain.runtime.placement import measure_bubble
 
         p = self.placement
         x, y = batch()
@@ -197,7 +202,6 @@ class Placed(Parallelism):
 
 def of_strategy(strategy, memory_plan=None) -> Parallelism:
     """The data-parallel object for an existing strategy."""
-    from tftrain.runtime.strategy import describe
 
     if describe(strategy).workers > 1:
         return MultiWorker(strategy=strategy, memory_plan=memory_plan)
@@ -208,10 +212,6 @@ def choose(cfg: Config, policy: str, builder) -> Parallelism:
     """On one machine: the configured placement, else the planner's choice for
     `distribute.strategy: auto` (data parallel when the model fits one device, else the
     fewest stages that fit). `builder()` builds the model (for its sizes)."""
-    from tftrain.runtime import placement
-    from tftrain.runtime import planner
-    from tftrain.runtime import strategy
-    from tftrain.config import PlacementConfig
 
     devices = strategy.resolve_devices(cfg.distribute)
     base = placement.build(builder)

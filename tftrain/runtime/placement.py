@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from tftrain.core.keras import keras
 from tftrain.config import ConfigError, PlacementConfig
+from tftrain.models import layer_parents
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,6 @@ def activation_bytes(layer, parents: list[str]) -> float:
 
 def layer_costs(model) -> list[LayerCost]:
     """Cost of each layer (InputLayers excluded), in topological order."""
-    from tftrain.models import layer_parents
 
     parents = layer_parents(model)
     costs = []

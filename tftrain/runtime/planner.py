@@ -18,6 +18,9 @@ import tensorflow as tf
 
 from tftrain.config import Config, ConfigError
 from tftrain.runtime.placement import LayerCost, partition
+from tftrain.optim.optimizers import slots_per_weight
+from tftrain.core import internals
+from tftrain.core.cpu import theoretical_peak
 
 # Activations kept for the backward pass, as a multiple of what `activation_bytes` counts;
 # checked against the allocator peak on this project's models (benchmarks/planner.py).
@@ -27,7 +30,6 @@ GIB = 2**30
 
 def optimizer_slots(cfg: Config) -> int:
     """Optimizer state variables per weight, from the configured optimizer itself."""
-    from tftrain.optim.optimizers import slots_per_weight
     return slots_per_weight(cfg.train.optimizer)
 
 
@@ -65,9 +67,8 @@ def device_memory(device: str, override: int | None) -> int:
     if override:
         return int(override)
     if "GPU" in device.upper():
-        from tensorflow.python.client import device_lib
         index = int(device.rsplit(":", 1)[-1])
-        gpus = [d for d in device_lib.list_local_devices() if d.device_type == "GPU"]
+        gpus = [d for d in internals.local_devices() if d.device_type == "GPU"]
         if index < len(gpus):
             return int(gpus[index].memory_limit)
     return _available_ram()
@@ -224,7 +225,6 @@ def peak_flops(devices, policy: str, workers: int = 1) -> Peak:
         what = " + ".join(f"{len(g)} x GPU {name}".rstrip() for name, g in kinds.items())
         theoretical = None
     else:
-        from tftrain.core.cpu import theoretical_peak
         flops, what = matmul_peak_flops("/cpu:0", dtype=dtype), "the CPU"
         theoretical = theoretical_peak(dtype)
     workers_text = f" x {workers} workers" if workers > 1 else ""

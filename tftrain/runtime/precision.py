@@ -15,6 +15,7 @@ import tensorflow as tf
 from tftrain.core.keras import keras
 from tftrain.config import DistributeConfig, PrecisionConfig
 from tftrain.core.cpu import cpu_flags
+from tftrain.core import internals
 
 
 def cpu_has_bf16() -> bool:
@@ -171,6 +172,6 @@ def float32_outputs(model):
     # named after the layer that gives the output (a tensor's own name may be a graph
     # placeholder's, "Placeholder:0", which is no valid layer name)
     outputs = [keras.layers.Activation("linear", dtype="float32",
-                                       name=f"{out._keras_history.layer.name}_float32")(out)
+                                       name=f"{internals.history(out).layer.name}_float32")(out)
                for out in model.outputs]
     return keras.Model(model.inputs, outputs if len(outputs) > 1 else outputs[0], name=model.name)

@@ -14,6 +14,8 @@ import tensorflow as tf
 from tftrain.runtime.cluster import (cluster_resolver, cluster_spec, current_task,  # noqa: F401
                                      pin_gpus, resolve_kind)  # (cluster_spec, resolve_kind: re-exported)
 from tftrain.config import Config, ConfigError, DistributeConfig
+from tftrain.core import internals
+from tftrain.core.native_log import quiet
 
 _configured: tuple | None = None
 
@@ -37,7 +39,6 @@ def configure_devices(cfg) -> None:
                 "CLI) to use distribute.virtual_cpus="
                 f"{d.virtual_cpus}.")
         return
-    from tftrain.core.native_log import quiet
     with quiet():                        # (no GPU: "failed call to cuInit", held back)
         gpus = tf.config.list_physical_devices("GPU")
     try:
@@ -169,9 +170,7 @@ class _VirtualCPUMultiWorker(tf.distribute.MultiWorkerMirroredStrategy):
     """A multi-worker strategy whose tasks replicate over their virtual CPUs."""
 
     def __init__(self, resolver, options, cpus: int):
-        from tensorflow.python.distribute import collective_all_reduce_strategy as cars
-
-        class Extended(cars.CollectiveAllReduceExtended):
+        class Extended(internals.collective_extended()):
             def _initialize_local_devices(self, cluster_resolver, worker_device):
                 devices, kind = super()._initialize_local_devices(cluster_resolver, worker_device)
                 if kind != "CPU":

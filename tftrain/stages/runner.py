@@ -19,6 +19,20 @@ from tftrain.config import ConfigError
 from tftrain.core import console
 from tftrain.training import xla
 from tftrain.training.preemption import Preempted, Preemption  # noqa: F401  (Preempted: re-exported)
+from tftrain.core import internals
+from tftrain.training.callbacks import ResumePoint
+from tftrain.runtime.strategy import cluster_spec
+import tensorflow as tf
+from tftrain import data
+from tftrain.training.tracking import Tracker
+from tftrain.training import callbacks as cb
+from tftrain.optim import rates
+from tftrain.training.rundir import atomic_write
+from tftrain.training import epoch_logs, progress
+from tftrain.core.keras import keras
+from tftrain.training.profiling import ProfileWindow
+from tftrain.optim.averaging import has_batch_norm, recalibrate_batch_norm
+from tftrain.data import augment, train_dataset
 
 
 class StageRunner:
@@ -32,11 +46,8 @@ class StageRunner:
         the run's `Preemption` flag; `profile`: (START, STOP) updates of the first stage
         to trace with the profiler (`--profile`); `tracker`: the run's
         `tftrain.training.tracking.Tracker` (each epoch's metrics, on the chief)."""
-        import tensorflow as tf
 
-        from tftrain import data
 
-        from tftrain.training.tracking import Tracker
 
         self.plan, self.cfg, self.run, self.profile = plan, plan.cfg, run, profile
         self.tracker = tracker or Tracker()
@@ -67,11 +78,7 @@ class StageRunner:
     def run_stage(self, stage, previous):
         """(the model the next stage gets, the stage's results): `stage` built from
         `previous` (the last stage's model), fitted, evaluated and finalized."""
-        import tensorflow as tf
 
-        from tftrain import data
-        from tftrain.training import callbacks as cb
-        from tftrain.optim import rates
 
         cfg = self.cfg
         self.stop.rearm()
@@ -140,7 +147,6 @@ class StageRunner:
         """Restore the stage's newest readable checkpoint; in a cluster the chief chooses
         it and the others load the same one (one small all-reduce tells them which).
         `optional`: what a checkpoint of an earlier version may lack."""
-        from tftrain.training import callbacks as cb
 
         workers = self.plan.parallel.info.workers
         optional = [ckpt.global_batch, *optional]
@@ -164,8 +170,6 @@ class StageRunner:
         linear scaling rule). Recorded in `batch_changes.json` and `summary.json`."""
         from dataclasses import replace
 
-        from tftrain.optim import rates
-        from tftrain.training.rundir import atomic_write
 
         start, new = int(ckpt.position.numpy()), self.plan.batches.global_batch
         old = int(ckpt.global_batch.numpy())
@@ -210,11 +214,6 @@ class StageRunner:
         """Train `model` from update `start` to the stage's end, checkpointed in `saved`;
         `carried`: the epoch's running metrics the checkpoint holds."""
         ckpt, manager, directory = saved
-        from tftrain.training import callbacks as cb
-        from tftrain import data
-        from tftrain.optim import rates
-        from tftrain.training import epoch_logs, progress
-        from tftrain.core.keras import keras
 
         cfg, spe = self.cfg, self.steps_per_epoch
         position = ckpt.position
@@ -249,7 +248,6 @@ class StageRunner:
             callbacks += [keras.callbacks.CSVLogger(str(self.run.path / csv), append=start > 0),
                           epoch_logs.EpochTensorBoard(str(self.run.path / "tensorboard" / logs))]
             if self.profile and stage is self.plan.stages[0]:
-                from tftrain.training.profiling import ProfileWindow
                 callbacks.append(ProfileWindow(*self.profile, str(self.run.path / "tensorboard"),
                                                spe))
         if cfg.train.verbose == 2:        # tftrain's epoch lines (Keras' own at verbose 1)
@@ -310,7 +308,6 @@ class StageRunner:
         """Swap in the weight average and re-estimate batch-norm statistics, the same
         way whether the stage trained now or before a restart; what was done ("": no
         change)."""
-        from tftrain.optim.averaging import has_batch_norm, recalibrate_batch_norm
 
         if built.average is not None:
             built.average.apply(built.net, self._batches(self.cfg.train.ema.recalibrate_batches))
@@ -342,7 +339,6 @@ class StageRunner:
         """n training batches to re-estimate batch-norm statistics with: in order, through
         the deterministic steps of `data.augment` (normalize, center_crop: what training and
         validation see) but none of the random ones, so the same on every worker and rerun."""
-        from tftrain.data import augment, train_dataset
 
         if self.smoke:
             n = min(n, self.cfg.train.smoke_steps)
@@ -358,7 +354,6 @@ class StageRunner:
     def _record(self, stage, result: dict) -> None:
         self.results[stage.name] = result
         if self.chief:
-            from tftrain.training.rundir import atomic_write
             atomic_write(self.record, json.dumps(self.results, indent=2) + "\n")
 
     def clean_up(self) -> None:
@@ -377,22 +372,20 @@ class Saved(NamedTuple):
 def fit(model, train, val, start, epochs, steps_per_epoch, callbacks, options: dict) -> None:
     """fit from optimizer update `start` (mid-epoch if need be) to the end of the stage;
     `options`: Keras' `validation_steps` and `verbose`."""
-    from tftrain.training.callbacks import ResumePoint
 
     if start >= epochs * steps_per_epoch:
         return
-    model._training_state = ResumePoint(start)   # fit starts at (epoch, step) of `start`
+    internals.start_fit_at(model, ResumePoint(start))   # fit starts at (epoch, step) of `start`
     try:
         model.fit(train, epochs=epochs, steps_per_epoch=steps_per_epoch, validation_data=val,
                   callbacks=callbacks, **options)
     finally:
-        model._training_state = None
+        internals.start_fit_at(model, None)
 
 
 def scratch_dir(run_path: Path) -> Path:
     """A non-chief worker's checkpoint directory: named after the run and the worker, so
     a relaunch after a crash clears what the crashed worker left."""
-    from tftrain.runtime.strategy import cluster_spec
 
     key = hashlib.sha256(str(run_path.resolve()).encode()).hexdigest()[:12]
     path = Path(tempfile.gettempdir()) / f"tftrain-worker-{key}-{cluster_spec()[2]}"

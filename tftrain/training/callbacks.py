@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from tftrain.core.keras import keras
+from tftrain.core import internals
 
 
 def random_generators(model) -> list:
@@ -21,7 +22,7 @@ def random_generators(model) -> list:
     that a checkpoint can hold their state and a resumed run draws the same masks.
     Needs `keras.backend.experimental.enable_tf_random_generator()` before the build."""
     generators = []
-    for layer in model._flatten_layers(include_self=False):
+    for layer in internals.all_layers(model):
         random = getattr(layer, "_random_generator", None)
         if random is not None and hasattr(random, "_maybe_init"):
             random._maybe_init()
@@ -111,12 +112,8 @@ def _all_matched_but(status, allowed) -> None:
     except AssertionError:
         if not allowed:
             raise
-        from tensorflow.python.checkpoint.checkpoint import _objects_with_attributes
-        from tensorflow.python.util.object_identity import ObjectIdentitySet
-        loaded = status._checkpoint        # what TensorFlow's own check compares
-        unused = ObjectIdentitySet(_objects_with_attributes(loaded.all_python_objects)) - \
-            ObjectIdentitySet(loaded.object_by_proto_id.values())
-        if any(o not in ObjectIdentitySet(allowed) for o in unused):
+        unused = internals.unmatched(status)     # what TensorFlow's own check compares
+        if any(all(o is not a for a in allowed) for o in unused):
             raise
 
 

@@ -11,6 +11,9 @@ from tftrain.core.keras import keras
 from tftrain.optim.rates import current_lr
 from tftrain.core import console
 from tftrain.core.cpu import busy_seconds, others_cores
+from tftrain.data import augment
+from tftrain.optim.averaging import has_batch_norm
+from tftrain.runtime.strategy import graph_collectives
 
 
 def steady_median(per_epoch: list[float], empty):
@@ -172,7 +175,6 @@ class InputWait(keras.callbacks.Callback):
 def input_remedies(data_cfg, source, cached: str, steps_per_execution) -> list[str]:
     """What can shorten the wait on input for this pipeline (what already holds, left out):
     `cached`: the cache choice (`data.cache_choice`)."""
-    from tftrain.data import augment
 
     found = []
     if cached != "memory":
@@ -337,7 +339,6 @@ def generalisation_gap(model, history: dict, metrics: dict, margin: float = 0.3)
     the fit) exceeds validation accuracy by more than `margin` ("": none). With batch
     norm the usual cause is moving statistics that lag the weights; without, the model
     has memorised its training data."""
-    from tftrain.optim.averaging import has_batch_norm
 
     train = (history.get("accuracy") or [None])[-1]
     val = metrics.get("val_accuracy")
@@ -356,7 +357,6 @@ def host_figures(model, checkpointer, sizer) -> dict:
     (each one small all-reduce in a cluster), the collectives inside the compiled step (a
     cluster's should be its gradient all-reduce alone) and, when `auto` sized the calls,
     the host seconds per call and the step time it measured."""
-    from tftrain.runtime.strategy import graph_collectives
 
     traced = getattr(model, "train_tf_function", None)
     figures = {"steps_per_execution": int(model.steps_per_execution.numpy()),

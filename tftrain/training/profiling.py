@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from tftrain.core.keras import keras
 from tftrain.config import ConfigError
+from tftrain.core import internals
+import tensorflow as tf
 
 
 def parse_window(text: str) -> tuple[int, int]:
@@ -37,7 +39,6 @@ class ProfileWindow(keras.callbacks.Callback):
         self.epoch = epoch
 
     def on_train_batch_begin(self, batch, logs=None):
-        import tensorflow as tf
 
         first = self.epoch * self.steps_per_epoch + batch
         if not (self.running or self.done) and first + self._per_call() > self.start \
@@ -56,10 +57,9 @@ class ProfileWindow(keras.callbacks.Callback):
 
     def _per_call(self) -> int:
         """Updates per call now (`train.steps_per_execution`; auto sizing changes it)."""
-        return max(1, int(self.model._steps_per_execution.numpy()))
+        return max(1, int(internals.steps_per_execution(self.model).numpy()))
 
     def _finish(self):
-        import tensorflow as tf
 
         tf.profiler.experimental.stop()
         self.running, self.done = False, True

@@ -8,6 +8,8 @@ import time
 from tftrain.core import console
 from tftrain.core.keras import keras
 from tftrain.optim.rates import current_lr
+from tftrain.training.rundir import atomic_write
+import tensorflow as tf
 
 
 class UpdateLog(keras.callbacks.Callback):
@@ -30,7 +32,6 @@ class UpdateLog(keras.callbacks.Callback):
         self.last, self.path, self.pending = start, path, []
         self.writer = None
         if tensorboard is not None:
-            import tensorflow as tf
             self.writer = tf.summary.create_file_writer(str(tensorboard))
         if path is not None:
             keep_rows(path, lambda row: int(row["update"]) <= start)
@@ -62,7 +63,6 @@ class UpdateLog(keras.callbacks.Callback):
     def _write(self) -> None:
         rows, self.pending = self.pending, []
         if self.writer is not None and rows:
-            import tensorflow as tf
             with self.writer.as_default():
                 for row in rows:
                     for name, value in row.items():
@@ -93,7 +93,6 @@ def _write_rows(path, rows: list[dict]) -> None:
     import csv
     import io
 
-    from tftrain.training.rundir import atomic_write
     text = io.StringIO()
     if rows:
         writer = csv.DictWriter(text, fieldnames=list(rows[0]), lineterminator="\n")

@@ -25,6 +25,8 @@ from pathlib import Path
 
 from tftrain.core.keras import keras
 from tftrain.core import console
+from tftrain.training.rundir import dump_config
+from tftrain.training.rundir import atomic_write
 
 RUN_ID_FILE = "mlflow_run_id"
 PENDING_FILE = "mlflow_pending"      # something was not logged: a rerun logs it
@@ -115,7 +117,6 @@ class MlflowTracker(Tracker):
             self.client.log_text(run.info.run_id,
                                  self.config_text.replace(self.uri, redact(self.uri)), "config.yaml")
             self.run_id = run.info.run_id
-            from tftrain.training.rundir import atomic_write
             atomic_write(saved, self.run_id + "\n")
 
     def _ready(self) -> bool:
@@ -230,7 +231,6 @@ def finish_pending(cfg, run_path: Path, summary: dict, chief: bool) -> None:
     """A completed run whose tracking missed something (the server was down): log what
     is missing and end the MLflow run, now that the command is run again."""
     if chief and cfg.tracking.mlflow is not None and (run_path / PENDING_FILE).exists():
-        from tftrain.training.rundir import dump_config
 
         failed = any(not entry.get("verified", True)
                      for entry in summary.get("artifacts", {}).values())

@@ -26,12 +26,14 @@ import tensorflow as tf
 from tftrain.core.keras import keras, reduce_per_replica
 from tftrain.training.losses import hard_labels
 from tftrain.training.micro_batches import add as _add, size as _size, slice_of as _micro_batch
+from tftrain.core import internals
+from tftrain.runtime.parallelism import Parallelism
+from tftrain.runtime.precision import AllReduce, Precision
 
 
 def op_determinism() -> bool:
     """Whether op determinism is on in this process (TensorFlow then refuses clocks)."""
-    from tensorflow.python.framework import config as tf_config   # no public getter
-    return tf_config.is_op_determinism_enabled()
+    return internals.op_determinism()
 
 
 class TrainModel(keras.Model):
@@ -40,8 +42,6 @@ class TrainModel(keras.Model):
     def __init__(self, *args, accumulation_steps: int = 1, all_reduce_dtype: str | None = None,
                  update_hooks=(), unroll: bool = False, parallel=None, precision=None,
                  **kwargs):
-        from tftrain.runtime.parallelism import Parallelism
-        from tftrain.runtime.precision import AllReduce, Precision
 
         super().__init__(*args, **kwargs)
         self.time_steps = True     # (`wrap`) not under op determinism: TensorFlow refuses clocks
@@ -161,7 +161,7 @@ class TrainModel(keras.Model):
     def make_predict_function(self, force=False):
         # Keras' predict function runs one step per call when it was made at one step per
         # call; made again once the calls are resized (`steps_per_execution: auto`)
-        spe = self._steps_per_execution
+        spe = internals.steps_per_execution(self)
         several = spe is not None and spe.numpy().item() > 1
         if self.predict_function is not None and self.__dict__.get("_predict_several") != several:
             force = True
@@ -171,7 +171,7 @@ class TrainModel(keras.Model):
     def _traced_once(self, resizable: bool) -> bool:
         """Whether `_calls` replaces Keras' multi-step function (several steps per call,
         or calls that may be resized; not eager, XLA-compiled or coordinated)."""
-        several = resizable or self._steps_per_execution.numpy().item() > 1
+        several = resizable or internals.steps_per_execution(self).numpy().item() > 1
         return several and not (self.run_eagerly or self.jit_compile
                                 or self._cluster_coordinator)
 
@@ -204,7 +204,7 @@ class TrainModel(keras.Model):
                 ran = strategy.run(run_step, args=(data,))
                 with tf.control_dependencies(strategy.experimental_local_results(ran)):
                     return i + 1, tf.identity(i + 1)
-            steps = self._steps_per_execution
+            steps = internals.steps_per_execution(self)
             zero = tf.constant(0, steps.dtype)
             tf.while_loop(lambda i, _: i < steps, body, [zero, zero])
             return reduce_per_replica(strategy.run(results), strategy,

@@ -28,6 +28,11 @@ from dataclasses import dataclass
 import tensorflow as tf
 
 from tftrain.config import ConfigError
+from tftrain.training.train_step import op_determinism
+from tftrain.core import console
+from tftrain.core.cpu import cpu_flags
+from tftrain.training.rundir import atomic_write
+from tftrain.training.callbacks import random_generators
 
 UNDECIDED, OFF, ON = -1, 0, 1
 
@@ -89,7 +94,6 @@ def decide(setting, model, strategy, batch, vote=None, refused: str = "",
         return Decision(False, f"off: {refused}")
     if setting is True:
         return Decision(True, "on (train.jit_compile: true)")
-    from tftrain.training.train_step import op_determinism
     if op_determinism():
         return Decision(False, "off: run.deterministic (a measured choice could differ "
                                "between runs)")
@@ -138,7 +142,6 @@ def for_stage(stage, model, jit, plan, batch) -> Decision:
         return Decision(False, "no updates")
     if int(jit.numpy()) != UNDECIDED:
         return Decision(bool(jit.numpy()), "as decided before the restart")
-    from tftrain.core import console
 
     parallel, setting = plan.parallel, plan.cfg.train.jit_compile
     refused = refusal(stage, parallel)
@@ -183,7 +186,6 @@ def cache_key(model, strategy, policy: str, batch: tuple[int, int]) -> str:
     import json
     import platform
 
-    from tftrain.core.cpu import cpu_flags
     gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
     parts = [model.to_json(), type(strategy).__name__, strategy.num_replicas_in_sync, policy,
              list(batch), platform.processor() or platform.machine(), cpu_flags(), gpus,
@@ -223,7 +225,6 @@ def _store(key: str, decision: Decision) -> None:
     known[key] = {"compiled": decision.compiled, "reason": decision.reason,
                   "speedup": decision.speedup, "date": datetime.date.today().isoformat()}
     try:
-        from tftrain.training.rundir import atomic_write
         atomic_write(path, json.dumps(known, indent=1))
     except OSError:
         pass                           # a read-only home: measured again next time
@@ -302,7 +303,6 @@ def _run(probe, x, y, weight, calls: int, limit: float = float("inf")) -> float:
 def _state(model) -> list:
     """(variable, value) of what a gradient pass changes: batch-norm statistics and other
     non-trainable weights, and the layers' random generators."""
-    from tftrain.training.callbacks import random_generators
 
     variables = list(model.non_trainable_variables)
     variables += [g.state for g in random_generators(model)]
