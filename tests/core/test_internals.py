@@ -178,3 +178,133 @@ def test_the_multi_worker_extended_class_sets_up_local_devices():
     assert issubclass(extended, tf.distribute.StrategyExtended)
     assert list(inspect.signature(extended._initialize_local_devices).parameters) == [
         "self", "cluster_resolver", "worker_device"]
+
+
+def test_a_models_tensor_usage_and_each_nodes_inputs():
+    model, _ = _model()
+    usage = internals.tensor_usage(model)
+    assert usage[str(id(model.inputs[0]))] == 1
+    dense_node = internals.inbound_nodes(model.get_layer("logits"))[0]
+    assert internals.node_input_ids(dense_node) == [str(id(model.get_layer("relu").output))]
+
+
+def test_a_layer_says_whether_it_takes_training():
+    assert internals.takes_training(keras.layers.Dropout(0.5))
+    assert not internals.takes_training(keras.layers.Dense(2))
+
+
+def test_attention_configuration_as_the_layer_holds_it():
+    mha = keras.layers.MultiHeadAttention(num_heads=3, key_dim=5, value_dim=7, dropout=0.1)
+    x = keras.Input((6, 8))
+    mha(x, x)
+    config = internals.attention(mha)
+    assert (config["num_heads"], config["key_dim"], config["value_dim"]) == (3, 5, 7)
+    assert config["use_bias"] is True and config["dropout"] == 0.1
+    assert config["attention_axes"] in (None, (1,), [1]) and config["output_shape"] is None
+    assert tuple(config["query_shape"])[1:] == (6, 8)
+
+
+def test_a_dropouts_generator_is_created_and_reproducible():
+    keras.backend.experimental.enable_tf_random_generator()
+    layer = keras.layers.Dropout(0.5, seed=3)
+    layer.build((None, 4))
+    generator = internals.random_generator(layer)
+    assert isinstance(generator, tf.random.Generator)
+    assert internals.random_generator(keras.layers.Dense(2)) is None
+
+
+def test_the_learning_rate_as_given_and_the_loss_scale():
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5)
+    assert internals.learning_rate(keras.optimizers.SGD(schedule)) is schedule
+    scaled = keras.mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.1))
+    scale = internals.loss_scale(scaled)
+    assert float(scale.current_loss_scale.numpy()) == 2.0 ** 15 and int(scale.counter.numpy()) == 0
+    assert internals.loss_scale(keras.optimizers.SGD(0.1)) is None
+
+
+def test_a_keras3_sequentials_graph_and_a_tf_keras_graph_network():
+    k3 = keras3()
+    seq = k3.Sequential([k3.Input((4,)), k3.layers.Dense(2)])
+    assert internals.has_graph(internals.graph_of(seq))
+    model, _ = _model()
+    assert internals.graph_of(model) is model and internals.is_graph_network(model)
+
+    class Sub(keras.Model):
+        def call(self, x):
+            return x
+    assert not internals.is_graph_network(Sub())
+
+
+def test_qat_wrappers_expose_their_weight_and_activation_quantizers():
+    import tensorflow_model_optimization as tfmot
+    model, _ = _model()
+    q = tfmot.quantization.keras.quantize_model(model)
+    wrapper = next(layer for layer in q.layers if getattr(layer, "layer", None) is not None
+                   and layer.layer.name == "logits")
+    weights = internals.qat_weights(wrapper)
+    assert len(weights) == 1 and weights[0][0].name.endswith("kernel:0")
+    assert set(weights[0][2]) == {"min_var", "max_var"}
+    stages = [stage for stage, _, variables in internals.qat_activations(wrapper) if variables]
+    assert stages == ["post"]
+    assert internals.qat_weights(keras.layers.Dense(2)) == []
+    assert internals.prunable_weight_names(keras.layers.Dense(2)) == ["kernel"]
+
+
+def test_the_tflite_schema_reads_a_files_ops(int8_file):
+    fb = internals.tflite_schema()
+    model = fb.ModelT.InitFromObj(fb.Model.GetRootAsModel(int8_file, 0))
+    codes = {c.builtinCode if c.builtinCode else c.deprecatedBuiltinCode for c in model.operatorCodes}
+    assert fb.BuiltinOperator.FULLY_CONNECTED in codes
+
+
+def test_a_strategys_all_reduce_and_a_functions_graph():
+    cross, options = internals.all_reduce(tf.distribute.MirroredStrategy(
+        ["/cpu:0"], cross_device_ops=tf.distribute.ReductionToOneDevice()))
+    assert isinstance(cross, tf.distribute.ReductionToOneDevice)
+    assert isinstance(options.implementation, tf.distribute.experimental.CommunicationImplementation)
+
+    @tf.function
+    def f(x):
+        return tf.cond(x > 0, lambda: x + 1, lambda: x - 1)
+    f(tf.constant(1.0))
+    concrete, = internals.concrete_functions(f)
+    branch = next(op.get_attr("then_branch").name for op in concrete.graph.get_operations()
+                  if op.type in ("If", "StatelessIf"))
+    assert internals.graph_function(concrete.graph, branch) is not None
+    assert internals.graph_function(concrete.graph, "no_such_function") is None
+
+
+def test_a_tf_data_service_stops():
+    dispatcher = tf.data.experimental.service.DispatchServer()
+    worker = tf.data.experimental.service.WorkerServer(
+        tf.data.experimental.service.WorkerConfig(dispatcher.target.split("://")[1]))
+    internals.stop_server(worker)
+    internals.stop_server(dispatcher)
+
+
+PRIVATE_OF_OUR_OWN = {"_kernel_attrs", "_replica_gradients", "_compiled_gradients",
+                      "_tftrain_device", "_tftrain_pinned",
+                      "_initialize_local_devices",      # the door's class, overridden
+                      "_replace", "_exit", "_clear", "_run_exitfuncs"}   # the standard library
+
+
+def test_no_private_framework_attribute_is_read_outside_the_door():
+    import ast
+    from helpers import ROOT
+    found = []
+    for path in sorted((ROOT / "tftrain").rglob("*.py")):
+        if path.name == "internals.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            name = None
+            if isinstance(node, ast.Attribute) and not (isinstance(node.value, ast.Name)
+                                                       and node.value.id in ("self", "cls")):
+                name = node.attr
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", None) in (
+                    "getattr", "hasattr") and len(node.args) > 1 and \
+                    isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
+                name = node.args[1].value
+            if name and name.startswith("_") and not name.startswith("__") \
+                    and name not in PRIVATE_OF_OUR_OWN:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} {name}")
+    assert found == []

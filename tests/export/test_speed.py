@@ -75,7 +75,9 @@ def test_an_artifact_timed_against_a_reference_file_of_its_runtime(tmp_path):
     assert all(v > 2 for v in narrow["speedup_vs_reference"].values()), narrow
     itself = speed.versus_reference(wide, "tflite", x, str(tmp_path / "wide.tflite"), rounds=3,
                                     budget=0.06)
-    assert all(0.5 < v < 2 for v in itself["speedup_vs_reference"].values()), itself
+    # (about as fast: all-core timings of two runs of one file moved 2x apart under the
+    # suite's parallel workers on 2 cores)
+    assert all(1 / 3 < v < 3 for v in itself["speedup_vs_reference"].values()), itself
     (tmp_path / "m.onnx").write_bytes(b"")
     assert speed.versus_reference(wide, "tflite", x, str(tmp_path / "m.onnx")) == {}
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tftrain.config import ConfigError
+from tftrain.core import internals
 from tftrain.core.keras import keras
 from tftrain.runtime.placement import layer_flops
 
@@ -62,7 +63,7 @@ class ChannelGraph:
     has several; a flatten repeats its input's once per spatial position)."""
 
     def __init__(self, model):
-        if not getattr(model, "_is_graph_network", False):
+        if not internals.is_graph_network(model):
             raise ConfigError(f"{KEY}: channels needs a functional Keras model; "
                               f"{type(model).__name__} is subclassed (its graph cannot be "
                               "followed); build it with keras.Model(inputs, outputs) or use "

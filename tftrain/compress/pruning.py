@@ -26,6 +26,7 @@ from tensorflow_model_optimization.python.core.sparsity.keras.pruning_wrapper im
     PruneLowMagnitude,
 )
 
+from tftrain.core import internals
 from tftrain.core.keras import keras
 from tftrain.config import ConfigError, PruningConfig
 from tftrain.core.registry import Registry
@@ -81,7 +82,7 @@ class PruneByUpdate(PruneLowMagnitude):
     the masks and the masking are `PruningHook`'s, once per optimizer update."""
 
     def call(self, inputs, training=None, **kwargs):
-        if "training" in self.layer._call_spec.arg_names:
+        if internals.takes_training(self.layer):
             return self.layer.call(inputs, training=training, **kwargs)
         return self.layer.call(inputs, **kwargs)
 
@@ -91,7 +92,7 @@ def prunable(layer) -> bool:
     if isinstance(layer, tfmot.sparsity.keras.PrunableLayer):
         return True
     return (prune_registry.PruneRegistry.supports(layer)
-            and bool(prune_registry.PruneRegistry._weight_names(layer)))
+            and bool(internals.prunable_weight_names(layer)))
 
 
 def pruning_refusal(cfg: PruningConfig):

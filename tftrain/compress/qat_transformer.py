@@ -31,6 +31,7 @@ from tensorflow_model_optimization.python.core.keras.utils import smart_cond
 from tensorflow_model_optimization.python.core.quantization.keras import quantizers
 
 from tftrain.compress.qat_base import PrunePreservingConfig
+from tftrain.core import internals
 from tftrain.core.keras import keras
 
 # the tensors inside attention that an int8 kernel reads, each with its own 8-bit range
@@ -58,10 +59,11 @@ class QuantizableAttention(keras.layers.Layer):
     def of(cls, mha):
         """The quantizable form of a Keras `MultiHeadAttention` (default projections: one
         attention axis, output width = query width)."""
-        if mha._attention_axes not in (None, (1,), [1]) or mha._output_shape is not None:
+        c = internals.attention(mha)
+        if c["attention_axes"] not in (None, (1,), [1]) or c["output_shape"] is not None:
             raise ValueError(f"layer {mha.name}: MultiHeadAttention with attention_axes or "
                              "output_shape has no int8 form here")
-        return cls(mha._num_heads, mha._key_dim, mha._value_dim, mha._use_bias, mha._dropout,
+        return cls(c["num_heads"], c["key_dim"], c["value_dim"], c["use_bias"], c["dropout"],
                    name=mha.name, dtype=mha.dtype_policy)
 
     def adopt(self, weights) -> None:

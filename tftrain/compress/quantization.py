@@ -16,6 +16,7 @@ import tensorflow_model_optimization as tfmot
 from tftrain.compress import qat_configs
 from tftrain.compress.unquantizable import quantizable, unquantizable  # noqa: F401  (re-exported)
 from tftrain.config import QuantizationConfig
+from tftrain.core import internals
 from tftrain.core.keras import keras
 
 def quantize_configured(model, cfg):
@@ -74,8 +75,8 @@ def clone(model):
     with q.quantize_scope():
         copy = keras.models.clone_model(model, clone_function=layer_clone)
     for source, target in zip(model.layers, copy.layers):      # the masks `_keep_zeros` adds
-        for (_, _, had), (weight, _, variables) in zip(getattr(source, "_weight_vars", []),
-                                                      getattr(target, "_weight_vars", [])):
+        for (_, _, had), (weight, _, variables) in zip(internals.qat_weights(source),
+                                                      internals.qat_weights(target)):
             if isinstance(had.get("sparsity_mask"), tf.Variable):
                 name = weight.name.split("/")[-1].split(":")[0]
                 variables["sparsity_mask"] = target.add_weight(
@@ -178,7 +179,7 @@ def _keep_zeros(quantized, pruned) -> None:
     is not in checkpoints. tftrain masks with a variable set from the pruned model's zeros:
     every pruned zero stays zero, and a resumed QAT stage restores the mask."""
     for layer in quantized.layers:
-        for weight, _, variables in getattr(layer, "_weight_vars", []):
+        for weight, _, variables in internals.qat_weights(layer):
             if "sparsity_mask" not in variables:
                 continue
             source = pruned.get_layer(layer.layer.name)
@@ -245,7 +246,7 @@ def kernels_unquantized(layers):
     """A context inside which the kernels of `layers` (QAT wrappers) are not
     fake-quantized (pruned zeros still masked): a SavedModel traced inside converts with
     those layers' kernels float, the ranges around them kept."""
-    chosen = {id(v) for layer in layers for _, _, variables in layer._weight_vars
+    chosen = {id(v) for layer in layers for _, _, variables in internals.qat_weights(layer)
               for v in variables.values()}
 
     def replaced(cls, call):
@@ -296,14 +297,11 @@ def range_variables(model) -> list:
     each wrapper's around its activation and its outputs."""
     found = []
     for layer in getattr(model, "layers", [model]):
-        groups = [getattr(layer, "quantizer_vars", None),        # tfmot's QuantizeLayer
-                  getattr(layer, "_output_quantizer_vars", None)]
+        groups = [getattr(layer, "quantizer_vars", None)]        # tfmot's QuantizeLayer
         inner = getattr(layer, "layer", None)
         if hasattr(inner, "range_variables"):                   # ranges inside a layer
             groups.append(dict(enumerate(inner.range_variables())))
-        for activation in getattr(layer, "_quantize_activations", []):
-            groups += [getattr(activation, "_pre_activation_vars", None),
-                       getattr(activation, "_post_activation_vars", None)]
+        groups += [variables for _, _, variables in internals.qat_activations(layer)]
         found += [v for group in groups if group for v in group.values()]
     return found
 
@@ -318,7 +316,7 @@ def fit_empty_channels(model) -> int:
     empty and that layer's int8 output was 21.8 dB from the QAT model's, 65 dB after."""
     fitted = 0
     for layer in model.layers:
-        for _, _, variables in getattr(layer, "_weight_vars", []):
+        for _, _, variables in internals.qat_weights(layer):
             low, high = variables.get("min_var"), variables.get("max_var")
             if low is None or low.shape.rank != 1:      # per-tensor ranges: not per channel
                 continue
@@ -339,7 +337,7 @@ def quantized_kernels(model) -> dict[str, np.ndarray]:
     by wrapped layer name."""
     out = {}
     for layer in model.layers:
-        for weight, _, variables in getattr(layer, "_weight_vars", []):
+        for weight, _, variables in internals.qat_weights(layer):
             value = weight.numpy()
             if "sparsity_mask" in variables:
                 value = value * np.asarray(variables["sparsity_mask"])

@@ -66,6 +66,65 @@ def all_layers(model) -> list:
     return list(model._flatten_layers(include_self=False))
 
 
+def tensor_usage(model) -> dict:
+    """{tensor id: how many layers of `model` read it} (tf_keras)."""
+    return model._tensor_usage_count
+
+
+def node_input_ids(node) -> list[str]:
+    """The ids (as `tensor_usage` keys them) of the tensors a node's layer reads."""
+    return [tensor_id for tensor_id, _ in node._keras_inputs_ids_and_indices]
+
+
+def graph_of(model):
+    """What holds a model's graph of layers: a Keras 3 Sequential's inner functional
+    model, else the model itself."""
+    return getattr(model, "_functional", None) or model
+
+
+def is_graph_network(model) -> bool:
+    """Whether a tf_keras model is functional or Sequential (not subclassed)."""
+    return getattr(model, "_is_graph_network", False)
+
+
+def takes_training(layer) -> bool:
+    """Whether `layer.call` takes a `training` argument."""
+    return layer._call_spec.expects_training_arg
+
+
+def attention(layer) -> dict:
+    """A Keras `MultiHeadAttention`'s configuration as the layer holds it (`query_shape`:
+    None before it is built)."""
+    return {"num_heads": layer._num_heads, "key_dim": layer._key_dim,
+            "value_dim": layer._value_dim, "use_bias": layer._use_bias,
+            "dropout": layer._dropout, "attention_axes": layer._attention_axes,
+            "output_shape": layer._output_shape,
+            "query_shape": getattr(layer, "_query_shape", None)}
+
+
+def random_generator(layer):
+    """The `tf.random.Generator` behind a layer's randomness (dropout's masks), created
+    if it is not yet; None for a layer without one."""
+    random = getattr(layer, "_random_generator", None)
+    if random is None or not hasattr(random, "_maybe_init"):
+        return None
+    random._maybe_init()
+    return getattr(random, "_generator", None)
+
+
+def loss_scale(optimizer):
+    """A `LossScaleOptimizer`'s dynamic loss scale (`current_loss_scale`, `counter`), or
+    None for any other optimizer."""
+    scale = getattr(optimizer, "_loss_scale", None)
+    return scale if hasattr(scale, "counter") else None
+
+
+def learning_rate(optimizer):
+    """The optimizer's learning rate as given: a schedule itself, or a variable
+    (`optimizer.learning_rate` gives a schedule's last value)."""
+    return optimizer._learning_rate
+
+
 # -- fit and the train function (tf_keras) ----------------------------------------------
 def start_fit_at(model, resume) -> None:
     """Make `model.fit` start at the (epoch, step) `resume` gives
@@ -78,7 +137,37 @@ def steps_per_execution(model):
     return model._steps_per_execution
 
 
+# -- tfmot's QAT wrappers ------------------------------------------------------------------
+def qat_weights(wrapper) -> list:
+    """A `QuantizeWrapper`'s `(weight, quantizer, quantizer variables)` per quantized
+    weight ([] for any other layer)."""
+    return getattr(wrapper, "_weight_vars", [])
+
+
+def qat_activations(wrapper) -> list[tuple[str, object, dict]]:
+    """A QAT wrapper's activation quantizers: `(stage, quantizer, range variables)` for
+    the activation's input (`pre`) and output (`post`) and the layer's `output`."""
+    found = []
+    for activation in getattr(wrapper, "_quantize_activations", []):
+        found += [("pre", activation.quantizer, getattr(activation, "_pre_activation_vars", None)),
+                  ("post", activation.quantizer, getattr(activation, "_post_activation_vars", None))]
+    if getattr(wrapper, "_output_quantizers", None):
+        found.append(("output", wrapper._output_quantizers[0], wrapper._output_quantizer_vars))
+    return found
+
+
+def prunable_weight_names(layer) -> list[str]:
+    """The weights tfmot's registry prunes of a built-in layer."""
+    from tensorflow_model_optimization.python.core.sparsity.keras import prune_registry
+    return prune_registry.PruneRegistry._weight_names(layer)
+
+
 # -- LiteRT -----------------------------------------------------------------------------
+def tflite_schema():
+    """The TFLite flatbuffer schema (object API), to read and rewrite a file's ops."""
+    from tensorflow.lite.python import schema_py_generated
+    return schema_py_generated
+
 def ops_details(interp) -> list[dict]:
     """Every op of a LiteRT interpreter's model, in execution order: `op_name`, `inputs`,
     `outputs` (tensor indices)."""
@@ -141,6 +230,32 @@ def unmatched(status) -> list:
     loaded = status._checkpoint
     return list(ObjectIdentitySet(_objects_with_attributes(loaded.all_python_objects))
                 - ObjectIdentitySet(loaded.object_by_proto_id.values()))
+
+
+def all_reduce(strategy) -> tuple:
+    """(the cross-device ops of a MirroredStrategy, the communication options of a
+    multi-worker one); None where the strategy has none."""
+    ext = strategy.extended
+    return (getattr(ext, "_cross_device_ops", None),
+            getattr(ext, "_communication_options", None))
+
+
+def stop_server(server) -> None:
+    """Stop a tf.data service dispatcher or worker (their `join` blocks signals)."""
+    server._stop()
+
+
+def graph_function(graph, name: str):
+    """The function `name` a FuncGraph (or an outer one) defines; None if it does not."""
+    try:
+        return graph._get_function(name)
+    except (AttributeError, KeyError):
+        return None
+
+
+def concrete_functions(function) -> list:
+    """Every concrete function a `tf.function` traced."""
+    return function._list_all_concrete_functions()
 
 
 def collective_extended():

@@ -19,6 +19,8 @@ from typing import Callable
 
 import tensorflow as tf
 
+from tftrain.core import internals
+
 
 def spread(build: Callable[[int, int], tf.data.Dataset], dispatchers: list[str],
            per_epoch: int, first: int) -> tf.data.Dataset:
@@ -59,8 +61,8 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        worker._stop()
-        dispatcher._stop()
+        internals.stop_server(worker)
+        internals.stop_server(dispatcher)
     return 0
 
 

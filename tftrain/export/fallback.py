@@ -24,8 +24,10 @@ from typing import Callable
 import tensorflow as tf
 
 from tftrain.core import console
+from tftrain.core import internals
 from tftrain.export.fidelity import worst
-from tensorflow.lite.python import schema_py_generated as fb
+
+fb = internals.tflite_schema()       # the TFLite flatbuffer schema (object API)
 
 
 def weighted_layer(model, name: str):
@@ -34,7 +36,7 @@ def weighted_layer(model, name: str):
     convolution before it), the nearest single producer that has one; None if none."""
     layer = model.get_layer(name)
     for _ in range(3):
-        if getattr(layer, "_weight_vars", None):
+        if internals.qat_weights(layer):
             return layer
         # distinct producers (a layer shared with another model has a node there too)
         parents = {id(p): p for node in layer.inbound_nodes

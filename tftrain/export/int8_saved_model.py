@@ -192,11 +192,8 @@ def _ranges(layer) -> dict:
 
     if type(layer).__name__ == "QuantizeLayer":
         add("output", layer.quantizer, getattr(layer, "quantizer_vars", None))
-    for activation in getattr(layer, "_quantize_activations", []):
-        add("pre", activation.quantizer, getattr(activation, "_pre_activation_vars", None))
-        add("post", activation.quantizer, getattr(activation, "_post_activation_vars", None))
-    if getattr(layer, "_output_quantizers", None):
-        add("output", layer._output_quantizers[0], layer._output_quantizer_vars)
+    for stage, quantizer, variables in internals.qat_activations(layer):
+        add(stage, quantizer, variables)
     return found
 
 
@@ -245,7 +242,7 @@ def _plan(model, qat: bool) -> dict[str, _Layer]:
         attrs = KERNELS.get(kind, ())
         if qat:
             plan.codes = {name: qat_codes(w, q, v, kind)
-                          for w, q, v in getattr(layer, "_weight_vars", [])
+                          for w, q, v in internals.qat_weights(layer)
                           for name in [w.name.split("/")[-1].split(":")[0]] if name in attrs}
         elif kind in KERNELS and kind != "QuantizableAttention":
             plan.codes = {name: weight_only_codes(getattr(inner, name).numpy(), kind)

@@ -59,7 +59,7 @@ def is_keras3(model) -> bool:
 def refusal(model) -> list[str]:
     """Why `model` (Keras 3) cannot be converted, one line per layer ([] if it can)."""
     k3 = keras3()
-    graph = getattr(model, "_functional", None) or model
+    graph = internals.graph_of(model)
     if not isinstance(model, k3.Model) or not internals.has_graph(graph):
         return [f"{type(model).__name__} is a subclassed Keras 3 model: only functional and "
                 "Sequential models have a graph of layers to convert; build it with the "
@@ -167,7 +167,7 @@ def to_keras3(model):
 
 def _nodes(model) -> list:
     """The nodes of a Keras 3 functional model (a Sequential's own graph), inputs first."""
-    graph = getattr(model, "_functional", None) or model
+    graph = internals.graph_of(model)
     return internals.nodes_in_order(graph)
 
 
@@ -225,7 +225,7 @@ def _walk(nodes, convert, make_input, owner, node_index, made, given):
 def _nested(layer) -> bool:
     """A Keras 3 functional or Sequential model used as a layer of another."""
     return type(layer).__module__.split(".")[0] == "keras" and \
-        internals.has_graph(getattr(layer, "_functional", None) or layer)
+        internals.has_graph(internals.graph_of(layer))
 
 
 def _arguments(node):

@@ -21,7 +21,7 @@ def replay(model, x: np.ndarray, each, again: bool = False) -> list[np.ndarray]:
     calls the layer once more on its inputs each passed through `perturb(name of the
     layer that made it, or None for the model's input, value)` (what the layer makes of
     its inputs moved)."""
-    usage = model._tensor_usage_count
+    usage = internals.tensor_usage(model)
     tensors = {str(id(t)): [x] * usage[str(id(t))] for t in model.inputs}
     maker: dict[str, str] = {}          # tensor id -> the layer that made it
     graph = internals.nodes_by_depth(model)
@@ -29,7 +29,7 @@ def replay(model, x: np.ndarray, each, again: bool = False) -> list[np.ndarray]:
         for node in graph[depth]:
             if node.is_input:
                 continue
-            ids = [tensor_id for tensor_id, _ in node._keras_inputs_ids_and_indices]
+            ids = internals.node_input_ids(node)
             inputs = {tensor_id: tensors[tensor_id][-1] for tensor_id in ids}
             outputs = _call(node, node.map_arguments(tensors))
             if len(outputs) == 1:
@@ -49,7 +49,7 @@ def _call(node, arguments) -> list[np.ndarray]:
     """A node's layer called on `arguments` ((args, kwargs)), in inference mode."""
 
     args, kwargs = arguments
-    if node.layer._expects_training_arg:
+    if internals.takes_training(node.layer):
         kwargs = {**kwargs, "training": False}
     return [np.asarray(o) for o in nest.flatten(node.layer(*args, **kwargs))]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tftrain.core import internals
 from tftrain.core.keras import keras
 
 
@@ -44,7 +45,7 @@ class Constant(keras.optimizers.schedules.LearningRateSchedule):
 def current_lr(optimizer) -> float:
     """The learning rate the next update will use."""
     inner = getattr(optimizer, "inner_optimizer", optimizer)
-    lr = inner._learning_rate     # the schedule itself (`learning_rate` gives its last value)
+    lr = internals.learning_rate(inner)     # the schedule itself, not its last value
     if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
         return float(lr(inner.iterations))
     return float(keras.backend.get_value(lr))
@@ -73,5 +74,5 @@ def learning_rate_state(optimizer):
     rate itself): what the rollback after a non-finite loss lowers and a checkpoint
     must keep."""
     inner = getattr(optimizer, "inner_optimizer", optimizer)
-    lr = inner._learning_rate
+    lr = internals.learning_rate(inner)
     return lr.factor if isinstance(lr, Scaled) else lr

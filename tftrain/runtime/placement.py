@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
+from tftrain.core import internals
 from tftrain.core.keras import keras
 from tftrain.config import ConfigError, PlacementConfig
 from tftrain.models import layer_parents
@@ -59,9 +60,10 @@ def layer_flops(layer) -> float:
     if kind == "DepthwiseConv2D":
         return 2.0 * _size(layer.depthwise_kernel.shape[:2]) * out_elems
     if kind == "MultiHeadAttention":
-        query = layer._query_shape if hasattr(layer, "_query_shape") else out
+        config = internals.attention(layer)
+        query = config["query_shape"] or out
         length = query[1] if len(query) > 2 else 1
-        dim = layer._key_dim * layer._num_heads
+        dim = config["key_dim"] * config["num_heads"]
         width = out[-1]
         projections = 2.0 * length * width * dim * 4
         attention = 2.0 * 2 * length * length * dim
@@ -87,7 +89,7 @@ def activation_bytes(layer, parents: list[str]) -> float:
     total = sum(_size(o[1:]) for o in outs) * 4.0
     if kind == "MultiHeadAttention" and len(outs[0]) > 2:
         length = outs[0][1]
-        total += 3 * layer._num_heads * length * length * 4.0   # scores, softmax, dropout mask
+        total += 3 * internals.attention(layer)["num_heads"] * length * length * 4.0   # scores, softmax, dropout mask
     return total
 
 

@@ -73,9 +73,9 @@ def reduces_with_nccl(strategy) -> bool:
     NcclAllReduce, or a multi-worker strategy on GPUs whose collectives are NCCL (AUTO is
     a hint the collective runtime resolves to RingReduce; tftrain never passes it)."""
     ext = strategy.extended
-    if isinstance(getattr(ext, "_cross_device_ops", None), tf.distribute.NcclAllReduce):
+    cross_device, options = internals.all_reduce(strategy)
+    if isinstance(cross_device, tf.distribute.NcclAllReduce):
         return True
-    options = getattr(ext, "_communication_options", None)
     if options is None:
         return False
     impl = tf.distribute.experimental.CommunicationImplementation

@@ -291,15 +291,12 @@ def graph_collectives(function) -> list[dict]:
             return
         seen.add(name)
         while graph is not None:
-            try:
-                fn = graph._get_function(name)         # noqa: SLF001 (no public lookup)
-            except (AttributeError, KeyError):
-                fn = None
+            fn = internals.graph_function(graph, name)
             if fn is not None and getattr(fn, "graph", None) is not None:
                 walk(fn.graph)
                 return
             graph = getattr(graph, "outer_graph", None)
 
-    for concrete in function._list_all_concrete_functions():    # noqa: SLF001
+    for concrete in internals.concrete_functions(function):
         walk(concrete.graph)
     return found

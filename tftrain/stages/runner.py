@@ -102,9 +102,8 @@ class StageRunner:
                                    callbacks=[c.state for c in built.stateful],
                                    average=built.average.variables if built.average else {},
                                    epoch_metrics=metrics)
-        scale = getattr(optimizer, "_loss_scale", None)      # a LossScaleOptimizer's, dynamic
-        self.loss_scale = [scale.current_loss_scale, scale.counter] \
-            if hasattr(scale, "counter") else []
+        scale = internals.loss_scale(optimizer)      # a LossScaleOptimizer's, dynamic
+        self.loss_scale = [scale.current_loss_scale, scale.counter] if scale else []
         directory = stage.checkpoint_dir(self.run.checkpoints)
         save_dir = directory if self.chief else self.scratch / stage.name
         manager = tf.train.CheckpointManager(ckpt, str(save_dir), cfg.train.checkpoint.keep)

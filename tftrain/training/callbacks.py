@@ -21,14 +21,8 @@ def random_generators(model) -> list:
     """The random generators of the model's layers (dropout and the like), created now so
     that a checkpoint can hold their state and a resumed run draws the same masks.
     Needs `keras.backend.experimental.enable_tf_random_generator()` before the build."""
-    generators = []
-    for layer in internals.all_layers(model):
-        random = getattr(layer, "_random_generator", None)
-        if random is not None and hasattr(random, "_maybe_init"):
-            random._maybe_init()
-            if getattr(random, "_generator", None) is not None:
-                generators.append(random._generator)
-    return generators
+    found = (internals.random_generator(layer) for layer in internals.all_layers(model))
+    return [generator for generator in found if generator is not None]
 
 
 # what reading a truncated, corrupt, non-finite or mismatched checkpoint raises
