@@ -210,7 +210,7 @@ def kubernetes(args) -> int:
               file=sys.stderr)
     else:
         sys.stdout.write(text)
-    return 0
+    return exit_codes.OK
 
 
 def start_data_workers(n: int, fork: bool = False) -> list[tuple[str, object]]:
@@ -276,9 +276,9 @@ def _wait(procs, grace: float = 10.0) -> int:
                     p.terminate()
             _join(procs, grace, kill=True)
             code = failed[0]
-            return code if code > 0 else 1
-        if all(c == 0 for c in codes):
-            return 0
+            return code if code > 0 else exit_codes.RUNTIME
+        if all(c == exit_codes.OK for c in codes):
+            return exit_codes.OK
         time.sleep(0.1)
 
 

@@ -3,13 +3,22 @@ decided and checked before anything is written (`make`), and printed (`describe`
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tftrain.config import Config, ConfigError
 from tftrain.core import internals
 from tftrain.export import kinds
+
+if TYPE_CHECKING:          # (the plan is read before TensorFlow loads: `--dry-run`)
+    from tftrain.core.keras import keras
+    from tftrain.data import BatchPlan, EpochLayout, Source
+    from tftrain.export.preflight import Preflight
+    from tftrain.runtime.parallelism import Parallelism
+    from tftrain.runtime.precision import Precision
+    from tftrain.stages import Stage
 
 
 @contextlib.contextmanager
@@ -24,22 +33,37 @@ def process_settings_kept():
             internals.set_op_determinism(before)
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunPlan:
-    """Everything the stages and the runner share (what a stage's `ctx` is)."""
+    """Everything the stages and the runner share (what a stage's `ctx` is), made once by
+    `make` and then frozen. While `make` plans the stages, each gets the draft without
+    `model`, `flops_per_example` and `preflight` (what the stages decide)."""
     cfg: Config
     smoke: bool
-    parallel: Any            # `tftrain.runtime.parallelism.Parallelism`
-    precision: Any           # the run's `tftrain.runtime.precision.Precision`
-    source: Any              # `tftrain.data.Source`
-    batches: Any             # `tftrain.data.BatchPlan`
-    layout: Any              # `tftrain.data.EpochLayout`
+    parallel: Parallelism
+    precision: Precision     # the run's
+    source: Source           # as read and checked (`training_source`: what trains)
+    batches: BatchPlan
+    layout: EpochLayout
     steps_per_epoch: int
     chief: bool
-    stages: list = field(default_factory=list)
-    model: Any = None        # the first stage's model, as planned
+    stages: tuple[Stage, ...]
+    model: keras.Model | None = None       # the first stage's model, as planned
     flops_per_example: float = 0.0
-    preflight: Any = None    # `tftrain.export.preflight.Preflight`: the exports, converted already
+    preflight: Preflight | None = None     # the exports, converted already
+
+    @cached_property
+    def training_source(self) -> Source:
+        """The source the stages train and validate on and the export checks with: its
+        decoded training set in memory when it fits (`data.cached`), made on first use
+        (after the run directory is open; not by the dry run)."""
+        from tftrain import data
+        return data.cached(self.source, self.cfg.data)
+
+    @property
+    def qat(self) -> bool:
+        """Whether the last stage trains quantization-aware (the export is int8)."""
+        return self.stages[-1].quantization_aware
 
     def training_line(self) -> str:
         from tftrain.training.rundir import run_path
@@ -106,7 +130,7 @@ class RunPlan:
             lines.append("note: batch norm computes statistics per micro-batch of "
                          f"{b.per_replica} examples, not over the whole global batch")
         lines.append(data.describe(source, self.layout, self.cfg.data))
-        lines.append(kinds.exports_line(self.cfg, self.stages[-1].quantization_aware))
+        lines.append(kinds.exports_line(self.cfg, self.qat))
         lines.append(self.training_line())
         if self.preflight is not None:
             lines.append(self.preflight.describe())
@@ -257,25 +281,23 @@ def make(cfg: Config, *, smoke: bool, stop) -> RunPlan:
     steps_per_epoch = layout.steps(batches)
     if smoke:
         steps_per_epoch = min(steps_per_epoch, cfg.train.smoke_steps)
-    plan = RunPlan(cfg, smoke, parallel,
-                   Precision.for_strategy(policy=policy, config=cfg.precision,
-                                          distribute=cfg.distribute, strategy=parallel.strategy),
-                   source, batches, layout, steps_per_epoch, strategy.is_chief())
-    plan.stages = plan_stages(cfg, steps_per_epoch, smoke)
+    draft = RunPlan(cfg, smoke, parallel,
+                    Precision.for_strategy(policy=policy, config=cfg.precision,
+                                           distribute=cfg.distribute, strategy=parallel.strategy),
+                    source, batches, layout, steps_per_epoch, strategy.is_chief(),
+                    tuple(plan_stages(cfg, steps_per_epoch, smoke)))
     with parallel.strategy.scope():   # each stage checks the model it will get
-        net = None
-        for i, stage in enumerate(plan.stages):
+        net, first = None, None
+        for stage in draft.stages:
             stage.check()
             xla.check(cfg, stage, parallel)
-            net = stage.plan(net, plan)
-            if i == 0:
-                plan.model = net
-    qat = plan.stages[-1].quantization_aware
-    for kind in kinds.enabled(cfg, qat):          # what an artifact cannot be made of
-        why = kind.refusal(cfg, net, qat)
+            net = stage.plan(net, draft)
+            first = net if first is None else first
+    for kind in kinds.enabled(cfg, draft.qat):          # what an artifact cannot be made of
+        why = kind.refusal(cfg, net, draft.qat)
         if why:
             raise ConfigError(why)
-    plan.flops_per_example = sum(c.flops for c in layer_costs(plan.model))
-    # every export converted once from the model the last stage hands on, before any update
-    plan.preflight = preflight.run(cfg, net, source, qat=plan.stages[-1].quantization_aware)
-    return plan
+    return dataclasses.replace(
+        draft, model=first, flops_per_example=sum(c.flops for c in layer_costs(first)),
+        # every export converted once from the model the last stage hands on, before any update
+        preflight=preflight.run(cfg, net, source, qat=draft.qat))

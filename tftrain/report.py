@@ -102,11 +102,11 @@ def _confusion(plan, net, most: int = 50) -> list[list[int]] | None:
 
     from tftrain.data import BatchPlan, val_dataset
 
-    classes = plan.source.spec.num_classes
+    classes = plan.training_source.spec.num_classes
     if classes > most:
         return None
     matrix = np.zeros((classes, classes), np.int64)
-    for x, y in val_dataset(plan.source, BatchPlan(256, 1, 1), plan.cfg.data):
+    for x, y in val_dataset(plan.training_source, BatchPlan(256, 1, 1), plan.cfg.data):
         predicted = np.argmax(net(x, training=False).numpy(), axis=-1)
         np.add.at(matrix, (y.numpy().astype(int), predicted), 1)
     return matrix.tolist()
@@ -130,7 +130,7 @@ def _model_source(name: str) -> dict | None:
 
 
 def _one_batch(plan):
-    x, y = next(iter(plan.source.calibration(plan.batches.per_replica)
+    x, y = next(iter(plan.training_source.calibration(plan.batches.per_replica)
                      .batch(plan.batches.per_replica)))
     return x, y
 

@@ -83,7 +83,7 @@ def main(argv=None) -> int:
         args = parse_args(sys.argv[1:] if argv is None else argv)
         if args.schema:
             print(json.dumps(json_schema(), indent=2))
-            return 0
+            return exit_codes.OK
         if not args.config:
             raise ConfigError("arguments: CONFIG is required, e.g. python -m tftrain.run "
                               "configs/quickstart.yaml")
@@ -103,12 +103,12 @@ def main(argv=None) -> int:
             from tftrain.plan import sketch
             for line in sketch(cfg, args.smoke).splitlines():
                 console.say(line)
-            return 0
+            return exit_codes.OK
         if args.dry_run and not args.preflight:      # --full: all but the export preflight
             cfg = load_config(args.config, overrides + ["export.preflight=false"])
         with Preemption() as stop:      # SIGTERM/SIGINT from here on: stop at a safe point
             run(cfg, dry_run=args.dry_run, smoke=args.smoke, stop=stop, profile=profile)
-        return 0
+        return exit_codes.OK
     except ConfigError as err:
         for problem in err.problems:
             print(f"tftrain: config error: {problem}", file=sys.stderr)
@@ -178,7 +178,7 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
     # TensorFlow is imported only once the config has parsed: a typo costs no TF start-up
     from tftrain.core import console
     from tftrain.core.native_log import quiet
-    from tftrain import data, report
+    from tftrain import report
     from tftrain import plan as planning
     from tftrain.core import extras
     import yaml
@@ -207,7 +207,6 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
     if run.previous is not None and run.previous != topology:
         print(f"resuming on a different topology: {rundir.describe_topology(run.previous)} -> "
               f"{rundir.describe_topology(topology)}", flush=True)
-    plan.source = data.cached(plan.source, cfg.data)     # the decoded set in memory when it fits
     tracker = tracking.open_tracker(cfg, run.path, rundir.dump_config(cfg), plan.chief)
     runner = StageRunner(plan=plan, run=run, stop=stop, profile=profile, tracker=tracker)
     try:
@@ -221,7 +220,7 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
         stop.check("after the last stage", runner.agree)
         from tftrain.compress.quantization import clone
         net = plan.parallel.detach(net, clone)      # a model the chief can run alone
-        qat = plan.stages[-1].quantization_aware
+        qat = plan.qat
         made = kinds.enabled(cfg, qat)
         if any(kind.runtime == "keras3" for kind in made):   # (every worker joins)
             float_net = plan.parallel.detach(float_net)      # handed back as it came in
@@ -230,7 +229,7 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
               if plan.chief and made else contextlib.nullcontext()) as note, quiet():
             # (quiet: the converters' and LiteRT's notices)
             artifacts = exports.export_all(   # a smoke run's accuracy is noise: by logits
-                net, cfg, run.export, plan.source, ExportFlags(qat=qat, by_labels=not smoke),
+                net, cfg, run.export, plan.training_source, ExportFlags(qat=qat, by_labels=not smoke),
                 float_model=float_net) if plan.chief else {}
             if note is not None:
                 note["detail"] = (f"{sum(a.get('verified', True) for a in artifacts.values())} "

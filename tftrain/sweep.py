@@ -39,7 +39,7 @@ from pathlib import Path
 import yaml
 
 from tftrain.core.config_types import ConfigError
-from tftrain.core.exit_codes import CONFIG as EXIT_CONFIG
+from tftrain.core import exit_codes
 from tftrain.core.extras import missing
 from tftrain.launch import local_gpus, worker_setup
 from tftrain.runtime import forking
@@ -244,7 +244,7 @@ class Sweep:
             time.sleep(0.5)
         log.close()
         trial.set_user_attr("exit_code", proc.returncode)
-        if proc.returncode == EXIT_CONFIG:       # e.g. a builder refusing a sampled value
+        if proc.returncode == exit_codes.CONFIG:       # e.g. a builder refusing a sampled value
             refused = [line.removeprefix("tftrain: config error: ") for line in
                        Path(log.name).read_text().splitlines()
                        if line.startswith("tftrain: config error: ")]
@@ -372,7 +372,7 @@ def main(argv=None) -> int:
     try:
         args = p.parse_args(sys.argv[1:] if argv is None else argv)
     except SystemExit as exit_:
-        return EXIT_CONFIG if exit_.code else 0
+        return exit_codes.CONFIG if exit_.code else exit_codes.OK
     try:
         if args.trials < 1 or args.workers < 1:
             raise ConfigError("--trials and --workers: at least 1")
@@ -386,14 +386,14 @@ def main(argv=None) -> int:
     except ConfigError as err:
         for problem in err.problems:
             print(f"tftrain: config error: {problem}", file=sys.stderr)
-        return EXIT_CONFIG
+        return exit_codes.CONFIG
     except NoTrialCompleted as err:
         print(f"tftrain: sweep: {err}", file=sys.stderr)
-        return 1
+        return exit_codes.RUNTIME
     print((sweep.directory / "trials.csv").read_text())
     print(f"best: trial {best['trial']}, {space['metric']} {best['value']:.4f}: "
           f"{' '.join(overrides(best['values']))}; config in {sweep.directory / 'best.yaml'}")
-    return 0
+    return exit_codes.OK
 
 
 if __name__ == "__main__":

@@ -205,7 +205,7 @@ def test_batch_norm_re_estimation_sees_the_normalized_inputs_training_sees():
     source, batches = data.load_source(cfg.data, cfg.run.seed), data.plan_batches(cfg, 1)
     runner = StageRunner.__new__(StageRunner)
     runner.cfg, runner.smoke = cfg, False
-    runner.plan = SimpleNamespace(source=source, batches=batches)
+    runner.plan = SimpleNamespace(training_source=source, batches=batches)
     used = np.stack([x for x, _ in runner._batches(4).as_numpy_iterator()])
     trained = np.stack([x for x, _ in data.train_dataset(
         source, batches, cfg.data, cfg.run.seed).take(4).as_numpy_iterator()])

@@ -19,7 +19,7 @@ from typing import Callable
 
 import tensorflow as tf
 
-from tftrain.core import internals
+from tftrain.core import exit_codes, internals
 
 
 def spread(build: Callable[[int, int], tf.data.Dataset], dispatchers: list[str],
@@ -54,7 +54,7 @@ def main(argv=None) -> int:
         port=args.worker_port))
     print(f"tf.data service: dispatcher grpc://localhost:{args.port}, worker "
           f"localhost:{args.worker_port}", flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(exit_codes.OK))
     try:
         while True:                 # serve until signalled (join() would block signals)
             time.sleep(0.5)
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     finally:
         internals.stop_server(worker)
         internals.stop_server(dispatcher)
-    return 0
+    return exit_codes.OK
 
 
 if __name__ == "__main__":

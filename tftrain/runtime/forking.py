@@ -27,7 +27,7 @@ import sys
 import time
 import traceback
 
-from tftrain.core import internals
+from tftrain.core import exit_codes, internals
 
 MODES = ("auto", "fork", "fresh")
 
@@ -176,7 +176,7 @@ def _child(module, args, env, target, read, setup) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     except BaseException:                   # the set-up failed: no module to run
         traceback.print_exc()
-        os._exit(1)
+        os._exit(exit_codes.RUNTIME)
     run_as_main(module, args)
 
 

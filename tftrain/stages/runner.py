@@ -54,7 +54,7 @@ class StageRunner:
         self.stop = stop or Preemption()
         self.strat, self.chief = plan.parallel.strategy, plan.chief
         self.steps_per_epoch, self.smoke = plan.steps_per_epoch, plan.smoke
-        self.val = data.val_dataset(plan.source, plan.batches, self.cfg.data)
+        self.val = data.val_dataset(plan.training_source, plan.batches, self.cfg.data)
         if int(self.val.cardinality()) == tf.data.UNKNOWN_CARDINALITY:   # TFRecord: count once;
             # Keras needs the size to run several steps per call (validation is cached)
             batches = int(self.val.reduce(0, lambda count, *_: count + 1))
@@ -83,7 +83,7 @@ class StageRunner:
         cfg = self.cfg
         self.stop.rearm()
         self.stop.check("before stage " + stage.name, self.agree)
-        labels = data.train_dataset(self.plan.source, self.plan.batches, cfg.data,
+        labels = data.train_dataset(self.plan.training_source, self.plan.batches, cfg.data,
                                     cfg.run.seed).element_spec[1]
         with self.strat.scope():
             built = stage.build(previous, self.plan)
@@ -222,7 +222,7 @@ class StageRunner:
         throughput = epoch_logs.Throughput(self.plan.batches.global_batch)
         flops = epoch_logs.FlopsLogger(self.plan.flops_per_example, self.plan.peak.flops)
         waiting = epoch_logs.InputWait(epoch_logs.input_remedies(
-            cfg.data, self.plan.source, data.cache_choice(self.plan.source, cfg.data),
+            cfg.data, self.plan.training_source, data.cache_choice(self.plan.training_source, cfg.data),
             cfg.train.steps_per_execution))
         sizer = (epoch_logs.ExecutionSizer(spe, self.plan.parallel.mean, most=every)
                  if cfg.train.steps_per_execution == "auto" else None)
@@ -256,7 +256,7 @@ class StageRunner:
         began = time.perf_counter()
         for attempt in range(cfg.train.nan_retries + 1):
             try:
-                fit(model, data.distribute(self.strat, self.plan.source, self.plan.batches,
+                fit(model, data.distribute(self.strat, self.plan.training_source, self.plan.batches,
                                            cfg.data, cfg.run.seed, start, self.plan.layout.streams),
                     self.val, start, stage.epochs, spe, callbacks,
                     {"validation_steps": cfg.train.smoke_steps if self.smoke else None,
@@ -342,7 +342,7 @@ class StageRunner:
         if self.smoke:
             n = min(n, self.cfg.train.smoke_steps)
         steps = [op for op in augment.build(self.cfg.data.augment) if op.deterministic]
-        return train_dataset(self.plan.source, self.plan.batches, self.cfg.data,
+        return train_dataset(self.plan.training_source, self.plan.batches, self.cfg.data,
                              self.cfg.run.seed, ops=steps).take(n)
 
     def _evaluate(self, model) -> dict:
