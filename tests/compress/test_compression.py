@@ -417,7 +417,7 @@ def test_an_efficientnet_squeeze_excite_block_quantizes_to_int8_ops_xnnpack_runs
     through QAT its int8 file has no float op (the convolutions' swish and sigmoid were
     float, 16 times in EfficientNetB0) and XNNPack runs every op (the reshape's SHAPE,
     STRIDED_SLICE and PACK it did not)."""
-    from tftrain.export import artifacts, fidelity, speed
+    from tftrain.export import artifacts, file_tensors, speed
     from tftrain.models.tensor_ops import as_layers
     keras.utils.set_random_seed(0)
     inputs = keras.Input((8, 8, 3))
@@ -435,7 +435,7 @@ def test_an_efficientnet_squeeze_excite_block_quantizes_to_int8_ops_xnnpack_runs
                                     False)
     quantization.calibrate_ranges(q, [x])
     blob = artifacts.convert_tflite(artifacts.save_saved_model(q, tmp_path / "sm"), "int8", x, qat=True)
-    assert fidelity.float_ops(blob) == [] and speed.xnnpack(blob)["fallback"] == []
+    assert file_tensors.float_ops(blob) == [] and speed.xnnpack(blob)["fallback"] == []
     expected = q(x, training=False).numpy()
     logits, _ = artifacts.tflite_logits(blob, x)
     assert 10 * np.log10(np.sum(expected ** 2) / np.sum((logits - expected) ** 2)) >= 25

@@ -6,7 +6,7 @@ import tensorflow_model_optimization as tfmot
 from tftrain.compress import quantization
 from tftrain.config import load_config
 from tftrain.core.keras import keras
-from tftrain.export import artifacts, fidelity, layer_noise, onnx_fidelity
+from tftrain.export import artifacts, fidelity, file_tensors, layer_noise, onnx_fidelity
 
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
@@ -26,7 +26,7 @@ def test_onnx_maps_come_in_the_tflite_files_order_where_channels_height_and_widt
     q, x, _, _ = qat_cnn
     blob = converted(q, tmp_path / "m")
     names = [layer.name for layer in q.layers]
-    lite = fidelity.tflite_tensors(blob, names, x[:32])
+    lite = file_tensors.tflite_tensors(blob, names, x[:32])
     onnx = onnx_fidelity.onnx_tensors(onnx_export.int8_onnx(blob, "U8U8"), names, x[:32])
     square = [n for n, t in onnx.items() if t["value"].ndim == 4 and
               len(set(t["value"].shape[1:])) == 1]
@@ -42,13 +42,6 @@ def test_onnx_maps_come_in_the_tflite_files_order_where_channels_height_and_widt
     assert rows["quant_relu_0"]["local_sqnr_db"] > 30
 
 
-def test_a_fused_tensor_belongs_to_the_last_layer_its_name_mentions():
-    order = {"inputs": 0, "quant_conv_0": 1, "quant_relu_0": 2, "quant_logits": 3}
-    name = "cnn/quant_relu_0/Relu;cnn/quant_conv_0/BiasAdd;cnn/quant_conv_0/Conv2D"
-    assert fidelity.layer_of_tensor(name, order) == "quant_relu_0"
-    assert fidelity.layer_of_tensor("StatefulPartitionedCall:0", order) is None
-
-
 def test_layers_whose_names_hold_a_slash_are_each_compared(tmp_path):
     """Keras Applications name layers as paths (MobileNetV3's `Conv`, `Conv/BatchNorm`,
     `expanded_conv/depthwise`): TFLite's tensor names are paths too, so the convolution's
@@ -56,17 +49,17 @@ def test_layers_whose_names_hold_a_slash_are_each_compared(tmp_path):
     part, it was compared with `Conv`'s output before the batch norm (-5.9 dB in a QAT
     MobileNetV3Small) and every `expanded_conv/...` layer was left out (37 of 103)."""
     order = {"quant_Conv": 1, "quant_Conv/BatchNorm": 2, "quant_expanded_conv/depthwise": 3}
-    assert fidelity.layer_of_tensor("functional/quant_Conv/BatchNorm/FusedBatchNormV3;"
+    assert file_tensors.layer_of_tensor("functional/quant_Conv/BatchNorm/FusedBatchNormV3;"
                                     "functional/quant_Conv/Conv2D", order) == "quant_Conv/BatchNorm"
-    assert fidelity.layer_of_tensor("functional/quant_expanded_conv/depthwise/depthwise",
+    assert file_tensors.layer_of_tensor("functional/quant_expanded_conv/depthwise/depthwise",
                                     order) == "quant_expanded_conv/depthwise"
     # a layer's name inside a longer layer name is not that layer (MobileNetV3Small's last
     # convolution `Conv_1` and each block's `expanded_conv_10/squeeze_excite/Conv_1`: the
     # squeeze-excite tensor was compared with `Conv_1`'s output, -5.4 dB)
     order = {"expanded_conv_10/squeeze_excite/Conv_1": 1, "Conv_1": 2}
-    assert fidelity.layer_of_tensor("m/expanded_conv_10/squeeze_excite/Conv_1/BiasAdd",
+    assert file_tensors.layer_of_tensor("m/expanded_conv_10/squeeze_excite/Conv_1/BiasAdd",
                                     order) == "expanded_conv_10/squeeze_excite/Conv_1"
-    assert fidelity.layer_of_tensor("m/Conv_1/Conv2D", order) == "Conv_1"
+    assert file_tensors.layer_of_tensor("m/Conv_1/Conv2D", order) == "Conv_1"
     keras.utils.set_random_seed(0)
     inputs = keras.Input((8, 8, 1))
     h = keras.layers.Conv2D(8, 3, use_bias=False, name="Conv")(inputs)
@@ -133,8 +126,8 @@ def test_every_layer_of_the_int8_file_is_compared_and_a_widened_range_is_named_w
 
 def test_an_int8_file_with_float_compute_says_so(qat_cnn, tmp_path):
     q, x, _, _ = qat_cnn
-    assert fidelity.float_ops(converted(q, tmp_path / "int8")) == []
-    assert fidelity.label([]) == "int8"
+    assert file_tensors.float_ops(converted(q, tmp_path / "int8")) == []
+    assert file_tensors.label([]) == "int8"
     # a layer with no int8 kernel in TFLite (layer norm: float between a dequantize and
     # the quantize of its output range) makes float ops in the file
     inputs = keras.Input((8, 8, 1))
@@ -145,9 +138,9 @@ def test_an_int8_file_with_float_compute_says_so(qat_cnn, tmp_path):
     cfg = load_config(None, ["compression.quantization={enabled: true, skip_unsupported: true}"])
     mixed = quantization.quantize_model(net, cfg.compression.quantization, False)
     quantization.calibrate_ranges(mixed, [x[:32]])
-    ops = fidelity.float_ops(converted(mixed, tmp_path / "mixed"))
+    ops = file_tensors.float_ops(converted(mixed, tmp_path / "mixed"))
     assert ops and any("norm" in op for op in ops), ops
-    assert fidelity.label(ops) == f"int8 with {len(ops)} float op{'s' if len(ops) > 1 else ''}"
+    assert file_tensors.label(ops) == f"int8 with {len(ops)} float op{'s' if len(ops) > 1 else ''}"
 
 
 def test_a_channel_pruning_emptied_keeps_its_bias_in_the_int8_file(tmp_path):
@@ -252,3 +245,36 @@ def test_a_float16_files_weights_are_never_taken_for_a_layers_output(tmp_path):
     rows = {r["layer"]: r for r in fidelity.tflite_report(blob, net, x)}
     assert "expand_relu" in rows and "expand_BN" not in rows, rows
     assert min(r["local_sqnr_db"] for r in rows.values()) >= layer_noise.FLOAT16_FLOOR_DB, rows
+
+
+def _shared():
+    """x -> shared -> (a, b) -> add -> logits: `shared` is read twice, `a` once."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((6,))
+    shared = keras.layers.Dense(8, activation="relu", name="shared")(inputs)
+    a = keras.layers.Dense(8, name="a")(shared)
+    b = keras.layers.Dense(8, name="b")(shared)
+    added = keras.layers.Add(name="add")([a, b])
+    return keras.Model(inputs, keras.layers.Dense(3, name="logits")(added))
+
+
+def test_a_layer_with_weights_the_file_has_no_tensor_of_is_named_uncompared(tmp_path):
+    """Every layer with a kernel is compared in a real int8 file, the model's output
+    layer too (the converter names the output after the signature). Without `shared`'s
+    tensor (read by two layers, so never fused away) it is uncompared; without `a`'s
+    (read by `add` alone) `add`'s row holds it, as a fused op's does."""
+    net = _shared()
+    x = np.random.default_rng(0).normal(size=(32, 6)).astype(np.float32)
+    source = artifacts.write_saved_model(net, tmp_path / "m")
+    blob = artifacts.convert_tflite(source, "int8", x)
+    rows, missing = fidelity.tflite_compared(blob, net, x)
+    assert missing == [] and rows[-1]["layer"] == "logits" and rows[-1]["op"] == "FULLY_CONNECTED"
+    names = [layer.name for layer in net.layers]
+    artifact = file_tensors.tflite_tensors(blob, names, x, ("logits",))
+    assert fidelity.uncompared(net, artifact, fidelity.compare(net, artifact, x)) == []
+    for dropped, expected in (("shared", ["shared"]), ("a", []), ("logits", ["logits"])):
+        partial = {k: v for k, v in artifact.items() if k != dropped}
+        assert fidelity.uncompared(net, partial, fidelity.compare(net, partial, x)) == expected
+    entry = fidelity.entries("tflite_int8", rows, load_config(None, []).export,
+                             missing=["shared"])
+    assert entry["uncompared"] == ["shared"]

@@ -245,3 +245,32 @@ def test_a_float_file_of_a_model_that_amplifies_rounding_past_its_logits_is_not_
     tame = verify({"saved_model": {**chaotic, "logit_noise": 3.0, "max_abs_logit_diff": 20.0}},
                   cfg, 0.1)["saved_model"]
     assert tame["verified"], tame["check"]
+
+
+def test_a_partial_comparison_fails_naming_the_layers_it_missed():
+    """Layers with weights that the per-layer comparison could not find in the file
+    (`fidelity.uncompared`): an int8 file without labels and a float file judged by its
+    layers are not verified, and the check names the layers (at most five, then ...)."""
+    cfg = load_config(None, []).export
+    fine = [{"layer": "relu_0", "local_sqnr_db": 45.0}]
+    missed = [f"conv_{i}" for i in range(7)]
+    base = {"logit_sqnr_db": 30.0, "top1_agreement": 1.0, "logit_spread": 1.0,
+            "max_abs_logit_diff": 0.1, "accuracy": 0.9, "layers": fine}
+    whole = verify({"tflite_int8": dict(base)}, cfg, 0.9, by_labels=False)["tflite_int8"]
+    assert whole["verified"], whole["check"]
+    part = verify({"tflite_int8": {**base, "uncompared": missed[:2]}}, cfg, 0.9,
+                  by_labels=False)["tflite_int8"]
+    assert not part["verified"]
+    assert part["check"].startswith("compared layer by layer, but 2 of the model's layers with "
+                                    "weights have no counterpart in the file (conv_0, conv_1): "
+                                    "nothing shows it computes them")
+    many = verify({"onnx_int8": {**base, "uncompared": missed}}, cfg, 0.9,
+                  by_labels=False)["onnx_int8"]
+    assert "7 of the model's layers" in many["check"] and \
+        "(conv_0, conv_1, conv_2, conv_3, conv_4, ...)" in many["check"]
+    apart = {"max_abs_logit_diff": 5.0, "logit_scale": 10.0, "layers": [
+        {"layer": "relu_0", "local_sqnr_db": 99.0}], "uncompared": ["logits"]}
+    floating = verify({"tflite_float": apart}, cfg, 0.9)["tflite_float"]
+    assert not floating["verified"] and floating["check"].endswith(
+        "1 of the model's layers with weights have no counterpart in the file (logits): "
+        "nothing shows it computes them")

@@ -21,7 +21,7 @@ from tftrain.core.keras import keras
 from tftrain.export.calibration import own_ranges
 from tftrain.export.measures import dir_bytes
 from tftrain.core import internals
-from tftrain.export.fidelity import set_example
+from tftrain.export.file_tensors import set_example
 from tftrain.compress import quantization
 
 def inference_model(model):

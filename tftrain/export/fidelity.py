@@ -8,10 +8,9 @@ through the network, as they do when it runs (`sqnr_db`); `local_sqnr_db` is the
 a layer adds to what the artifact fed it, which names the layer that introduced an error
 rather than the ones downstream that carry it.
 
-TFLite tensors are read with every intermediate tensor preserved (LiteRT's built-in
-kernels, no delegate); a tensor is the output of the last layer, in the Keras model's
-order, that its name mentions (a fused op's output names every op fused into it, e.g.
-`model/quant_relu_0/Relu;model/quant_conv_0/BiasAdd`).
+What the file holds, by layer, is read by `file_tensors`; a layer computing with a
+kernel that no compared tensor holds is named (`uncompared`): a comparison that missed
+it says nothing of it.
 """
 from __future__ import annotations
 
@@ -19,9 +18,9 @@ import math
 
 import numpy as np
 
-from tftrain.core import console
-from tftrain.core import internals
+from tftrain.core import console, internals
 from tftrain.core.keras import keras
+from tftrain.export.file_tensors import bounded, float_ops, label, tflite_tensors
 from tftrain.export.layer_noise import floor as layer_floor, rounding_limited, too_noisy, why_noisy
 from tftrain.models.rounding import replay
 
@@ -35,125 +34,6 @@ def sqnr_db(reference: np.ndarray, value: np.ndarray) -> float:
     if noise <= signal * 10 ** (-CAP_DB / 10):
         return CAP_DB
     return max(-CAP_DB, 10 * math.log10(signal / noise)) if signal > 0 else -CAP_DB
-
-
-def layer_of_tensor(name: str, order: dict[str, int]) -> str | None:
-    """The Keras layer a TFLite tensor is the output of: of the layers its name mentions
-    (each `;`-separated op name is a `/`-separated path, and a layer's name may hold `/`
-    itself: Keras Applications' `Conv/BatchNorm`, `expanded_conv/depthwise`), the last in
-    model order. A path inside a longer one that names a layer is not a name of its own:
-    `expanded_conv_10/squeeze_excite/Conv_1/BiasAdd` is that block's squeeze-excite
-    convolution, not MobileNetV3's last convolution `Conv_1`."""
-    found = set()
-    for op in name.split(";"):
-        parts = op.split("/")
-        spans = [(i, j) for i in range(len(parts)) for j in range(i + 1, len(parts) + 1)
-                 if "/".join(parts[i:j]) in order]
-        found.update("/".join(parts[i:j]) for i, j in spans
-                     if not any(a <= i and j <= b and (a, b) != (i, j) for a, b in spans))
-    return max(found, key=order.get) if found else None
-
-
-def tflite_tensors(blob: bytes, layer_names: list[str], x: np.ndarray) -> dict[str, dict]:
-    """By Keras layer: the dequantized value of the last tensor the TFLite model computes
-    for it on each example of `x` (stacked), its dtype and the op that wrote it."""
-    from ai_edge_litert.interpreter import Interpreter, OpResolverType
-
-    interp = Interpreter(model_content=blob, experimental_preserve_all_tensors=True,
-                         experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
-    inp = interp.get_input_details()[0]
-    interp.resize_tensor_input(inp["index"], [1, *x.shape[1:]])
-    interp.allocate_tensors()
-    order = {name: i for i, name in enumerate(layer_names)}
-    chosen: dict[str, tuple[int, str]] = {}        # layer -> (tensor index, op name)
-    every: dict[str, list[int]] = {}               # layer -> all its 8-bit tensors
-    computed = {inp["index"]}      # tensors the input reaches: not a weight DEQUANTIZEd
-    for op in internals.ops_details(interp):          # in execution order: the last one wins
-        if not computed & {int(i) for i in op["inputs"]}:
-            continue              # a float16 file's weights (a kernel can match a map's size)
-        computed.update(int(i) for i in op["outputs"])
-        for index in op["outputs"]:
-            detail = internals.tensor_details(interp, index)
-            layer = layer_of_tensor(detail["name"], order)
-            if layer is not None:
-                chosen[layer] = (index, op["op_name"])
-                if detail["dtype"] in (np.int8, np.uint8):
-                    every.setdefault(layer, []).append(index)
-    values: dict[str, list] = {layer: [] for layer in chosen}
-    ends = {layer: [0, 0] for layer in every}     # codes clipped, codes read
-    clipping = {index: _clipping_codes(internals.tensor_details(interp, index))
-                for indices in every.values() for index in indices}
-    for row in x:
-        set_example(interp, inp, row)
-        interp.invoke()
-        for layer, (index, _) in chosen.items():
-            values[layer].append(_dequantized(interp, index))
-        for layer, indices in every.items():
-            for index in indices:
-                codes = interp.get_tensor(index)
-                ends[layer][0] += int(np.sum(np.isin(codes, clipping[index])))
-                ends[layer][1] += codes.size
-    out = {}
-    for layer, (index, op) in chosen.items():
-        detail = internals.tensor_details(interp, index)
-        params = detail["quantization_parameters"]
-        out[layer] = {"value": np.concatenate(values[layer]), "op": op,
-                      **grid(detail["dtype"], params["scales"], params["zero_points"])}
-        if layer in ends:       # the share of its 8-bit values clipped at a range's end
-            out[layer]["saturated"] = ends[layer][0] / max(1, ends[layer][1])
-            out[layer]["tensors"] = len(every[layer])
-    return out
-
-
-def grid(dtype, scales, zeros) -> dict:
-    """A tensor's `dtype` and, when it is 8-bit with one scale, the values it can hold:
-    `step` apart, from `low` to `high`."""
-    dtype = np.dtype(dtype)
-    found = {"dtype": dtype.name}
-    if dtype in (np.int8, np.uint8) and np.size(scales) == 1:
-        step, zero, info = float(np.ravel(scales)[0]), int(np.ravel(zeros)[0]), np.iinfo(dtype)
-        found.update(step=step, low=(info.min - zero) * step, high=(info.max - zero) * step)
-    return found
-
-
-# values an activation's range ends at by design (ReLU's 0, ReLU6's 6, a gate's 1): a
-# code there is a value, not one clipped
-BOUNDS = (0.0, 1.0, 6.0)
-
-
-def _bounded(found: dict) -> bool:
-    """Whether a tensor's range is an activation's own ([0, 1], [0, 6]: a gate, a ReLU6),
-    not one calibrated on values."""
-    near = lambda value, bound: abs(value - bound) <= found["step"]    # noqa: E731
-    return near(found["low"], 0.0) and (near(found["high"], 1.0) or near(found["high"], 6.0))
-
-
-def _clipping_codes(detail: dict) -> list[int]:
-    """The codes of an 8-bit tensor at which a value was clipped: its range's ends, but
-    for an end an activation reaches by design (`BOUNDS`)."""
-    info = np.iinfo(detail["dtype"])
-    scale, zero = detail["quantization"]
-    return [code for code in (info.min, info.max)
-            if not any(abs((code - zero) * scale - bound) <= scale / 2 for bound in BOUNDS)]
-
-
-def set_example(interp, inp: dict, row: np.ndarray, batch: bool = False) -> None:
-    """Give a LiteRT interpreter's input `inp` one example (`batch`: a batch of them),
-    quantized if it is int8."""
-    scale, zero = inp["quantization"]
-    value = row if batch else row[None]
-    if scale:
-        value = np.round(value / scale + zero)
-    interp.set_tensor(inp["index"], value.astype(inp["dtype"]))
-
-
-def _dequantized(interp, index: int) -> np.ndarray:
-    detail = internals.tensor_details(interp, index)
-    value = interp.get_tensor(index).astype(np.float32)
-    params = detail["quantization_parameters"]
-    if detail["dtype"] in (np.int8, np.uint8, np.int16) and len(params["scales"]):
-        value = (value - params["zero_points"][0]) * params["scales"][0]
-    return value
 
 
 def keras_outputs(model, names: list[str], x: np.ndarray, batch: int = 64) -> dict:
@@ -209,6 +89,33 @@ def compare(model, artifact: dict[str, dict], x: np.ndarray) -> list[dict]:
         return value
     replay(model, x, substitute, again=True)
     return [found_rows[layer.name] for layer in model.layers if layer.name in found_rows]
+
+
+# a layer computing with one of these weights must have its computation in a compared
+# tensor of the file (through tfmot's wrapper)
+_WEIGHTED = ("kernel", "depthwise_kernel", "embeddings")
+
+
+def uncompared(model, artifact: dict[str, dict], rows: list[dict]) -> list[str]:
+    """The layers of `model` computing with a kernel or an embedding whose computation no
+    compared tensor of the artifact holds: neither named after them, nor computing them
+    fused (its name mentions them), nor fused into their only reader without a tensor of
+    their own (a convolution whose bias took a constant added after it: the file names
+    the sum); a layer the comparison did not see, of which it cannot say anything."""
+    moved = fused_forward(model, artifact)
+    seen = set()
+    for row in rows:
+        seen |= set(moved.get(row["layer"], {}).get("covers", ())) | {row["layer"]}
+    layers = set(model.layers)
+
+    def compared(layer, depth: int = 0) -> bool:
+        if layer.name in seen:
+            return True
+        readers = [node.layer for node in internals.outbound_nodes(layer) if node.layer in layers]
+        return (layer.name not in moved and len(readers) == 1 and depth < len(layers)
+                and compared(readers[0], depth + 1))
+    return [layer.name for layer in model.layers if not compared(layer) and any(
+        hasattr(getattr(layer, "layer", layer), weight) for weight in _WEIGHTED)]
 
 
 # what a TFLite convolution or fully connected op computes besides its own layer: a
@@ -267,7 +174,7 @@ def _substituted(name: str, local: np.ndarray, artifact: dict, reference: dict):
            "dtype": found["dtype"], "op": found["op"]}
     if found.get("step"):       # what rounding to the tensor's own 8-bit step alone gives
         row["rounding_sqnr_db"] = _db(local, found["step"] ** 2 / 12)
-        row["range_fill"] = 1.0 if _bounded(found) else round(max(
+        row["range_fill"] = 1.0 if bounded(found) else round(max(
             float(np.max(got)) / found["high"] if found["high"] > 0 else 0.0,
             float(np.min(got)) / found["low"] if found["low"] < 0 else 0.0), 3)
         row["signal_steps"] = round(float(np.sqrt(np.mean(np.square(local, dtype=np.float64))))
@@ -313,9 +220,18 @@ def worst(rows: list[dict], n: int = 5) -> list[dict]:
 
 
 def tflite_report(blob: bytes, model, x: np.ndarray) -> list[dict]:
-    """`compare` for an int8 TFLite flatbuffer converted from `model`."""
+    """`compare` for a TFLite flatbuffer converted from `model`."""
+    return tflite_compared(blob, model, x)[0]
+
+
+def tflite_compared(blob: bytes, model, x: np.ndarray) -> tuple[list[dict], list[str]]:
+    """(`compare`'s rows for a TFLite flatbuffer converted from `model`, the layers it
+    could not compare: `uncompared`)."""
     names = [layer.name for layer in model.layers]
-    return compare(model, tflite_tensors(blob, names, x), x)
+    outputs = tuple(internals.history(t)[0].name for t in model.outputs)
+    artifact = tflite_tensors(blob, names, x, outputs)
+    rows = compare(model, artifact, x)
+    return rows, uncompared(model, artifact, rows)
 
 
 EXAMPLES = 128      # calibration examples the per-layer comparison runs on
@@ -326,11 +242,12 @@ def tflite_entry(blob: bytes, plain, calibration: np.ndarray, cfg,
     """Layer by layer, how far a reduced-precision TFLite file (`precision`: int8,
     dynamic or float16) is from the model it was converted from; for int8, also what the
     file is (`label`, its float ops)."""
-    rows = tflite_report(blob, plain, calibration[:EXAMPLES])
+    rows, missing = tflite_compared(blob, plain, calibration[:EXAMPLES])
     if precision != "int8":
-        return entries(f"tflite_{precision}", rows, cfg, precision)
+        return entries(f"tflite_{precision}", rows, cfg, precision, missing)
     ops = float_ops(blob)
-    return {"label": label(ops), "float_ops": ops, **entries("tflite_int8", rows, cfg)}
+    return {"label": label(ops), "float_ops": ops,
+            **entries("tflite_int8", rows, cfg, missing=missing)}
 
 
 def saved_model_int8_entry(plain, quantized, layers: dict, calibration: np.ndarray,
@@ -345,13 +262,16 @@ def saved_model_int8_entry(plain, quantized, layers: dict, calibration: np.ndarr
     values = keras_outputs(quantized, [t for _, t in pairs], x)
     artifact = {s: {"value": values[t], "dtype": "float32",
                     "op": type(quantized.get_layer(t)).__name__} for s, t in pairs}
+    rows = compare(plain, artifact, x)
     return {"label": "int8 kernels, float32 compute",
-            **entries("saved_model_int8", compare(plain, artifact, x), cfg)}
+            **entries("saved_model_int8", rows, cfg, missing=uncompared(plain, artifact, rows))}
 
 
-def entries(name: str, rows: list[dict], cfg, precision: str = "int8") -> dict:
+def entries(name: str, rows: list[dict], cfg, precision: str = "int8",
+            missing: list[str] = ()) -> dict:
     """`layers` (every compared layer), `worst_layers` (the five adding the most error),
-    and one warning for the layers adding more noise than their precision's floor
+    `uncompared` (the layers with weights the comparison could not see, when any), and
+    one warning for the layers adding more noise than their precision's floor
     (`layer_noise.floor`) or than their 8-bit steps allow."""
     floor = layer_floor(precision, cfg)
     noisy = worst([row for row in rows if too_noisy(row, floor) or row["local_sqnr_db"] < floor],
@@ -365,36 +285,7 @@ def entries(name: str, rows: list[dict], cfg, precision: str = "int8") -> dict:
                      + (f"; {more} more layer{'s' if more > 1 else ''} below it "
                         f"({', '.join(r['layer'] for r in noisy[1:4])}{', ...' if more > 3 else ''}"
                         "; summary.json lists every layer)" if more else ""))
-    return {"layers": rows, "worst_layers": [r["layer"] for r in worst(rows)]}
+    return {"layers": rows, "worst_layers": [r["layer"] for r in worst(rows)],
+            **({"uncompared": list(missing)} if missing else {})}
 
 
-# ops that only convert between float and int8 at the model's edges
-_CONVERSIONS = {"QUANTIZE", "DEQUANTIZE"}
-# ops that move or reshape values and compute nothing (an embedding's GATHER computes)
-_LAYOUT = {"RESHAPE", "SQUEEZE", "EXPAND_DIMS", "TRANSPOSE", "CONCATENATION", "PACK",
-           "UNPACK", "SLICE", "STRIDED_SLICE", "SHAPE", "PAD", "SPLIT"}
-
-
-def float_ops(blob: bytes) -> list[str]:
-    """The compute ops of a TFLite model that take or give float values (each as
-    `OP (layer)`), quantize/dequantize at the edges and constant folding aside: what is
-    not int8 in an "int8" file."""
-    from ai_edge_litert.interpreter import Interpreter
-
-    interp = Interpreter(model_content=blob)
-    found = []
-    for op in internals.ops_details(interp):
-        if op["op_name"] in _CONVERSIONS | _LAYOUT or op["op_name"] == "DELEGATE":
-            continue
-        tensors = [internals.tensor_details(interp, i) for i in (*op["inputs"], *op["outputs"])
-                   if i >= 0]
-        if any(t["dtype"] in (np.float32, np.float16) for t in tensors):
-            out = internals.tensor_details(interp, op["outputs"][0])["name"].split(";")[0]
-            found.append(f"{op['op_name']} ({out})")
-    return found
-
-
-def label(float_ops_found: list[str]) -> str:
-    """What an int8 artifact is: `int8` only when every compute op is."""
-    n = len(float_ops_found)
-    return "int8" if not n else f"int8 with {n} float op{'s' if n > 1 else ''}"

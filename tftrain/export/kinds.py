@@ -159,8 +159,10 @@ class TFLite(ExportKind):
         if not quantized and flags.layers and not ctx.logits_within(entry) \
                 and not ctx.logits_within(entry, noise=True):
             # judged by its layers: a deep untrained network amplifies float rounding
-            rows = fidelity.tflite_report(blob, ctx.plain, ctx.calibration[:fidelity.EXAMPLES])
-            entry.update(layers=rows, worst_layers=[r["layer"] for r in fidelity.worst(rows)])
+            rows, missing = fidelity.tflite_compared(blob, ctx.plain,
+                                                     ctx.calibration[:fidelity.EXAMPLES])
+            entry.update(layers=rows, worst_layers=[r["layer"] for r in fidelity.worst(rows)],
+                         **({"uncompared": missing} if missing else {}))
         elif self.precision == "int8" and not (flags.layers or flags.by_labels) and \
                 ctx.below_floor(entry, "int8"):
             # the preflight's untrained QAT model, its logits noise: judged by its layers

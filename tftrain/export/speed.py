@@ -41,7 +41,7 @@ def tflite_runner(blob: bytes, batch: int, threads: int, like: np.ndarray):
     core)."""
     from ai_edge_litert.interpreter import Interpreter
 
-    from tftrain.export.fidelity import set_example
+    from tftrain.export.file_tensors import set_example
 
     interp = Interpreter(model_content=blob, num_threads=threads or os.cpu_count())
     inp = interp.get_input_details()[0]

@@ -120,6 +120,8 @@ def _float_check(entry: dict, cfg) -> tuple[bool, str]:
     rows = entry.get("layers")
     if ok or not rows:
         return ok, why
+    if entry.get("uncompared"):
+        return False, f"{why}; {partial(entry['uncompared'])}"
     worst = min(rows, key=lambda row: row["local_sqnr_db"])
     ok = worst["local_sqnr_db"] >= FLOAT_LAYER_SQNR_DB
     return ok, (f"{why}; layer by layer the noisiest, {worst['layer']}, adds noise "
@@ -150,6 +152,8 @@ def _against_the_model(entry: dict, precision: str, cfg, qat: bool,
         return False, ("compared layer by layer, but none of the model's layers was found in "
                        "the file (its tensors' names match no layer): nothing shows it computes "
                        "what the model does" + tail)
+    if rows and entry.get("uncompared"):
+        return False, partial(entry["uncompared"]) + tail
     if rows:
         floor = layer_noise.floor(precision, cfg)
         failed = [row for row in rows if layer_noise.too_noisy(row, floor)]
@@ -172,6 +176,13 @@ def _against_the_model(entry: dict, precision: str, cfg, qat: bool,
                 f"model's {'>=' if ok else '<'} {floor:g} dB ({precision}; top-1 agrees on "
                 f"{entry['top1_agreement']:.1%}; the preflight's untrained model: not judged "
                 "layer by layer here, judged again at the run's end)")
+
+
+def partial(missing: list[str]) -> str:
+    """Why a comparison that missed layers judges nothing of them."""
+    return (f"compared layer by layer, but {len(missing)} of the model's layers with weights "
+            f"have no counterpart in the file ({', '.join(missing[:5])}"
+            f"{', ...' if len(missing) > 5 else ''}): nothing shows it computes them")
 
 
 def failures(report: dict) -> list[str]:
