@@ -61,6 +61,13 @@ class RunPlan:
         return data.cached(self.source, self.cfg.data)
 
     @property
+    def first_model(self) -> keras.Model:
+        """The first stage's model, as planned (what `make` sets on the plan it returns)."""
+        if self.model is None:
+            raise RuntimeError("a draft plan has no model yet: tftrain.plan.make sets it")
+        return self.model
+
+    @property
     def qat(self) -> bool:
         """Whether the last stage trains quantization-aware (the export is int8)."""
         return self.stages[-1].quantization_aware
@@ -99,7 +106,7 @@ class RunPlan:
         (batch-norm statistics, batch augmentations that pair examples)."""
         from tftrain.data import augment
 
-        found = [f"batch norm ({layer.name})" for layer in self.model.submodules
+        found = [f"batch norm ({layer.name})" for layer in self.first_model.submodules
                  if "BatchNormalization" in type(layer).__name__][:1]
         found += [f"data.augment {op.name}" for op in augment.build(self.cfg.data.augment)
                   if op.batch]
@@ -110,7 +117,7 @@ class RunPlan:
         from tftrain.models.files import origin as model_origin
         from tftrain.runtime.strategy import device_table
 
-        b, source, model = self.batches, self.source, self.model
+        b, source, model = self.batches, self.source, self.first_model
         info = self.parallel.info
         lines = [
             device_table(self.parallel.strategy),
@@ -281,23 +288,24 @@ def make(cfg: Config, *, smoke: bool, stop) -> RunPlan:
     steps_per_epoch = layout.steps(batches)
     if smoke:
         steps_per_epoch = min(steps_per_epoch, cfg.train.smoke_steps)
-    draft = RunPlan(cfg, smoke, parallel,
-                    Precision.for_strategy(policy=policy, config=cfg.precision,
-                                           distribute=cfg.distribute, strategy=parallel.strategy),
-                    source, batches, layout, steps_per_epoch, strategy.is_chief(),
-                    tuple(plan_stages(cfg, steps_per_epoch, smoke)))
+    planning = RunPlan(cfg, smoke, parallel,
+                       Precision.for_strategy(policy=policy, config=cfg.precision,
+                                              distribute=cfg.distribute,
+                                              strategy=parallel.strategy),
+                       source, batches, layout, steps_per_epoch, strategy.is_chief(),
+                       tuple(plan_stages(cfg, steps_per_epoch, smoke)))
     with parallel.strategy.scope():   # each stage checks the model it will get
         net, first = None, None
-        for stage in draft.stages:
+        for stage in planning.stages:
             stage.check()
             xla.check(cfg, stage, parallel)
-            net = stage.plan(net, draft)
+            net = stage.plan(net, planning)
             first = net if first is None else first
-    for kind in kinds.enabled(cfg, draft.qat):          # what an artifact cannot be made of
-        why = kind.refusal(cfg, net, draft.qat)
+    for kind in kinds.enabled(cfg, planning.qat):          # what an artifact cannot be made of
+        why = kind.refusal(cfg, net, planning.qat)
         if why:
             raise ConfigError(why)
     return dataclasses.replace(
-        draft, model=first, flops_per_example=sum(c.flops for c in layer_costs(first)),
+        planning, model=first, flops_per_example=sum(c.flops for c in layer_costs(first)),
         # every export converted once from the model the last stage hands on, before any update
-        preflight=preflight.run(cfg, net, source, qat=draft.qat))
+        preflight=preflight.run(cfg, net, source, qat=planning.qat))

@@ -82,7 +82,7 @@ def _registered(name: str) -> Signature | None:
 
 def _registers(decorator, name: str) -> bool:
     return (isinstance(decorator, ast.Call) and isinstance(decorator.func, ast.Attribute)
-            and decorator.func.attr == "register" and decorator.args
+            and decorator.func.attr == "register" and bool(decorator.args)
             and isinstance(decorator.args[0], ast.Constant) and decorator.args[0].value == name)
 
 

@@ -59,7 +59,7 @@ def parse_yaml(text: str, where: str = ""):
         sizes[id(node)] = 1             # (a node that contains itself counts once)
         total = 1
         if isinstance(node, yaml.MappingNode):
-            seen = {}
+            seen: dict[str, int] = {}
             for key, value in node.value:
                 if isinstance(key, yaml.ScalarNode):
                     if key.value in seen:
@@ -188,12 +188,12 @@ def _selected_fields(tag: str) -> list[str]:
     from tftrain.optim.schedules import SCHEDULES     # the one name-selected section today
 
     for cls in SCHEDULES:
-        if cls.model_fields["name"].annotation.__args__[0] == tag:
+        if getattr(cls.model_fields["name"].annotation, "__args__", (None,))[0] == tag:
             return [f for f in cls.model_fields if f != "name"]
     return []
 
 
-def _format_error(source: str, err: dict) -> str:
+def _format_error(source: str, err) -> str:
     loc, tagged = _untagged(tuple(err["loc"]))
     path = ".".join(str(p) for p in loc) or "(top level)"
     value = err.get("input")

@@ -84,8 +84,9 @@ def _parse_duration(v: Any) -> Any:
             raise ValueError("a float is a fraction of the stage and must be in [0, 1]")
         return {"value": v, "unit": "fraction"}
     if isinstance(v, str):
-        if v.strip().endswith("%") and _number(v.strip()[:-1]) is not None:
-            return _parse_duration(_number(v.strip()[:-1]) / 100.0)
+        percent = _number(v.strip()[:-1]) if v.strip().endswith("%") else None
+        if percent is not None:
+            return _parse_duration(percent / 100.0)
         m = _DURATION.match(v)
         if m:
             unit = "epochs" if m.group(2).startswith("epoch") else "steps"

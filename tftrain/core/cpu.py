@@ -70,7 +70,8 @@ def theoretical_peak(dtype: str = "float32", flags: str | None = None,
     if dtype == "bfloat16" and " avx512_bf16" in flags:
         per *= 2
     if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+            (os.cpu_count() or 1)
     if mhz is None:
         clocks = [float(v) for v in re.findall(r"^cpu MHz\s*:\s*([\d.]+)", flags, re.M)]
         if not clocks:

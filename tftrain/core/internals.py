@@ -144,7 +144,7 @@ def qat_weights(wrapper) -> list:
     return getattr(wrapper, "_weight_vars", [])
 
 
-def qat_activations(wrapper) -> list[tuple[str, object, dict]]:
+def qat_activations(wrapper) -> list[tuple[str, object, dict | None]]:
     """A QAT wrapper's activation quantizers: `(stage, quantizer, range variables)` for
     the activation's input (`pre`) and output (`post`) and the layer's `output`."""
     found = []

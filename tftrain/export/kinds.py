@@ -17,16 +17,16 @@ from typing import ClassVar
 
 class ExportKind:
     """One kind of artifact. Subclasses set the class attributes and `enabled`, `make`."""
-    name: ClassVar[str]            # its entry in summary.json, e.g. "tflite_int8"
-    title: ClassVar[str]           # as the plan and the export phase name it
-    path: ClassVar[str]            # where it is written, relative to the run directory
-    precision: ClassVar[str]       # what it computes in: float, int8, dynamic or float16
-    runtime: ClassVar[str]         # what runs it: tensorflow, tflite, onnx or keras3
-    key: ClassVar[str]             # the config key that asks for it
-    fix: ClassVar[str]             # the setting that avoids it when its conversion fails
+    name: str            # its entry in summary.json, e.g. "tflite_int8"
+    title: str           # as the plan and the export phase name it
+    path: str            # where it is written, relative to the run directory
+    precision: str       # what it computes in: float, int8, dynamic or float16
+    runtime: str         # what runs it: tensorflow, tflite, onnx or keras3
+    key: str             # the config key that asks for it
+    fix: str             # the setting that avoids it when its conversion fails
     # its place in the run's headline accuracy (`report.deployed_accuracy`): the lowest
     # present is what the run was compressed for (None: never the headline)
-    headline: ClassVar[int | None] = None
+    headline: int | None = None
     in_preflight: ClassVar[bool] = True     # converted from the untrained model first
 
     def enabled(self, cfg, qat: bool) -> bool:
@@ -372,8 +372,8 @@ def exports_line(cfg, qat: bool, built: bool = True) -> str:
 
 def headline_order() -> list[str]:
     """The artifacts a run's headline accuracy is taken from, first choice first."""
-    ranked = [kind for kind in KINDS if kind.headline is not None]
-    return [kind.name for kind in sorted(ranked, key=lambda kind: kind.headline)]
+    ranked = [(kind.headline, kind.name) for kind in KINDS if kind.headline is not None]
+    return [name for _, name in sorted(ranked)]
 
 
 def deployed(runtime: str, precision: str) -> str:

@@ -11,7 +11,7 @@ Durations ("3 epochs" or a number of updates) become updates through
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Literal, Optional, Union
+from typing import TYPE_CHECKING, Annotated, Literal, Optional, Union
 
 from pydantic import Field, field_validator, model_validator
 
@@ -36,6 +36,8 @@ def _duration(v):
 
 class Schedule(Strict):
     """Fields every schedule takes."""
+    if TYPE_CHECKING:
+        name: str                  # each schedule's own literal (not a field of the base)
     warmup_steps: Duration = Duration(value=0, unit="steps")
 
     @field_validator("warmup_steps", mode="before")
@@ -186,7 +188,10 @@ class Plateau(Schedule):
 
 # The schedules by `name` (adding one: its class above and its entry here).
 SCHEDULES = (Constant, Step, MultiStep, Exponential, Polynomial, Cosine, Plateau)
-ScheduleConfig = Annotated[Union[SCHEDULES], Field(discriminator="name")]
+if TYPE_CHECKING:      # (a union built from SCHEDULES: a type checker sees their base)
+    ScheduleConfig = Schedule
+else:
+    ScheduleConfig = Annotated[Union[SCHEDULES], Field(discriminator="name")]
 
 
 def names() -> list[str]:
