@@ -15,3 +15,8 @@ PREEMPTED = 42         # stopped at a safe point by SIGTERM/SIGINT: rerun to res
 COMPLETED = "completed"
 BUDGET_MISSED = "accuracy budget missed"
 EXPORT_FAILED = "export verification failed"
+
+# a compression search candidate's `status` in search.json: its run finished and was
+# measured, was skipped (predicted beyond the target), refused by its config, failed, or
+# has not run yet
+DONE, SKIPPED, REFUSED, FAILED, NOT_RUN = "done", "skipped", "refused", "failed", "not run"

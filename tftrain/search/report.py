@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import shutil
 
-from tftrain.core import console
+from tftrain.core import console, exit_codes
 from tftrain.export import kinds
 
 COLUMNS = ("candidate", "status", "accuracy", "drop_pt", "bytes", "latency_ms",
@@ -31,7 +31,7 @@ def rows(search) -> list[dict]:
     for name, entry in search.record["candidates"].items():
         f = entry.get("figures") or {}
         found.append({
-            "candidate": name, "status": entry.get("status", "not run"),
+            "candidate": name, "status": entry.get("status", exit_codes.NOT_RUN),
             "accuracy": f"{f['accuracy']:.4f}" if f else "",
             "drop_pt": f"{f['drop'] * 100:.2f}" if f else "",
             "bytes": f.get("bytes", ""), "latency_ms": f"{f['latency_ms']:.4f}" if f else "",

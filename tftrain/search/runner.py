@@ -91,7 +91,7 @@ class Search:
                            else self._per_update_from_flops())
         self.overhead = self._overhead(stages)
         dense = self.record["candidates"].get(cands.DENSE.name, {})
-        if dense.get("status") == "done":            # resumed: what was learned
+        if dense.get("status") == exit_codes.DONE:            # resumed: what was learned
             self.overhead = dense["seconds"]
         if self.record.get("per_update_seen"):
             self.per_update = statistics.median_high(self.record["per_update_seen"])
@@ -215,12 +215,12 @@ class Search:
         (`candidates.ruled_out`): its slot goes to one more Optuna proposal."""
         entry = self.record["candidates"].get(candidate.name)
         if entry:                            # judged before (a resumed search): as then
-            return entry.get("status") == "skipped"
+            return entry.get("status") == exit_codes.SKIPPED
         refused = [(cands.from_dict(c["candidate"]), c.get("reason", ""))
-                   for c in self.record["candidates"].values() if c.get("status") == "refused"]
+                   for c in self.record["candidates"].values() if c.get("status") == exit_codes.REFUSED]
         why = cands.ruled_out(candidate, self._measured(), self.target, refused)
         if why:
-            self.record["candidates"][candidate.name] = _entry(candidate, status="skipped",
+            self.record["candidates"][candidate.name] = _entry(candidate, status=exit_codes.SKIPPED,
                                                                reason=why)
             console.say(f"[skipped] {candidate.name}: {why}")
             self._save()
@@ -228,8 +228,8 @@ class Search:
 
     def _refining(self) -> bool:
         entries = self.record["candidates"].values()
-        done = [c for c in entries if c.get("origin") == "optuna" and c.get("status") != "skipped"]
-        skipped = [c for c in entries if c.get("status") == "skipped"]
+        done = [c for c in entries if c.get("origin") == "optuna" and c.get("status") != exit_codes.SKIPPED]
+        skipped = [c for c in entries if c.get("status") == exit_codes.SKIPPED]
         proposed_skipped = sum(c.get("origin") == "optuna" for c in skipped)
         # a skipped candidate's slot goes to Optuna, within the candidates' number (and
         # as many skipped proposals)
@@ -252,7 +252,7 @@ class Search:
     def _candidate(self, candidate, estimate: float) -> float | None:
         """Run one candidate (unless finished before); its seconds, None when not run."""
         entry = self.record["candidates"].setdefault(candidate.name, _entry(candidate))
-        if entry.get("status") in ("done", "refused", "failed"):
+        if entry.get("status") in (exit_codes.DONE, exit_codes.REFUSED, exit_codes.FAILED):
             return None
         number = list(self.record["candidates"]).index(candidate.name)
         entry["estimate"] = round(estimate, 1)
@@ -263,7 +263,7 @@ class Search:
             path = candidate_runs.prepare(self.dir, self.run_dir, self.dense_stages,
                                           candidate.name, config)
         except ConfigError as err:
-            entry.update(status="refused", reason=err.problems[0])
+            entry.update(status=exit_codes.REFUSED, reason=err.problems[0])
             console.say(f"[candidate {number}] refused: {err.problems[0]}")
             self._save()
             return None
@@ -281,7 +281,7 @@ class Search:
             else:
                 timing.settle(f, path / kinds.named(artifact).path, Path(self._reference()),
                               self.target, dense)
-            entry["status"] = "done"
+            entry["status"] = exit_codes.DONE
             met = front.meets(f, self.target)
             low, high = f["latency_interval"]
             console.say(f"[candidate {number}] done in {console.seconds(took)}: accuracy "
@@ -296,7 +296,7 @@ class Search:
                            ", borderline: the interval straddles the latency limit"))
         else:
             reason = candidate_runs.last_error(path.parent / f"{candidate.name}.log")
-            status = "refused" if code == exit_codes.CONFIG else "failed"
+            status = exit_codes.REFUSED if code == exit_codes.CONFIG else exit_codes.FAILED
             entry.update(status=status, reason=reason, exit_code=code)
             console.say(f"[candidate {number}] {status} (exit {code}): {reason}")
             if candidate.reference:
