@@ -94,3 +94,13 @@ def test_the_check_runs_before_tensorflow_is_imported():
                           timeout=120)
     assert proc.returncode == 2 and proc.stdout.strip() == "False", proc.stderr[-2000:]
     assert "model.params.filters: 'abc' is not a list of ints" in proc.stderr
+
+
+def test_a_model_file_that_does_not_exist_is_named_before_its_parameters():
+    """`model.name: file:PATH` for a missing file: the file is the problem, not the
+    quickstart's `model.params` (a file's model takes none)."""
+    from tftrain.config import ConfigError, load_config
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["model.name=file:/no/such/model.keras"])
+    assert err.value.problems == ["model.name: /no/such/model.keras does not exist; give the "
+                                  "path of a .keras or .h5 file or a SavedModel directory"]

@@ -47,6 +47,9 @@ def check(cfg) -> None:
     if cfg.compression.distillation.enabled and student is not None:
         sections.append(("compression.distillation.student", student.name, student.params))
     for section, name, params in sections:
+        if name.startswith("file:") and not Path(name[len("file:"):]).exists():
+            raise ConfigError(f"{section}.name: {name[len('file:'):]} does not exist; give the "
+                              "path of a .keras or .h5 file or a SavedModel directory")
         signature = find(name)
         if signature is not None:
             problems += problems_of(signature, params, f"{section}.params")

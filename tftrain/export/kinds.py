@@ -12,7 +12,11 @@ Importable without TensorFlow (the dry run reads it before TensorFlow loads): a 
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar
+
+from tftrain.core.config_types import ConfigError
+from tftrain.core.keras_files import writer_of
 
 
 class ExportKind:
@@ -297,11 +301,9 @@ class Keras3File(ExportKind):
         says so only when it returns its model."""
         name = cfg.model.name
         if name.startswith("file:"):
-            from tftrain.core.keras_files import writer_of
-            from pathlib import Path
             try:
                 return writer_of(Path(name[len("file:"):]))[0] == "keras3"
-            except Exception:        # (a bad file is the full plan's error to name)
+            except (ConfigError, OSError):     # (a bad file is the full plan's to name)
                 return None
         return None if ":" in name and not name.startswith("keras_applications:") else False
 
