@@ -135,11 +135,14 @@ class ExportContext:
         """The int8 file later kinds (the int8 ONNX file) take, and its logits."""
         self._int8 = (blob, logits)
 
-    @functools.cache
     def noise(self) -> float:
         """The model's own logit noise (`measures.rounding_noise`): one more pass, only
         for a float file further apart than float rounding at its logits; a QAT model's
         SavedModel is held to its traced graph instead (`measures.against_traced`)."""
+        return self._noise
+
+    @functools.cached_property
+    def _noise(self) -> float:
         if self.flags.qat:
             return 0.0
         return max(rounding_noise(lambda v: self.plain(v, training=False), self.x, self.reference),
