@@ -194,7 +194,6 @@ def test_core_imports_no_tensorflow_but_its_keras_module():
 # what loads TensorFlow when imported (besides TensorFlow itself): Keras, through
 # `tftrain.core.keras`
 HEAVY_ROOTS = ("tensorflow", "tf_keras", "keras", "tftrain.core.keras")
-DEFERRED_OK = ("tensorflow_model_optimization", "tensorflow_datasets")   # optional, slow
 
 
 def _top_imports(path: Path) -> set[str]:
@@ -218,7 +217,7 @@ def loads_tensorflow(root: Path, package: str = "tftrain") -> dict[str, bool]:
         if name not in found:
             parents = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
             found[name] = any(
-                dep.startswith(HEAVY_ROOTS) and not dep.startswith(DEFERRED_OK) or
+                any(dep == root or dep.startswith(root + ".") for root in HEAVY_ROOTS) or
                 (_owner(dep, mods) not in (None, name) and _owner(dep, mods) not in seen
                  and heavy(_owner(dep, mods), seen | {name}))
                 for dep in tops[name] | parents)
@@ -263,7 +262,10 @@ def test_the_deferred_import_check_sees_a_deferred_import(tmp_path):
         "pkg/__init__.py": "",
         "pkg/light.py": "def f():\n    import tensorflow\n",
         "pkg/heavy.py": "import pkg.base\n\ndef f():\n    from pkg import light\n",
-        "pkg/base.py": "from tensorflow import nest\n"})
+        "pkg/base.py": "from tensorflow import nest\n",
+        "pkg/named_alike.py": "import tensorflow_datasets\nfrom pkg import kerasish\n",
+        "pkg/kerasish.py": ""})
     heavy = loads_tensorflow(root, "pkg")
-    assert heavy == {"pkg": False, "pkg.light": False, "pkg.heavy": True, "pkg.base": True}
+    assert heavy == {"pkg": False, "pkg.light": False, "pkg.heavy": True, "pkg.base": True,
+                     "pkg.named_alike": False, "pkg.kerasish": False}
     assert deferred_imports(root, "pkg") == ["pkg.heavy:4 pkg"]
