@@ -222,15 +222,15 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
         net = plan.parallel.detach(net, clone)      # a model the chief can run alone
         qat = plan.qat
         made = kinds.enabled(cfg, qat)
-        if any(kind.runtime == "keras3" for kind in made):   # (every worker joins)
-            float_net = plan.parallel.detach(float_net)      # handed back as it came in
+        if qat and any(kind.runtime == "keras3" for kind in made):   # (every worker joins)
+            float_net = plan.parallel.detach(float_net)      # the model before QAT, handed back
         titles = ", ".join(kind.title for kind in made)
         with (console.phase("export", f"{titles}: converting, checking and timing each")
               if plan.chief and made else contextlib.nullcontext()) as note, quiet():
             # (quiet: the converters' and LiteRT's notices)
             artifacts = exports.export_all(   # a smoke run's accuracy is noise: by logits
                 net, cfg, run.export, plan.training_source, ExportFlags(qat=qat, by_labels=not smoke),
-                float_model=float_net) if plan.chief else {}
+                float_model=float_net if qat else None) if plan.chief else {}
             if note is not None:
                 note["detail"] = (f"{sum(a.get('verified', True) for a in artifacts.values())} "
                                   f"of {len(artifacts)} verified")

@@ -49,6 +49,7 @@ class ExportContext:
     def __init__(self, model, cfg, out: Path, source, flags: ExportFlags,
                  float_model=None):
         self.cfg, self.e, self.out, self.source, self.flags = cfg, cfg.export, out, source, flags
+        self.model = model
         self.float_model = float_model if float_model is not None else model
         self.x, self.y = (np.concatenate(parts) for parts in zip(
             *val_dataset(source, BatchPlan(1024, 1, 1), cfg.data).as_numpy_iterator()))
@@ -72,17 +73,23 @@ class ExportContext:
         return np.concatenate([x for x, _ in examples.batch(256).as_numpy_iterator()])
 
     @functools.cached_property
-    def saved_model(self) -> tuple[Path, np.ndarray]:
+    def saved_model_path(self) -> Path:
         """The float SavedModel (`saved_model/`, removed at the end unless
-        `export.saved_model`) and its logits on the validation set."""
+        `export.saved_model`)."""
         path = artifacts.write_saved_model(self.plain, self.out / "saved_model", self.serving)
         if not self.e.saved_model:
             self._scratch.append(path)
-        return path, signature_logits(self.saved_signature, self.raw)
+        return path
 
-    @property
+    @functools.cached_property
     def saved_signature(self):
-        return tf.saved_model.load(str(self.out / "saved_model")).signatures["serving_default"]
+        """The float SavedModel's serving signature, loaded back once."""
+        return tf.saved_model.load(str(self.saved_model_path)).signatures["serving_default"]
+
+    @functools.cached_property
+    def saved_model(self) -> tuple[Path, np.ndarray]:
+        """The float SavedModel's path and its logits on the validation set."""
+        return self.saved_model_path, signature_logits(self.saved_signature, self.raw)
 
     @functools.cached_property
     def tflite_source(self) -> Path:

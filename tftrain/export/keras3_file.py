@@ -27,9 +27,13 @@ def write(ctx) -> dict:
     are further apart than `export.max_logit_diff` allows (two more passes), as for the
     other float files."""
 
-    plain, x = inference_model(ctx.float_model), ctx.x
-    reference = signature_logits(lambda inputs: {"logits": tf.cast(
-        plain(inputs, training=False), tf.float32)}, x)
+    x = ctx.x
+    if ctx.float_model is ctx.model:         # no QAT: the export's own model and logits
+        plain, reference = ctx.plain, ctx.reference
+    else:
+        plain = inference_model(ctx.float_model)
+        reference = signature_logits(lambda inputs: {"logits": tf.cast(
+            plain(inputs, training=False), tf.float32)}, x)
     path = ctx.out / "model.keras"
     to_keras3(plain).save(str(path))
     loaded = keras3().saving.load_model(str(path), compile=False)
