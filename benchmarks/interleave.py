@@ -10,6 +10,8 @@ import time
 import tftrain  # noqa: F401
 from tftrain.training import callbacks as cb
 from tftrain import data
+from tftrain.data import feed
+from tftrain.runtime.strategy import local_devices
 from tftrain.training import epoch_logs
 from tftrain.optim import optimizers
 from tftrain.runtime import precision
@@ -41,22 +43,26 @@ def build_side(cfg, source, plan, strat, tftrain_side: bool, policy="float32",
                                             cfg.distribute.all_reduce_dtype, precision=numerics)
                  if tftrain_side else base)
         opt = optimizers.build_optimizer(cfg.train.optimizer, cfg.train.optimizer.learning_rate)
-        if tftrain_side:
+        if tftrain_side:        # compiled as a run's stage compiles it (`Stage.compile`)
             model.resizable_calls = auto
-        model.compile(numerics.wrap_optimizer(opt) if tftrain_side
-                      else precision.wrap_optimizer(opt, policy, cfg.precision),
-                      build_loss(cfg.train.loss), metrics=["accuracy"],
-                      steps_per_execution=1 if auto else steps_per_execution)
+            model.log_local_metrics()
+            model.compile_step(numerics.wrap_optimizer(opt), build_loss(cfg.train.loss),
+                               ["accuracy"], 1 if auto else steps_per_execution)
+        else:
+            model.compile(precision.wrap_optimizer(opt, policy, cfg.precision),
+                          build_loss(cfg.train.loss), metrics=["accuracy"],
+                          steps_per_execution=steps_per_execution)
     if tftrain_side:
         if jit_compile is not False:
             batch = next(iter(data.train_dataset(source, plan, cfg.data, 0, ops=[])))
             decision = xla.decide(jit_compile, model, strat, batch)
             model.jit_compile_gradients = decision.compiled
             print(f"  XLA: {decision.reason}", flush=True)
-        ds = data.distribute(strat, source, plan, cfg.data, cfg.run.seed)
+        ds = training_input(model, cfg, source, plan, strat)
         manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model),
                                              tempfile.mkdtemp(), 1)
-        callbacks = [epoch_logs.Throughput(plan.global_batch), epoch_logs.InputWait(),
+        callbacks = [epoch_logs.GlobalMetrics(), epoch_logs.Throughput(plan.global_batch),
+                     epoch_logs.InputWait(),
                      *([epoch_logs.ExecutionSizer(steps, most=max(1, steps // 6))] if auto else []),
                      epoch_logs.LearningRateLogger(), cb.Checkpointer(manager, 10**9, steps)]
     else:
@@ -64,6 +70,17 @@ def build_side(cfg, source, plan, strat, tftrain_side: bool, policy="float32",
               .batch(plan.global_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
         callbacks = []
     return model, ds, callbacks
+
+
+def training_input(model, cfg, source, plan, strat):
+    """What a run trains `model` on: the device feed where the run's plan chooses it
+    (`data.feed`), else the host pipeline."""
+    devices = local_devices(strat)
+    if feed.choose(source, cfg.data, None, len(devices)).device:
+        fed = feed.DeviceFeed(source, plan, cfg.data, cfg.run.seed, devices=devices, strategy=strat)
+        model.feed_from(fed)
+        return fed.stand_in()
+    return data.distribute(strat, source, plan, cfg.data, cfg.run.seed)
 
 
 class StepTimer(keras.callbacks.Callback):
@@ -89,11 +106,16 @@ def epoch_rate(side, steps, global_batch, epoch):
     return (last - first) * global_batch / (ended - began)
 
 
-def interleaved(sides, rounds, steps, global_batch):
-    """Examples/s of each side per round; `global_batch` is one number or one per side."""
+def interleaved(sides, rounds, steps, global_batch, seconds: float = 0.0):
+    """Examples/s of each side per round; `global_batch` is one number or one per side.
+    `seconds`: lengthen each timed epoch (in steps of 10) until the slowest side's lasts
+    about this long (a 60 ms epoch of a small model is mostly jitter)."""
     batches = global_batch if isinstance(global_batch, (list, tuple)) else [global_batch] * len(sides)
-    for side, batch in zip(sides, batches):      # warm up: trace and compile
-        epoch_rate(side, steps, batch, 0)
+    warm = [epoch_rate(side, steps, batch, 0)       # warm up: trace and compile
+            for side, batch in zip(sides, batches)]
+    if seconds:
+        slowest = min(rate / batch for rate, batch in zip(warm, batches))   # steps per second
+        steps = max(steps, 10 * round(seconds * slowest / 10))
     rates = [[] for _ in sides]
     for r in range(rounds):
         order = list(range(len(sides)))
@@ -106,3 +128,14 @@ def median_ratio(a, b) -> float:
     """Median over rounds of a[r] / b[r]."""
     return statistics.median(x / y for x, y in zip(a, b))
 
+
+def ratio_spread(a, b) -> tuple[float, float]:
+    """Lowest and highest per-round ratio a[r] / b[r]."""
+    ratios = [x / y for x, y in zip(a, b)]
+    return min(ratios), max(ratios)
+
+
+def input_wait(side) -> float | None:
+    """The tftrain side's input wait (its `InputWait` callback's steady share)."""
+    waits = [c for c in side[2] if isinstance(c, epoch_logs.InputWait)]
+    return waits[0].fraction() if waits else None

@@ -29,7 +29,8 @@ from tftrain import data
 from tftrain.runtime import strategy
 from tftrain.config import load_config
 import record
-from interleave import build_side, epoch_rate, interleaved, median_ratio
+from interleave import (build_side, epoch_rate, input_wait, interleaved, median_ratio,
+                        ratio_spread)
 
 MODELS = {
     "quickstart CNN on digits": ([], 1.0),
@@ -40,8 +41,9 @@ MODELS = {
 }
 
 
-def fit_overhead(rounds: int, steps: int) -> list[dict]:
-    """tftrain / plain fit for each model, without and with `jit_compile: auto`."""
+def fit_overhead(rounds: int, steps: int, seconds: float = 2.0) -> list[dict]:
+    """tftrain / plain fit for each model, without and with `jit_compile: auto`; each
+    timed epoch lasts about `seconds` on the slowest side."""
     rows = []
     cfg0 = load_config("configs/quickstart.yaml")
     strategy.configure_devices(cfg0)
@@ -59,11 +61,15 @@ def fit_overhead(rounds: int, steps: int) -> list[dict]:
         epoch_rate(sides[1], n, plan.global_batch, 0)     # sizes tftrain's calls
         chosen = int(sides[1][0].steps_per_execution.numpy())
         sides.append(build_side(cfg, source, plan, strat, False, steps_per_execution=chosen))
-        plain, ours, xla, plain_same = interleaved(sides, rounds, n, plan.global_batch)
+        plain, ours, xla, plain_same = interleaved(sides, rounds, n, plan.global_batch,
+                                                   seconds=seconds)
         row = {"model": name, "tftrain_over_plain": median_ratio(ours, plain),
                "xla_auto_over_plain": median_ratio(xla, plain),
                "plain_same_calls_over_plain": median_ratio(plain_same, plain),
                "tftrain_over_plain_same_calls": median_ratio(ours, plain_same),
+               "tftrain_over_plain_same_calls_spread": ratio_spread(ours, plain_same),
+               "input_wait": input_wait(sides[1]),
+               "feed": "device" if sides[1][0].feed is not None else "host",
                "plain_examples_per_sec": statistics.median(plain),
                "tftrain_examples_per_sec": statistics.median(ours),
                "xla_auto_examples_per_sec": statistics.median(xla),
@@ -76,6 +82,11 @@ def fit_overhead(rounds: int, steps: int) -> list[dict]:
               f"{'on' if row['xla_compiled'] else 'off'}; medians {row['tftrain_examples_per_sec']:.0f}"
               f" / {row['xla_auto_examples_per_sec']:.0f} vs plain {row['plain_examples_per_sec']:.0f}"
               f" ex/s; {row['steps_per_execution']} steps per call) [median of {rounds} rounds]",
+              flush=True)
+        low, high = row["tftrain_over_plain_same_calls_spread"]
+        print(f"  tftrain / plain model.fit at the same steps per call: "
+              f"{row['tftrain_over_plain_same_calls']:.3f} (rounds {low:.3f}-{high:.3f}); "
+              f"batches fed from the {row['feed']}, input waits {row['input_wait'] or 0:.1%}",
               flush=True)
     return rows
 
@@ -108,10 +119,12 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--seconds", type=float, default=2.0,
+                   help="length of each timed epoch on the slowest side")
     p.add_argument("--skip-precision", action="store_true")
     p.add_argument("--json", help="write the figures to this file")
     args = p.parse_args()
-    out = {"fit_overhead": fit_overhead(args.rounds, args.steps)}
+    out = {"fit_overhead": fit_overhead(args.rounds, args.steps, args.seconds)}
     if not args.skip_precision:
         out["precision"] = precision_ratios(args.rounds, args.steps)
     if args.json:
@@ -130,7 +143,10 @@ def main():
             f"plain `model.fit` at tftrain's steps per call / at Keras' default of 1; tftrain / "
             f"plain at the same steps per call, {r['model']}, mirrored over 2 virtual CPUs",
             f"{r['plain_same_calls_over_plain']:.3f}; {r['tftrain_over_plain_same_calls']:.3f} "
-            f"({r['steps_per_execution']} steps per call; CPU: {record.cpu_features()})"))
+            f"(rounds {r['tftrain_over_plain_same_calls_spread'][0]:.3f}-"
+            f"{r['tftrain_over_plain_same_calls_spread'][1]:.3f}; {r['steps_per_execution']} "
+            f"steps per call; batches fed from the {r['feed']}, input waits "
+            f"{r['input_wait'] or 0:.1%}; CPU: {record.cpu_features()})"))
     for r in out.get("precision", []):
         figures.append((f"mixed_bfloat16 / float32 and mixed_float16 / float32 throughput, "
                         f"{r['model']}",

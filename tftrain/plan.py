@@ -15,6 +15,7 @@ from tftrain.export import kinds
 if TYPE_CHECKING:          # (the plan is read before TensorFlow loads: `--dry-run`)
     from tftrain.core.keras import keras
     from tftrain.data import BatchPlan, EpochLayout, Source
+    from tftrain.data.feed import FeedChoice
     from tftrain.export.preflight import Preflight
     from tftrain.runtime.parallelism import Parallelism
     from tftrain.runtime.precision import Precision
@@ -51,6 +52,7 @@ class RunPlan:
     model: keras.Model | None = None       # the first stage's model, as planned
     flops_per_example: float = 0.0
     preflight: Preflight | None = None     # the exports, converted already
+    feed: FeedChoice | None = None         # where training batches are made (`data.feed`)
 
     @cached_property
     def training_source(self) -> Source:
@@ -137,6 +139,8 @@ class RunPlan:
             lines.append("note: batch norm computes statistics per micro-batch of "
                          f"{b.per_replica} examples, not over the whole global batch")
         lines.append(data.describe(source, self.layout, self.cfg.data))
+        if self.feed is not None:
+            lines.append(self.feed.line())
         lines.append(kinds.exports_line(self.cfg, self.qat))
         lines.append(self.training_line())
         if self.preflight is not None:
@@ -286,6 +290,7 @@ def make(cfg: Config, *, smoke: bool, stop) -> RunPlan:
         rundir.recorded_streams(rundir.run_path(cfg, smoke))
     layout = data.epoch_layout(source, batches, cfg.data, parallel.info.workers, streams)
     steps_per_epoch = layout.steps(batches)
+    feed = plan_feed(cfg, source, parallel)
     if smoke:
         steps_per_epoch = min(steps_per_epoch, cfg.train.smoke_steps)
     planning = RunPlan(cfg, smoke, parallel,
@@ -306,6 +311,19 @@ def make(cfg: Config, *, smoke: bool, stop) -> RunPlan:
         if why:
             raise ConfigError(why)
     return dataclasses.replace(
-        planning, model=first, flops_per_example=sum(c.flops for c in layer_costs(first)),
+        planning, model=first, flops_per_example=sum(c.flops for c in layer_costs(first)), feed=feed,
         # every export converted once from the model the last stage hands on, before any update
         preflight=preflight.run(cfg, net, source, qat=planning.qat))
+
+
+def plan_feed(cfg: Config, source, parallel) -> FeedChoice:
+    """`data.feed` for this run: from the device (the copies go to each replica's device,
+    judged against 1/8 of a GPU's memory or `distribute.device_memory`; on CPUs against
+    `data.cache_budget`) or from the host pipeline."""
+    from tftrain.data import feed as feeding
+    from tftrain.runtime import planner
+
+    devices = parallel.input_devices()
+    sized = cfg.distribute.device_memory or "GPU" in devices[0].upper()
+    memory = planner.device_memory(devices[0], cfg.distribute.device_memory) if sized else None
+    return feeding.choose(source, cfg.data, memory, len(devices))

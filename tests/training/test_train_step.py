@@ -456,3 +456,46 @@ def test_calls_resized_after_the_first_validation_still_evaluate_every_batch():
     expected = float(np.mean(np.argmax(logits, -1) == y[:160]))
     assert net.evaluate(val, return_dict=True, verbose=0)["accuracy"] == pytest.approx(expected)
     assert net.predict(val, verbose=0).shape == (160, 10)
+
+
+@pytest.mark.parametrize("pack_bytes", [None, 4096])     # one buffer; several
+def test_packed_all_reduce_trains_the_same_weights_in_one_reduction_per_update(
+        monkeypatch, pack_bytes):
+    """ReductionToOneDevice sums a tensor at a time; packed into flat buffers, the sum of
+    each element is the same, exactly, with one reduction per update."""
+    from tftrain.runtime import precision
+    from tftrain.runtime.strategy import CountingReduction
+    if pack_bytes:
+        monkeypatch.setattr(precision, "PACK_BYTES", pack_bytes)
+    runs = {}
+    for packed in (False, True):
+        counter = CountingReduction()
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"], cross_device_ops=counter)
+        wire = precision.AllReduce("float32", False, False, packed=packed)
+        x, y = _data(64 * 6)
+        keras.utils.set_random_seed(1)
+        with strategy.scope():
+            net = TrainModel.wrap(MODELS.get("mlp")(SPEC), 2, precision=precision.Precision(
+                policy="float32", config=None, wire=wire))
+            net.compile(keras.optimizers.Adam(0.01), build_loss("sparse_categorical_crossentropy"))
+        net.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(64), epochs=1, verbose=0)
+        runs[packed] = ([w.copy() for w in net.get_weights()], int(counter.calls.numpy()),
+                        int(counter.bytes.numpy()))
+    (plain, plain_calls, plain_bytes), (packed, packed_calls, packed_bytes) = runs[False], runs[True]
+    for a, b in zip(plain, packed):
+        np.testing.assert_array_equal(a, b)
+    assert plain_calls == packed_calls == 6 and plain_bytes == packed_bytes
+
+
+def test_pack_and_unpack_round_trip_in_buffers_of_at_most_pack_bytes(monkeypatch):
+    from tftrain.runtime import precision
+    monkeypatch.setattr(precision, "PACK_BYTES", 100)
+    tensors = [tf.reshape(tf.range(n, dtype=tf.float32) + 1000 * i, shape)
+               for i, (n, shape) in enumerate([(6, [2, 3]), (20, [20]), (30, [5, 6]), (1, [])])]
+    packs = precision.pack(tensors)
+    # 24 + 80 bytes > 100: the second starts a buffer; 120 bytes alone; then 4 bytes
+    assert [int(p.shape[0]) for p in packs] == [6, 20, 30, 1]
+    for a, b in zip(precision.unpack(packs, tensors), tensors):
+        np.testing.assert_array_equal(a, b)
+    monkeypatch.setattr(precision, "PACK_BYTES", 2**20)
+    assert [int(p.shape[0]) for p in precision.pack(tensors)] == [57]

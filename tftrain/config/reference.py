@@ -67,6 +67,7 @@ DESCRIPTIONS = {
     "data.shuffle_buffer": "record files: the window of records permuted together",
     "data.cache": "`auto` (the decoded set in memory when it fits `cache_budget`), `memory`, `none`",
     "data.cache_budget": "bytes of decoded training data `auto` may hold in memory (`\"4GB\"`)",
+    "data.feed": "`auto` (from the device when the training set is in memory, has no per-example augmentation or tf.data service, and a copy per device fits 1/8 of a device), `device` (batches gathered on each replica's device inside the step), `host` (the tf.data pipeline)",
     "data.remainder": "an epoch's last partial update: `drop`, or `pad` (padding weighs 0)",
     "data.shard_policy": "multi-worker: `file`, `data`, `auto` (file when the files suffice)",
     "data.augment": "augmentation and preprocessing, e.g. `[{random_crop: {padding: 4}}, "

@@ -108,6 +108,9 @@ class DataConfig(Strict):
     shuffle_buffer: Optional[int] = Field(None, ge=1)     # streaming sources: 10,000 records
     cache: Literal["auto", "memory", "none"] = "auto"
     cache_budget: int = Field(1_000_000_000, json_schema_extra=size_schema)  # decoded training data
+    # where training batches are made: `device` gathers them from an in-memory training
+    # set held on every replica's device, inside the step; `host` runs the tf.data pipeline
+    feed: Literal["auto", "device", "host"] = "auto"
     remainder: Literal["drop", "pad"] = "drop"
     shard_policy: Literal["auto", "file", "data"] = "auto"
     augment: list[Union[str, dict[str, Any]]] = []

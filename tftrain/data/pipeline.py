@@ -50,6 +50,59 @@ def example_seed(seed: int, epoch, key):
     return tf.stack([hi + tf.zeros_like(key), key], axis=-1)
 
 
+class Batcher:
+    """What makes a batch of pipeline `worker`'s slots of an epoch into what a replica
+    trains on: padding weights, per-example seeds and batch ops (mixup, cutmix). The host
+    pipeline (`train_dataset`) and the device feed (`feed.DeviceFeed`) share it, so both
+    give the same batches."""
+
+    def __init__(self, source: Source, plan: BatchPlan, cfg: DataConfig, seed: int,
+                 layout: EpochLayout, worker: int, ops: list):
+        self.seed, self.layout, self.worker = seed, layout, worker
+        self.steps, self.share = layout.steps(), layout.share
+        self.weights = tf.constant(layout.weights())
+        self.example_ops = [op for op in ops if not op.batch]
+        self.batch_ops = [op for op in ops if op.batch]
+        self.classes = source.spec.num_classes
+        self.b = plan.replica_batch
+        self.micro = plan.per_replica        # the examples one forward pass of the step takes
+        self.pad = cfg.remainder == "pad"
+        self.seeded = bool(ops)
+
+    def label(self, e, j, x, y, real):
+        """Weights and example seeds of the slots j of epoch e (a batch or one example;
+        only what is used: weights with padding, seeds with augmentation)."""
+        w = (tf.where(real, tf.gather(self.weights, tf.minimum(j // self.share, self.steps - 1)),
+                      0.0) if self.pad else None)
+        s = example_seed(self.seed, e, self.layout.slot_key(self.worker, j)) if self.seeded else None
+        return x, tf.one_hot(y, self.classes) if self.batch_ops else y, w, s
+
+    def finish(self, x, y, w, s):
+        b, micro = self.b, self.micro
+        if self.batch_ops and w is None:
+            w = tf.ones([b])          # pairs are never padding without data.remainder: pad
+        if self.batch_ops:
+            # batch ops (mixup, cutmix) pair examples within each micro-batch, seeded by its
+            # first example's place in the epoch: the same pairs and draws on any number of
+            # replicas or workers with the same micro-batch (a mirrored step and one device
+            # accumulating its replicas' micro-batches; an elastic resume)
+            parts = []
+            for k in range(b // micro):
+                part = slice(k * micro, (k + 1) * micro)
+                px, py, pw = x[part], y[part], w[part]
+                for i, op in enumerate(self.batch_ops):
+                    px, py, pw = op.fn(px, py, pw, tf.random.experimental.stateless_fold_in(
+                        s[k * micro], 100 + i))
+                parts.append((px, py, pw))
+            x, y, w = (tf.concat(t, 0) for t in zip(*parts))
+        return (x, y, w) if self.pad else (x, y)
+
+    def batch(self, e, k, x, y, real):
+        """Batch k of epoch e (its examples decoded: `(x, y, real)`), finished."""
+        j = k * self.b + tf.range(self.b, dtype=tf.int64)
+        return self.finish(*self.label(e, j, x, y, real))
+
+
 def train_dataset(source: Source, plan: BatchPlan, cfg: DataConfig, seed: int,
                   start_update: int = 0, pipeline: tuple[int, int] = (0, 1),
                   ops: Optional[list] = None, streams: int | None = None) -> tf.data.Dataset:
@@ -61,42 +114,10 @@ def train_dataset(source: Source, plan: BatchPlan, cfg: DataConfig, seed: int,
     worker, workers = pipeline
     ops = aug.build(cfg.augment) if ops is None else ops
     layout = epoch_layout(source, plan, cfg, workers, streams)
-    steps, share = layout.steps(), layout.share
-    weights = tf.constant(layout.weights())
-    example_ops = [op for op in ops if not op.batch]
-    batch_ops = [op for op in ops if op.batch]
-    classes = source.spec.num_classes
-    b = plan.replica_batch
-    pad = cfg.remainder == "pad"
-    seeded = bool(ops)
-
-    def label(e, j, x, y, real):
-        """Weights and example seeds of the slots j of epoch e (a batch or one example;
-        only what is used: weights with padding, seeds with augmentation)."""
-        w = tf.where(real, tf.gather(weights, tf.minimum(j // share, steps - 1)), 0.0) if pad else None
-        s = example_seed(seed, e, layout.slot_key(worker, j)) if seeded else None
-        return x, tf.one_hot(y, classes) if batch_ops else y, w, s
-
-    micro = plan.per_replica        # the examples one forward pass of the step takes
-
-    def finish(x, y, w, s):
-        if batch_ops and w is None:
-            w = tf.ones([b])          # pairs are never padding without data.remainder: pad
-        if batch_ops:
-            # batch ops (mixup, cutmix) pair examples within each micro-batch, seeded by its
-            # first example's place in the epoch: the same pairs and draws on any number of
-            # replicas or workers with the same micro-batch (a mirrored step and one device
-            # accumulating its replicas' micro-batches; an elastic resume)
-            parts = []
-            for k in range(b // micro):
-                part = slice(k * micro, (k + 1) * micro)
-                px, py, pw = x[part], y[part], w[part]
-                for i, op in enumerate(batch_ops):
-                    px, py, pw = op.fn(px, py, pw, tf.random.experimental.stateless_fold_in(
-                        s[k * micro], 100 + i))
-                parts.append((px, py, pw))
-            x, y, w = (tf.concat(t, 0) for t in zip(*parts))
-        return (x, y, w) if pad else (x, y)
+    batcher = Batcher(source, plan, cfg, seed, layout, worker, ops)
+    steps, share, b, pad = batcher.steps, batcher.share, batcher.b, batcher.pad
+    example_ops, batch_ops, classes = batcher.example_ops, batcher.batch_ops, batcher.classes
+    label, finish = batcher.label, batcher.finish
 
     def epoch(e, start, part, parts):
         items = source.epoch(seed, e, layout, worker, start, cfg.shuffle, b)
@@ -104,13 +125,12 @@ def train_dataset(source: Source, plan: BatchPlan, cfg: DataConfig, seed: int,
             items = items.shard(parts, part)
         first = start * share // b + part          # index of the first batch in the epoch
         if not example_ops:        # vectorised: decode, weigh and finish whole batches
-            slots = lambda k: k * b + tf.range(b, dtype=tf.int64)  # noqa: E731
             if source.vectorised:  # in memory: one function per batch, from index to batch
                 return tf.data.Dataset.zip(tf.data.Dataset.range(first, 2**62, parts), items).map(
-                    lambda k, i: finish(*label(e, slots(k), *source.decode_batch(i, pad))))
+                    lambda k, i: batcher.batch(e, k, *source.decode_batch(i, pad)))
             ds = tf.data.Dataset.zip(tf.data.Dataset.range(first, 2**62, parts),
                                      source.decode(items, b))
-            return ds.map(lambda k, batch: finish(*label(e, slots(k), *batch)))
+            return ds.map(lambda k, batch: batcher.batch(e, k, *batch))
         # per example: decoding and augmentation fused in one parallel map, order kept;
         # each slot's weight and seed computed a batch at a time beforehand
         def slot_info(k):
@@ -133,6 +153,13 @@ def train_dataset(source: Source, plan: BatchPlan, cfg: DataConfig, seed: int,
     first, skip = divmod(start_update, steps)
 
     def stream(part=0, parts=1):
+        if source.starts_in_graph:
+            # one flat_map over epochs, the first starting at `skip`: measured, the resumed
+            # epoch concatenated in front of the others made the MLP's steps on digits
+            # 0.6x as fast under fit (benchmarks/input.py)
+            return tf.data.Dataset.range(first, 2**62).flat_map(lambda e: epoch(
+                e, tf.where(e == first, tf.constant(skip, tf.int64), 0), part, parts)
+            ).with_options(_options())
         return epoch(first, skip, part, parts).concatenate(tf.data.Dataset.range(
             first + 1, 2**62).flat_map(lambda e: epoch(e, 0, part, parts))).with_options(_options())
 
@@ -196,7 +223,7 @@ def describe(source: Source, layout: EpochLayout, cfg: DataConfig) -> str:
     """The data lines of the plan: source, shuffle, cache, sharding, remainder, augment."""
     lines = [f"input: {source.describe(layout, cfg)}",
              f"cache: {cache_choice(source, cfg)} (data.cache: {cfg.cache}, budget "
-             f"{cfg.cache_budget / 2**20:,.0f} MiB for {_decoded_bytes(source) / 2**20:,.1f} MiB "
+             f"{cfg.cache_budget / 2**20:,.0f} MiB for {decoded_bytes(source) / 2**20:,.1f} MiB "
              "decoded)"]
     if layout.workers > 1:
         how = (f"FILE: each worker reads its own files ({layout.workers} workers, "
@@ -225,7 +252,7 @@ def cache_choice(source: Source, cfg: DataConfig) -> str:
     in_memory = isinstance(source, IndexedSource) and not source.elementwise
     if in_memory:
         return "memory"
-    size = _decoded_bytes(source)
+    size = decoded_bytes(source)
     if cfg.cache == "memory":
         if size > cfg.cache_budget:
             raise ConfigError(f"data.cache: memory needs {size / 2**20:,.0f} MiB for the decoded "
@@ -237,7 +264,8 @@ def cache_choice(source: Source, cfg: DataConfig) -> str:
     return "none"
 
 
-def _decoded_bytes(source: Source) -> int:
+def decoded_bytes(source: Source) -> int:
+    """Bytes of the decoded training set (what holding it in memory costs)."""
     if isinstance(source, IndexedSource) and source.decoded_bytes:
         return source.decoded_bytes
     return source.num_train * (int(np.prod(source.spec.shape)) * 4 + 4)

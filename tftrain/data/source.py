@@ -106,6 +106,11 @@ class Source(abc.ABC):
 
     vectorised = False      # `decode_batch` exists: a batch decodes in one function
 
+    # `epoch` takes `start_update` as a tensor: the pipeline then starts every epoch, the
+    # resumed one included, inside one `flat_map` (a resumed epoch concatenated in front
+    # of the rest costs every epoch's batches more, see `pipeline.train_dataset`)
+    starts_in_graph = False
+
     def decode_batch(self, items, padded: bool):
         """A batch of items -> `(x, y, real)` in one function (in-memory sources);
         `padded`: the batch may hold padding slots. By default, item by item."""
@@ -147,6 +152,8 @@ class IndexedSource(Source):
         slots = steps * g
         order = tf.concat([order, -tf.ones([max(slots - n, 0)], tf.int32)], 0)[:slots]
         return tf.reshape(tf.reshape(order, [steps, layout.workers, share])[:, worker], [-1])
+
+    starts_in_graph = True
 
     def epoch(self, seed, epoch, layout, worker, start_update, shuffle, batch):
         idx = self.slot_indices(seed, epoch, layout, worker, shuffle)[start_update * layout.share:]

@@ -89,6 +89,10 @@ class Parallelism:
     def training_devices(self) -> list[str]:
         return local_devices(self.strategy)
 
+    def input_devices(self) -> list[str]:
+        """Where each replica's batch is consumed (a device feed's copies go there)."""
+        return self.training_devices()
+
     def describe(self) -> list[str]:
         return [self.memory_plan.describe()] if self.memory_plan is not None else []
 
@@ -183,6 +187,9 @@ class Placed(Parallelism):
 
     def training_devices(self) -> list[str]:
         return list(self.placement.devices)
+
+    def input_devices(self) -> list[str]:
+        return list(self.placement.devices[:1])      # the first stage takes the batch
 
     def describe(self) -> list[str]:
         return super().describe() + [self.placement.describe()]

@@ -62,10 +62,16 @@ class AllReduce:
     loss_scaled: bool     # float16 on the wire: scaled so small gradients do not flush to 0
     nccl: bool
     note: str = ""
+    # gradients packed into flat buffers before the sum (`packed`): where the strategy's
+    # reduction sends one tensor at a time (ReductionToOneDevice, MirroredStrategy's
+    # choice without GPUs: three ops a variable); NCCL, hierarchical copy and the
+    # multi-worker collectives pack of their own
+    packed: bool = False
 
     def describe(self) -> str:
         return (f"all-reduce: {self.dtype}{', loss-scaled' if self.loss_scaled else ''}"
-                f"{' over NCCL' if self.nccl else ''}{'; ' + self.note if self.note else ''}")
+                f"{' over NCCL' if self.nccl else ''}{', packed' if self.packed else ''}"
+                f"{'; ' + self.note if self.note else ''}")
 
 
 def reduces_with_nccl(strategy) -> bool:
@@ -92,8 +98,11 @@ def all_reduce_plan(d: DistributeConfig, strategy, policy: str) -> AllReduce:
     dtype, note = d.all_reduce_dtype, ""
     if dtype == "bfloat16" and nccl:
         dtype, note = "float16", "NCCL has no bfloat16 all-reduce, so gradients travel as float16"
+    cross_device, _ = internals.all_reduce(strategy)
+    packed = (strategy.num_replicas_in_sync > 1
+              and isinstance(cross_device, tf.distribute.ReductionToOneDevice))
     return AllReduce(dtype, dtype == "float16" and strategy.num_replicas_in_sync > 1
-                     or policy == "mixed_float16", nccl, note)
+                     or policy == "mixed_float16", nccl, note, packed)
 
 
 def wrap_optimizer(optimizer, policy: str, cfg: PrecisionConfig, loss_scaled: bool | None = None):
@@ -175,3 +184,30 @@ def float32_outputs(model):
                                        name=f"{internals.history(out).layer.name}_float32")(out)
                for out in model.outputs]
     return keras.Model(model.inputs, outputs if len(outputs) > 1 else outputs[0], name=model.name)
+
+
+# gradients per packed buffer at most (a flat copy of each is made on both sides of the sum)
+PACK_BYTES = 32 * 2**20
+
+
+def pack(tensors: list) -> list:
+    """`tensors` flattened and concatenated, in order, into buffers of at most
+    `PACK_BYTES` (a tensor larger than that is a buffer of its own)."""
+    packs, current, size = [], [], 0
+    for t in tensors:
+        nbytes = t.dtype.size * t.shape.num_elements()
+        if current and size + nbytes > PACK_BYTES:
+            packs.append(tf.concat(current, 0))
+            current, size = [], 0
+        current.append(tf.reshape(t, [-1]))
+        size += nbytes
+    if current:
+        packs.append(tf.concat(current, 0))
+    return packs
+
+
+def unpack(packs: list, like: list) -> list:
+    """`pack`'s buffers back into tensors shaped as `like`."""
+    flat = tf.concat(packs, 0) if len(packs) > 1 else packs[0]
+    sizes = [t.shape.num_elements() for t in like]
+    return [tf.reshape(part, t.shape) for part, t in zip(tf.split(flat, sizes), like)]

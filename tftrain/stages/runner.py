@@ -32,7 +32,7 @@ from tftrain.training import epoch_logs, progress
 from tftrain.core.keras import keras
 from tftrain.training.profiling import ProfileWindow
 from tftrain.optim.averaging import has_batch_norm, recalibrate_batch_norm
-from tftrain.data import augment, train_dataset
+from tftrain.data import augment, feed, train_dataset
 
 
 class StageRunner:
@@ -46,9 +46,6 @@ class StageRunner:
         the run's `Preemption` flag; `profile`: (START, STOP) updates of the first stage
         to trace with the profiler (`--profile`); `tracker`: the run's
         `tftrain.training.tracking.Tracker` (each epoch's metrics, on the chief)."""
-
-
-
         self.plan, self.cfg, self.run, self.profile = plan, plan.cfg, run, profile
         self.tracker = tracker or Tracker()
         self.stop = stop or Preemption()
@@ -78,8 +75,6 @@ class StageRunner:
     def run_stage(self, stage, previous):
         """(the model the next stage gets, the stage's results): `stage` built from
         `previous` (the last stage's model), fitted, evaluated and finalized."""
-
-
         cfg = self.cfg
         self.stop.rearm()
         self.stop.check("before stage " + stage.name, self.agree)
@@ -256,9 +251,8 @@ class StageRunner:
         began = time.perf_counter()
         for attempt in range(cfg.train.nan_retries + 1):
             try:
-                fit(model, data.distribute(self.strat, self.plan.training_source, self.plan.batches,
-                                           cfg.data, cfg.run.seed, start, self.plan.layout.streams),
-                    self.val, start, stage.epochs, spe, callbacks,
+                fit(model, self._training_input(model, start), self.val, start, stage.epochs,
+                    spe, callbacks,
                     {"validation_steps": cfg.train.smoke_steps if self.smoke else None,
                      "verbose": 1 if cfg.train.verbose == 1 else 0})
                 break
@@ -302,6 +296,19 @@ class StageRunner:
         if gap:
             console.warn(f"stage {stage.name}: {gap}")
         return result
+
+    def _training_input(self, model, start: int):
+        """What `fit` trains on from update `start`: the host pipeline, or, with a device
+        feed (`plan.feed`), a stand-in while the model gathers its batches on the devices."""
+        plan = self.plan
+        if plan.feed is None or not plan.feed.device:
+            return data.distribute(self.strat, plan.training_source, plan.batches, self.cfg.data,
+                                   self.cfg.run.seed, start, plan.layout.streams)
+        fed = feed.DeviceFeed(plan.training_source, plan.batches, self.cfg.data, self.cfg.run.seed,
+                              devices=plan.parallel.input_devices(), strategy=self.strat,
+                              start_update=start)
+        model.feed_from(fed)
+        return fed.stand_in()
 
     def _settle(self, stage, built) -> str:
         """Swap in the weight average and re-estimate batch-norm statistics, the same
