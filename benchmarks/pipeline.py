@@ -71,12 +71,35 @@ def step_time(side) -> float:
     return (time.perf_counter() - start) / STEPS
 
 
+def trace(side, out: str) -> str:
+    """Profile one step of `side` (TensorBoard's trace under /tmp), draw its ops per
+    compute thread by stage and micro-batch (`trace_svg`), and say how busy the threads
+    were."""
+    import tempfile
+    import trace_svg
+    model, ds = side
+    logdir = tempfile.mkdtemp(prefix="tftrain-pipeline-trace-")
+    tf.profiler.experimental.start(logdir)
+    model.fit(ds, steps_per_epoch=1, verbose=0)
+    tf.profiler.experimental.stop()
+    stages = {layer.name: int(layer._tftrain_device.rsplit(":", 1)[-1])
+              for layer in model.layers if getattr(layer, "_tftrain_device", None)}
+    shares = trace_svg.draw(logdir, stages, out, "one training step, MLP 6x1024 placed over "
+                            "/cpu:0 and /cpu:1 (2 stages), M = 4 micro-batches; rows: the "
+                            "two compute threads")
+    return (f"trace ({logdir}, drawn in {out}): both threads busy {shares['both']:.1f} ms, one "
+            f"{shares['one']:.1f} ms, none {shares['idle']:.1f} ms")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--trace", help="also write an SVG of one M = 4 step's profiler trace here")
     args = p.parse_args()
     configure_devices(load_config(None, ["distribute.virtual_cpus=2"]))
     sides = {"serial": build(None), **{m: build(m) for m in (1, 2, 4, 8)}}
+    if args.trace:
+        print(trace(sides[4], args.trace))
     times = {k: [] for k in sides}
     keys = list(sides)
     for r in range(args.rounds):

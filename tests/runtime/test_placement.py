@@ -335,3 +335,32 @@ if __name__ == "__main__":   # python tests/runtime/test_placement.py N [step]: 
         print(json.dumps(placed_step(int(sys.argv[1]))))
     else:
         print(json.dumps({name: equivalence(name, int(sys.argv[1])) for name in SPECS}))
+
+
+def test_auto_microbatches_keep_the_count_that_measured_fastest(monkeypatch):
+    """`microbatches: auto` times each count dividing the batch on the placed model and
+    keeps the fastest, whatever it is (here made 4 by the clock), and the plan says so."""
+    from tftrain.runtime import parallelism
+    timed = {}
+
+    def clock(functions, repeats):
+        timed.update({m: None for m in functions})
+        return {m: {1: 0.03, 2: 0.02, 4: 0.01}.get(m, 0.05) for m in functions}
+    monkeypatch.setattr(placement, "_median_times", clock)
+    cfg = load_config(None, ["model.placement={devices: ['/cpu:0', '/cpu:1'], microbatches: auto}"])
+    keras.utils.set_random_seed(0)
+    placed = parallelism.placed(builder("mlp"), builder("mlp")(), cfg.model.placement, 12, None)
+    assert sorted(timed) == [1, 2, 4]                       # 8 does not divide 12
+    assert placed.microbatches == placed.placement.microbatches == 4
+    assert "micro-batches: auto, the fastest of 1: 30.0 ms, 2: 20.0 ms, 4: 10.0 ms" in \
+        placed.placement.describe()
+
+
+def test_measured_microbatch_times_come_from_the_placed_models_gradients():
+    keras.utils.set_random_seed(0)
+    cfg = load_config(None, ["model.placement={devices: ['/cpu:0', '/cpu:1']}"]).model.placement
+    net = placement.build_placed(builder("mlp"), placement.plan(builder("mlp")(), cfg))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    best, times = placement.fastest_microbatches(net, 8, loss, repeats=1)
+    assert sorted(times) == [1, 2, 4, 8] and all(t > 0 for t in times.values())
+    assert times[best] == min(times.values())

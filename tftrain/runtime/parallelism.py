@@ -9,6 +9,7 @@ strategy already built for a cluster or a smoke run.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import tensorflow as tf
 
@@ -207,6 +208,18 @@ class Placed(Parallelism):
             **measure_bubble(net, p, x, y, loss)}}   # the idle fraction, on one batch
 
 
+def placed(builder, base, layout: PlacementConfig, batch: int, memory_plan) -> Placed:
+    """Model parallelism as `layout` says; `microbatches: auto` measured on the placed
+    model (`placement.fastest_microbatches`): pipelining is chosen only where it ran
+    faster than the whole batch at once."""
+    plan = placement.plan(base, layout, batch)
+    if layout.microbatches == "auto":
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        best, times = placement.fastest_microbatches(build_placed(builder, plan), batch, loss)
+        plan = dataclasses.replace(plan, microbatches=best, measured=tuple(times.items()))
+    return Placed(placement=plan, memory_plan=memory_plan)
+
+
 def of_strategy(strategy, memory_plan=None) -> Parallelism:
     """The data-parallel object for an existing strategy."""
 
@@ -232,8 +245,7 @@ def choose(cfg: Config, policy: str, builder) -> Parallelism:
                               "distribute.virtual_cpus to split the CPU into more devices")
         memory_plan = planner.choose(cfg, costs, wanted, policy, batch, acc,
                                      force_stages=len(wanted))
-        return Placed(placement=placement.plan(base, cfg.model.placement, batch),
-                      memory_plan=memory_plan)
+        return placed(builder, base, cfg.model.placement, batch, memory_plan)
     copies = len(devices) if strategy.resolve_kind(cfg.distribute, devices) == "mirrored" else 1
     memory_plan = planner.choose(cfg, costs, devices, policy, batch, acc, replicas=copies)
     if memory_plan.kind == "model":
@@ -242,6 +254,7 @@ def choose(cfg: Config, policy: str, builder) -> Parallelism:
                 f"distribute.strategy: the model needs {memory_plan.per_device[0].total / 2**20:,.1f}"
                 f" MiB per stage and does not fit one device with '{cfg.distribute.strategy}'; "
                 "set distribute.strategy: auto (model parallel) or model.placement")
-        layout = PlacementConfig(devices=devices[:memory_plan.stages], balance="memory")
-        return Placed(placement=placement.plan(base, layout, batch), memory_plan=memory_plan)
+        layout = PlacementConfig(devices=devices[:memory_plan.stages], balance="memory",
+                                 microbatches="auto")
+        return placed(builder, base, layout, batch, memory_plan)
     return of_strategy(strategy.build_strategy(cfg), memory_plan)

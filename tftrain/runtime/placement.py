@@ -174,6 +174,7 @@ class Placement:
     costs: tuple[float, ...]         # cost of each stage (by `balance`)
     balance: str
     microbatches: int = 1
+    measured: tuple = ()             # `microbatches: auto`: (count, ms per batch) measured
 
     def device_of(self, layer: str) -> str:
         return self.devices[self.stage[self.layers.index(layer)]]
@@ -190,6 +191,10 @@ class Placement:
     def describe(self) -> str:
         lines = [f"model parallel: {self.num_stages} stages, balance {self.balance}, "
                  f"{self.microbatches} micro-batches (bubble (K-1)/(M+K-1) = {self.bubble():.2f})"]
+        if self.measured:
+            lines.append("  micro-batches: auto, the fastest of " + ", ".join(
+                f"{m}: {ms:.1f} ms" for m, ms in self.measured) + " (a batch's forward and "
+                "backward pass, measured)")
         for s, device in enumerate(self.devices):
             names = [n for n, st in zip(self.layers, self.stage) if st == s]
             span = f"{names[0]} .. {names[-1]}" if len(names) > 1 else (names[0] if names else "-")
@@ -212,7 +217,7 @@ def plan(model, cfg: PlacementConfig, batch: int = 1, devices=None) -> Placement
         stage = stages_from_rules(names, cfg.stages)
     totals = [sum(w for w, s in zip(weights, stage) if s == k) for k in range(len(devices))]
     return Placement(devices, tuple(names), tuple(stage), tuple(totals), cfg.balance,
-                     cfg.microbatches)
+                     1 if cfg.microbatches == "auto" else cfg.microbatches)
 
 
 def build(builder):
@@ -295,38 +300,63 @@ def _on_device(call, device: str):
     return placed
 
 
+def _gradients(net, x, y, loss, parts: int):
+    """A function computing the gradients of (x, y) in `parts` micro-batches (summed to
+    one number, so the call waits for all of them)."""
+    piece = int(x.shape[0]) // parts
+
+    @tf.function
+    def step():
+        total = []
+        for i in range(parts):
+            xs, ys = x[i * piece:(i + 1) * piece], y[i * piece:(i + 1) * piece]
+            g = tf.gradients(loss(ys, net(xs, training=False)), net.trainable_variables)
+            total.append(tf.add_n([tf.reduce_sum(t) for t in g if t is not None]))
+        return tf.add_n(total)
+    return step
+
+
+def _median_times(functions: dict, repeats: int) -> dict:
+    """Median seconds of each function's call, timed in interleaved rounds."""
+    import time
+
+    for fn in functions.values():
+        fn()                                         # trace
+    times: dict = {name: [] for name in functions}
+    names = list(functions)
+    for r in range(repeats):
+        for name in names if r % 2 == 0 else names[::-1]:
+            start = time.perf_counter()
+            functions[name]().numpy()
+            times[name].append(time.perf_counter() - start)
+    return {name: float(np.median(t)) for name, t in times.items()}
+
+
+def fastest_microbatches(net, batch: int, loss, candidates=(1, 2, 4, 8),
+                         repeats: int = 3) -> tuple[int, dict]:
+    """`model.placement.microbatches: auto`: the count, of `candidates` dividing `batch`,
+    whose forward and backward pass of one batch of random inputs ran fastest on the
+    placed model `net` ({count: milliseconds} beside it). Measured, not assumed: stages
+    on CPU devices share one thread pool, so pipelining there buys what running two
+    micro-batches side by side on the cores buys, not GPipe's overlap."""
+    shape = [batch, *net.inputs[0].shape[1:]]
+    x = (tf.random.stateless_uniform(shape, [1, 2]) if net.inputs[0].dtype.is_floating
+         else tf.zeros(shape, net.inputs[0].dtype))
+    y = tf.zeros([batch], tf.int32)
+    counts = [m for m in candidates if batch % m == 0]
+    times = _median_times({m: _gradients(net, x, y, loss, m) for m in counts}, repeats)
+    best = min(counts, key=lambda m: times[m])
+    return best, {m: round(t * 1e3, 2) for m, t in times.items()}
+
 
 def measure_bubble(net, placement: Placement, x, y, loss, repeats: int = 5) -> dict:
     """Idle fraction of the pipeline, measured on batch (x, y): the forward and backward
     pass run as one batch (stages strictly in turn: T1) and as M micro-batches (TM);
     the stages' busy time is T1, so the idle fraction is 1 - T1 / (K x TM). Gradients
     only, in inference mode: weights, optimizer and batch-norm statistics are untouched."""
-    import time
-
     m = placement.microbatches
-
-    def grads(parts):
-        piece = int(x.shape[0]) // parts
-
-        @tf.function
-        def step():
-            total = []
-            for i in range(parts):
-                xs, ys = x[i * piece:(i + 1) * piece], y[i * piece:(i + 1) * piece]
-                g = tf.gradients(loss(ys, net(xs, training=False)), net.trainable_variables)
-                total.append(tf.add_n([tf.reduce_sum(t) for t in g if t is not None]))
-            return tf.add_n(total)
-        return step
-
-    one, piped = grads(1), grads(m)
-    one(), piped()                                   # trace
-    times = {"one": [], "piped": []}
-    for r in range(repeats):
-        for name, fn in ((("one", one), ("piped", piped)) if r % 2 == 0
-                         else (("piped", piped), ("one", one))):
-            start = time.perf_counter()
-            fn().numpy()
-            times[name].append(time.perf_counter() - start)
-    t1, tm = float(np.median(times["one"])), float(np.median(times["piped"]))
+    times = _median_times({"one": _gradients(net, x, y, loss, 1),
+                           "piped": _gradients(net, x, y, loss, m)}, repeats)
+    t1, tm = times["one"], times["piped"]
     return {"step_ms_one_batch": t1 * 1e3, "step_ms_pipelined": tm * 1e3,
             "bubble_measured": max(0.0, 1.0 - t1 / (placement.num_stages * tm))}
