@@ -184,3 +184,30 @@ def test_input_wait_is_the_iterators_own_wait_not_the_calls_overhead(capsys):
     assert max(wait.per_epoch[1:]) < 0.4 and "warning" not in out, (wait.per_epoch, out)
     figures = wait.figures()
     assert figures["host_ms_per_call"] >= 150 and figures["input_wait_ms_per_batch"] < 10, figures
+
+
+def test_waits_above_five_percent_ask_the_probe_where_once(capsys):
+    """Waits over 5% of the time (not the bottleneck) warn once, naming what the probe
+    says, with the steps' rate in batches per second; below 5%, the probe is not asked."""
+    from tftrain.training.epoch_logs import InputWait
+    asked = []
+
+    def probe(rate):
+        asked.append(rate)
+        return "timed alone: decode is the slow stage"
+    wait = InputWait(probe=probe)
+    wait.per_epoch = [0.9, 0.2, 0.2]
+    assert wait._noticeable() and not wait.bottleneck()
+    quiet = InputWait(probe=probe)
+    quiet.per_epoch = [0.9, 0.04, 0.04]
+    assert not quiet._noticeable()
+
+    def slow(a, b):
+        import time
+        time.sleep(0.004)
+        return a, b
+    slowish = DATA.map(lambda a, b: tf.numpy_function(slow, [a, b], [tf.float32, tf.float32]))
+    per_epoch, out = _waited(_model(), slowish, 3, capsys, InputWait(probe=probe))
+    assert min(per_epoch[1:]) > 0.05, per_epoch
+    assert out.count("tftrain: warning: ") == 1 and "decode is the slow stage" in out, out
+    assert len(asked) == 1 and asked[0] > 0

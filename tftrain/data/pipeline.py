@@ -127,9 +127,10 @@ def train_dataset(source: Source, plan: BatchPlan, cfg: DataConfig, seed: int,
         if not example_ops:        # vectorised: decode, weigh and finish whole batches
             if source.vectorised:  # in memory: one function per batch, from index to batch
                 return tf.data.Dataset.zip(tf.data.Dataset.range(first, 2**62, parts), items).map(
-                    lambda k, i: batcher.batch(e, k, *source.decode_batch(i, pad)))
+                    lambda k, i: batcher.batch(e, k, *source.decode_batch(i, pad)),
+                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
             ds = tf.data.Dataset.zip(tf.data.Dataset.range(first, 2**62, parts),
-                                     source.decode(items, b))
+                                     source.decode(items, b, pad))
             return ds.map(lambda k, batch: batcher.batch(e, k, *batch))
         # per example: decoding and augmentation fused in one parallel map, order kept;
         # each slot's weight and seed computed a batch at a time beforehand

@@ -94,9 +94,9 @@ class Source(abc.ABC):
         batches of `batch` items (which divides the pipeline's share of an update): cheap
         references to examples (indices, raw records) that `decode` turns into them."""
 
-    def decode(self, items: tf.data.Dataset, batch: int) -> tf.data.Dataset:
+    def decode(self, items: tf.data.Dataset, batch: int, padded: bool = True) -> tf.data.Dataset:
         """Batches of items -> batches of `(x, y, real)`; `real` is False for padding
-        slots (x zeros, y 0)."""
+        slots (x zeros, y 0; `padded`: the items may hold some)."""
         return items.unbatch().map(self.decode_one, num_parallel_calls=tf.data.AUTOTUNE,
                                    deterministic=True).batch(batch)
 
@@ -159,9 +159,13 @@ class IndexedSource(Source):
         idx = self.slot_indices(seed, epoch, layout, worker, shuffle)[start_update * layout.share:]
         return tf.data.Dataset.from_tensor_slices(idx).batch(batch)
 
-    def decode(self, items, batch):
-        if self.elementwise:   # one file per example: decode in parallel, order kept
+    def decode(self, items, batch, padded=True):
+        if self.elementwise and padded:    # one file per example: decoded in parallel, in order
             return super().decode(items, batch)
+        if self.elementwise:               # no padding slot: no branch per example
+            return items.unbatch().map(lambda i: (*self.load(i), True),
+                                       num_parallel_calls=tf.data.AUTOTUNE,
+                                       deterministic=True).batch(batch)
         return items.map(self._load_padded)                  # one gather per batch
 
     @property

@@ -57,7 +57,7 @@ class UserSource(Source):
         stream = padded(stream, self.spec, (layout.steps() - start_update) * layout.global_batch)
         return shard_updates(stream, layout, worker, batch)
 
-    def decode(self, items, batch):
+    def decode(self, items, batch, padded=True):
         return items           # your pipeline decodes; its examples are the items
 
     def decode_one(self, item):

@@ -216,9 +216,7 @@ class StageRunner:
                                        position, cfg.train.check_every)
         throughput = epoch_logs.Throughput(self.plan.batches.global_batch)
         flops = epoch_logs.FlopsLogger(self.plan.flops_per_example, self.plan.peak.flops)
-        waiting = epoch_logs.InputWait(epoch_logs.input_remedies(
-            cfg.data, self.plan.training_source, data.cache_choice(self.plan.training_source, cfg.data),
-            cfg.train.steps_per_execution))
+        waiting = epoch_logs.input_wait(self.plan)
         sizer = (epoch_logs.ExecutionSizer(spe, self.plan.parallel.mean, most=every)
                  if cfg.train.steps_per_execution == "auto" else None)
         tracked = self.tracker.callback(stage.name, checkpointer, spe, stage.updates)
@@ -298,8 +296,8 @@ class StageRunner:
         return result
 
     def _training_input(self, model, start: int):
-        """What `fit` trains on from update `start`: the host pipeline, or, with a device
-        feed (`plan.feed`), a stand-in while the model gathers its batches on the devices."""
+        """What `fit` trains on from update `start`: the host pipeline, or a device feed's
+        stand-in (`plan.feed`; the model gathers its batches on the devices)."""
         plan = self.plan
         if plan.feed is None or not plan.feed.device:
             return data.distribute(self.strat, plan.training_source, plan.batches, self.cfg.data,

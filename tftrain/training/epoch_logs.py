@@ -11,7 +11,8 @@ from tftrain.core.keras import keras
 from tftrain.optim.rates import current_lr
 from tftrain.core import console
 from tftrain.core.cpu import busy_seconds, others_cores
-from tftrain.data import augment
+from tftrain import data
+from tftrain.data import augment, probe
 from tftrain.optim.averaging import has_batch_norm
 from tftrain.runtime.strategy import graph_collectives
 
@@ -76,10 +77,14 @@ class InputWait(keras.callbacks.Callback):
 
     _supports_tf_logs = True
     threshold = 0.5
+    noticed = 0.05      # waits above this share of the time: `probe` names the slow stage
 
-    def __init__(self, remedies: list[str] | None = None):
+    def __init__(self, remedies: list[str] | None = None, probe=None):
+        """`probe(step_rate) -> str`: a line naming the pipeline's slow stage
+        (`tftrain.data.probe`), asked once when the steady waits exceed `noticed`."""
         super().__init__()
         self.remedies = remedies or []
+        self.probe = probe
         self.per_epoch: list[float] = []
         self.per_batch_ms: list[float] = []
         self.host_ms: list[float] = []
@@ -136,13 +141,22 @@ class InputWait(keras.callbacks.Callback):
                     host_ms_per_call=self.host_ms[-1])
         # judged on the steady epochs' median (a stage's first epoch also sizes the calls,
         # `steps_per_execution: auto` starting at one step per call, and warms up)
-        if len(self.per_epoch) > 1 and not self._warned and self.bottleneck():
+        if len(self.per_epoch) > 1 and not self._warned and self._noticeable():
             self._warned = True
+            step_ms = 1e3 * self._step / self._batches
+            where = self.probe(1e3 / max(step_ms, 1e-6)) if self.probe else None
             console.warn(f"the steps wait for input {share:.0%} of the time "
                          f"({self.per_batch_ms[-1]:.1f} ms per batch against "
-                         f"{1e3 * self._step / self._batches:.1f} ms inside the step); "
+                         f"{step_ms:.1f} ms inside the step); " + (f"{where}; " if where else "")
                          + ("; ".join(self.remedies) if self.remedies
                             else "the input pipeline is the bottleneck"))
+
+    def _noticeable(self) -> bool:
+        """Worth a warning: the bottleneck (`bottleneck`), or, with a probe to say where,
+        steady waits above `noticed` of the time."""
+        share = self.fraction()
+        return self.bottleneck() or (self.probe is not None and share is not None
+                                     and share > self.noticed)
 
     def fraction(self) -> float | None:
         """The iterator's share of the time per batch: the median over epochs, leaving out
@@ -170,6 +184,18 @@ class InputWait(keras.callbacks.Callback):
         return {"input_wait_ms_per_batch": steady_median(self.per_batch_ms, None),
                 "host_ms_per_call": steady_median(self.host_ms, None),
                 "others_cores": steady_median(self.others, None)}
+
+
+def input_wait(plan) -> InputWait:
+    """A run's `InputWait`: the remedies that apply to its pipeline, and a probe timing the
+    pipeline's stages alone against the replica batches its worker's steps take."""
+    cfg, source = plan.cfg, plan.training_source
+    elements = plan.layout.share // plan.batches.replica_batch    # per worker and update
+    return InputWait(
+        input_remedies(cfg.data, source, data.cache_choice(source, cfg.data),
+                       cfg.train.steps_per_execution),
+        probe=lambda updates: probe.slowest(probe.stage_rates(
+            source, plan.batches, cfg.data, cfg.run.seed), updates * elements))
 
 
 def input_remedies(data_cfg, source, cached: str, steps_per_execution) -> list[str]:
