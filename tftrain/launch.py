@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 
+from tftrain.core import console
 from tftrain.core import exit_codes
 from tftrain.runtime import forking
 from tftrain.runtime.forking import local_gpus, worker_setup  # noqa: F401  (the sweep's too)
@@ -197,7 +198,7 @@ def kubernetes(args) -> int:
         docs = k8s.manifest(cluster, given)
     except ConfigError as err:
         for problem in err.problems:
-            print(f"tftrain.launch: config error: {problem}", file=sys.stderr)
+            print(console.problem("tftrain.launch: config error: ", problem), file=sys.stderr)
         return EXIT_CONFIG
     text = k8s.to_yaml(docs)
     if args.dry_run:

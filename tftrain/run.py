@@ -22,7 +22,7 @@ import traceback
 import tftrain  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)
 from tftrain import doctor
 from tftrain.config import Config, ConfigError, json_schema, load_config
-from tftrain.core import exit_codes, native_log
+from tftrain.core import console, exit_codes, native_log
 from tftrain.training.preemption import Preempted, Preemption
 
 EXIT_CONFIG, EXIT_RUNTIME, EXIT_PREEMPTED = exit_codes.CONFIG, exit_codes.RUNTIME, exit_codes.PREEMPTED
@@ -99,7 +99,6 @@ def main(argv=None) -> int:
             from tftrain.training.profiling import parse_window
             profile = parse_window(args.profile)
         if args.dry_run and not (args.full or args.preflight):
-            from tftrain.core import console
             from tftrain.plan import sketch
             for line in sketch(cfg, args.smoke).splitlines():
                 console.say(line)
@@ -111,7 +110,7 @@ def main(argv=None) -> int:
         return exit_codes.OK
     except ConfigError as err:
         for problem in err.problems:
-            print(f"tftrain: config error: {problem}", file=sys.stderr)
+            print(console.problem("tftrain: config error: ", problem), file=sys.stderr)
         return EXIT_CONFIG
     except doctor.StackError as err:
         print(f"tftrain: environment: {err}", file=sys.stderr)
@@ -176,7 +175,6 @@ def _completed(cfg: Config, smoke: bool, done: dict) -> dict:
 def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
               profile: tuple[int, int] | None) -> dict | None:
     # TensorFlow is imported only once the config has parsed: a typo costs no TF start-up
-    from tftrain.core import console
     from tftrain.core.native_log import quiet
     from tftrain import report
     from tftrain import plan as planning

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import yaml
 
+from tftrain.core import console
 from tftrain.core.config_types import ConfigError
 from tftrain.core import exit_codes
 from tftrain.core.extras import missing
@@ -385,7 +386,7 @@ def main(argv=None) -> int:
         best = sweep.run()
     except ConfigError as err:
         for problem in err.problems:
-            print(f"tftrain: config error: {problem}", file=sys.stderr)
+            print(console.problem("tftrain: config error: ", problem), file=sys.stderr)
         return exit_codes.CONFIG
     except NoTrialCompleted as err:
         print(f"tftrain: sweep: {err}", file=sys.stderr)

@@ -29,3 +29,15 @@ def test_a_long_line_wraps_at_120_columns_with_its_words_whole():
     lines = console.wrap(text).splitlines()
     assert len(lines) == 2 and all(len(line) <= 120 for line in lines)
     assert lines[1].startswith("    word") and console.wrap("short") == "short"
+
+
+def test_a_problem_of_several_lines_has_its_prefix_once_and_every_line_within_120_columns():
+    from tftrain.core import console
+    text = "model.name: " + "/very/long/path/" * 12 + " is bad:\ndetail one\n" + "word " * 40
+    lines = console.problem("tftrain: config error: ", text).splitlines()
+    assert lines[0].startswith("tftrain: config error: model.name:")
+    assert sum("config error" in line for line in lines) == 1
+    assert all(len(line) <= 120 for line in lines) and all(line.startswith("    ") for line in lines[1:])
+    assert "    detail one" in lines
+    # one line stays one line, however long (scripts read a problem per line)
+    assert console.problem("p: ", "x" * 300) == "p: " + "x" * 300

@@ -88,6 +88,9 @@ class ModelConfig(Strict):
     name: str = "cnn"
     params: dict[str, Any] = {}
     placement: Optional[PlacementConfig] = None
+    # a model file (and a distillation teacher file) may carry code that runs when it is
+    # loaded or computes: refused unless this says the file is trusted
+    trust_code: bool = False
 
 
 class ServiceConfig(Strict):

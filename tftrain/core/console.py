@@ -32,6 +32,18 @@ def wrap(text: str, width: int = WIDTH, indent: str = "    ") -> str:
                                    break_long_words=False, break_on_hyphens=False))
 
 
+def problem(prefix: str, text: str) -> str:
+    """A problem's lines as a command prints them: `prefix` once, on the first line; each
+    further line of `text` (its own details) indented under it, every line then within
+    `WIDTH` columns (`wrap`). A one-line problem stays one line, as scripts read it."""
+    first, *rest = text.split("\n")
+    if not rest:
+        return f"{prefix}{first}"
+    lines = [wrap(f"{prefix}{first}")]
+    lines += [wrap("    " + line.lstrip(), indent="      ") for line in rest]
+    return "\n".join(lines)
+
+
 @contextlib.contextmanager
 def phase(name: str, what: str = "", ended: bool = True):
     """`[name] what...` when the phase starts and `[name] done in T` when it ends (also

@@ -23,6 +23,8 @@ from pathlib import Path
 from tftrain.config import ConfigError
 from tftrain.core.keras import keras, keras3
 from tftrain.core.keras_files import writer_of
+from tftrain.core import console
+from tftrain.models import file_code
 from tftrain.core import internals
 from tftrain.models import keras3 as convert
 from tftrain.models.keras3 import LAYERS, _CONVERTERS
@@ -40,6 +42,7 @@ class Origin:
     layers: int
     converted_diff: float | None = None    # largest output difference after conversion
     softmax_removed: bool = False
+    trusted_code: tuple[str, ...] = ()     # code the file carried, run under model.trust_code
 
     def describe(self) -> str:
         what = {"keras3": "Keras 3", "tf_keras": "tf_keras"}[self.writer]
@@ -53,6 +56,7 @@ class Origin:
 
 
 _LOADED: dict[str, Origin] = {}
+_SAID: set[str] = set()         # files whose trusted code the console has named
 
 
 def origin(name: str) -> Origin | None:
@@ -60,32 +64,40 @@ def origin(name: str) -> Origin | None:
     return _LOADED.get(name[len(PREFIX):]) if name.startswith(PREFIX) else None
 
 
-def builder(path: str):
-    """The builder of `model.name: file:PATH`: `fn(spec)` loads the file."""
+def builder(path: str, trust_code: bool = False):
+    """The builder of `model.name: file:PATH`: `fn(spec)` loads the file (refused if it
+    carries code, unless `trust_code`: `file_code.check`)."""
     def from_file(spec):
-        model, found = load(path)
+        model, found = load(path, trust_code)
         model, removed = to_logits(model)
         check_spec(model, spec, path)
         _LOADED[path] = Origin(found.path, found.writer, found.form, found.layers,
-                               found.converted_diff, removed)
+                               found.converted_diff, removed, found.trusted_code)
         return in_current_policy(model)
     from_file.__doc__ = f"The model in {path}."
     return from_file
 
 
-def load(path: str):
-    """(tf_keras model, `Origin`) of the file at `path` (a ConfigError naming what is wrong)."""
+def load(path: str, trust_code: bool = False):
+    """(tf_keras model, `Origin`) of the file at `path` (a ConfigError naming what is wrong;
+    a file carrying code is refused before any of it runs unless `trust_code`)."""
     file = Path(path)
     if not file.exists():
         raise ConfigError(f"model.name: {path} does not exist")
     writer, form = writer_of(file)
+    code = tuple(file_code.check(path, "model.name", trust_code))
+    if code and path not in _SAID:          # once a process (the plan builds it again)
+        _SAID.add(path)
+        console.warn(f"model.name: code from {path} ran while loading it (model.trust_code: "
+                     f"true): {'; '.join(code[:3])}" + (f" and {len(code) - 3} more"
+                                                       if len(code) > 3 else ""))
     if writer == "tf_keras":
         model = keras.models.load_model(str(file), compile=False)
         if not isinstance(model, keras.Model) or not internals.has_graph(model):
             raise ConfigError(f"model.name: {path} holds a subclassed tf_keras model; tftrain "
                               "needs a functional or Sequential one (its layers are compressed "
                               "one by one)")
-        return model, Origin(str(path), writer, form, len(model.layers))
+        return model, Origin(str(path), writer, form, len(model.layers), trusted_code=code)
 
     unknown = _custom_classes(file) if form == ".keras" else []
     if unknown:
@@ -93,12 +105,12 @@ def load(path: str):
                             "layer tftrain can convert; rewrite it with tf_keras, or register a "
                             "converter (tftrain.models.keras3.register_converter) and load "
                             "its module before the run" for name, cls in unknown])
-    original = keras3().saving.load_model(str(file), compile=False)
+    original = keras3().saving.load_model(str(file), compile=False, safe_mode=not trust_code)
     problems = convert.refusal(original)
     if problems:
         raise ConfigError(*[f"model.name: {path}: {p}" for p in problems])
     model, diff = convert.checked(original, str(path))
-    return model, Origin(str(path), writer, form, len(model.layers), diff)
+    return model, Origin(str(path), writer, form, len(model.layers), diff, trusted_code=code)
 
 
 def _custom_classes(file: Path) -> list[tuple[str, str]]:

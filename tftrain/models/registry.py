@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 
 from tftrain.core.keras import ensure_tf_keras_model
-from tftrain.config import ConfigError, ModelConfig
+from tftrain.config import ConfigError
 from tftrain.core.registry import Registry, check_params, import_function
 from tftrain.models import keras3, tensor_ops
 from tftrain.models.files import builder
@@ -18,12 +18,13 @@ APPLICATIONS = "keras_applications:"      # + a keras.applications model name
 FILE = "file:"                            # + a .keras, .h5 or SavedModel path
 
 
-def resolve_builder(name: str, key: str = "model.name"):
-    """A registered builder, or `package.module:function`; errors name `key`."""
+def resolve_builder(name: str, key: str = "model.name", trust_code: bool = False):
+    """A registered builder, or `package.module:function`; errors name `key`. A model file
+    that carries code is loaded only with `trust_code` (`model.trust_code`)."""
     if ":" not in name:
         return MODELS.get(name, key)
     if name.startswith(FILE):
-        return builder(name[len(FILE):])
+        return builder(name[len(FILE):], trust_code)
     if name.startswith(APPLICATIONS):
         try:
             return application(name[len(APPLICATIONS):])
@@ -36,10 +37,13 @@ def resolve_builder(name: str, key: str = "model.name"):
     return fn
 
 
-def build_model(cfg: ModelConfig, spec, section: str = "model"):
+def build_model(cfg, spec, section: str = "model", trust_code: bool | None = None):
     """Build the configured model for `spec` (params checked against the builder); errors
-    name the config `section` it came from (e.g. a distillation student's)."""
-    builder = resolve_builder(cfg.name, f"{section}.name")
+    name the config `section` it came from (e.g. a distillation student's). `cfg`: a
+    `ModelConfig` or a student's section; a file model loads its code only with
+    `trust_code` (default: `cfg.trust_code`, the run's `model.trust_code`)."""
+    trust = cfg.trust_code if trust_code is None else trust_code
+    builder = resolve_builder(cfg.name, f"{section}.name", trust)
     check_params(builder, cfg.params, f"{section}.params", skip=1)
     if ":" in cfg.name and not cfg.name.startswith((APPLICATIONS, FILE)):
         # user code: whatever it raises is a bug in it (exit 1, traceback)

@@ -16,7 +16,7 @@ directory; 1 a runtime failure; 42 stopped by SIGTERM/SIGINT (rerun to resume)."
 
 
 def main(argv=None) -> int:
-    from tftrain.core import exit_codes
+    from tftrain.core import console, exit_codes
     from tftrain.core.config_types import ConfigError
 
     parser = argparse.ArgumentParser(
@@ -44,7 +44,7 @@ def main(argv=None) -> int:
         record = search(args.run_dir, args.target, args.set, dry_run=args.dry_run)
     except ConfigError as err:
         for problem in err.problems:
-            print(f"tftrain: config error: {problem}", file=sys.stderr)
+            print(console.problem("tftrain: config error: ", problem), file=sys.stderr)
         return exit_codes.CONFIG
     except KeyboardInterrupt:
         print("tftrain: search interrupted; rerun the same command to resume", file=sys.stderr)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tftrain.config import ConfigError
+from tftrain.core import console
 from tftrain.stages.base import Built, Stage
 
 
@@ -36,10 +37,12 @@ class Distill(Stage):
         from tftrain.models import build_model
 
         cfg = self.settings(self.cfg)
-        self.teacher = net if cfg.teacher is None else load_teacher(cfg.teacher, ctx.source.spec)
+        trust = self.cfg.model.trust_code
+        self.teacher = net if cfg.teacher is None else load_teacher(cfg.teacher, ctx.source.spec,
+                                                                    trust)
         keras.utils.set_random_seed(self.cfg.run.seed)
         self.student = ctx.parallel.build(lambda: ctx.precision.build(
-            lambda: build_model(cfg.student, ctx.source.spec, f"{self.section}.student")))
+            lambda: build_model(cfg.student, ctx.source.spec, f"{self.section}.student", trust)))
         return self.student
 
     def build(self, net, ctx) -> Built:
@@ -118,14 +121,21 @@ def soft_target_loss(teacher_logits, student_logits, temperature: float, sample_
     return temperature**2 * tf.reduce_sum(kl) / tf.cast(tf.size(kl), tf.float32)
 
 
-def load_teacher(path: str, spec):
-    """A SavedModel's `serving_default` logits as a callable `teacher(x, training)`."""
+def load_teacher(path: str, spec, trust_code: bool = False):
+    """A SavedModel's `serving_default` logits as a callable `teacher(x, training)`; its
+    graph is read first, and a teacher whose ops reach outside the model (files, Python)
+    is refused unless `trust_code` (`model.trust_code`)."""
     import tensorflow as tf
+    from tftrain.models import file_code
 
     key = "compression.distillation.teacher"
     if not (Path(path) / "saved_model.pb").is_file():
         raise ConfigError(f"{key}: {path} is not a SavedModel directory (no saved_model.pb); "
                           "give the export/saved_model directory of a finished run")
+    code = file_code.check(path, key, trust_code)
+    if code:
+        console.warn(f"{key}: {path} holds code that runs as it computes (model.trust_code: "
+                     f"true): {'; '.join(code[:3])}")
     loaded = tf.saved_model.load(path)
     serve = loaded.signatures.get("serving_default")
     outputs = serve.structured_outputs if serve is not None else {}
