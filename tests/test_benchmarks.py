@@ -29,7 +29,7 @@ def test_the_documented_benchmarks_are_the_tables_and_those_the_pages_cite():
     harness = _harness()
     cited = harness.cited()
     assert set(harness.SCRIPTS) <= set(cited)
-    assert "README.md" in cited["search"] and "docs/compression.md" in cited["fallback"]
+    assert "docs/compression_search.md" in cited["search"] and "docs/compression.md" in cited["fallback"]
     assert harness.missing(_complete(harness)) == []
 
 

@@ -131,8 +131,14 @@ def parse_args(argv):
     k.add_argument("--port", type=int, default=2222, help="the workers' port")
     k.add_argument("--grace", type=int, default=300,
                    help="seconds from SIGTERM to SIGKILL (the checkpoint a SIGTERM saves)")
-    k.add_argument("--cpu", help="CPU request and limit per pod, e.g. 8")
-    k.add_argument("--memory", help="memory request and limit per pod, e.g. 64Gi")
+    k.add_argument("--cpu", help="CPU request and limit per pod, e.g. 8 (default: 4 per GPU, "
+                                 "2 without)")
+    k.add_argument("--memory", help="memory request and limit per pod, e.g. 64Gi (default: "
+                                    "16Gi per GPU, 8Gi without)")
+    k.add_argument("--uid", type=int, default=10001, help="the pods' numeric user and group")
+    k.add_argument("--egress", action="append", default=[], metavar="CIDR:PORT",
+                   help="a destination the pods may reach beyond each other and DNS (an "
+                        "MLflow server); repeatable")
     k.add_argument("--output", "-o", help="write the manifest here (default: stdout)")
     return p.parse_args(argv)
 
@@ -191,7 +197,7 @@ def kubernetes(args) -> int:
             storage_size=args.storage_size, storage_class=args.storage_class,
             namespace=args.namespace, queue=args.queue, max_restarts=args.max_restarts,
             port=args.port, grace_seconds=args.grace, cpu=args.cpu, memory=args.memory,
-            smoke=args.smoke)
+            smoke=args.smoke, uid=args.uid, egress=tuple(args.egress))
         cluster.check()
         with k8s.as_pod(cluster):      # the plan its first pod makes: refusals surface here
             plan = sketch(cfg, args.smoke)
@@ -201,6 +207,10 @@ def kubernetes(args) -> int:
             print(console.problem("tftrain.launch: config error: ", problem), file=sys.stderr)
         return EXIT_CONFIG
     text = k8s.to_yaml(docs)
+    if not cluster.by_digest:
+        print(console.wrap(f"tftrain.launch: warning: --image {cluster.image} is a tag, which can "
+                           "be moved to another image; give IMAGE@sha256:DIGEST to run exactly "
+                           "the image you checked"), file=sys.stderr)   # stdout: the manifest
     if args.dry_run:
         print("\n".join(f"# {line}" for line in plan.splitlines()))
     if args.output:

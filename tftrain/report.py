@@ -121,8 +121,9 @@ def _model_source(name: str) -> dict | None:
     from tftrain.models.files import origin
 
     found = origin(name)
-    if found is not None:
-        return {"kind": "file", **asdict(found)}
+    if found is not None:       # (lists, as summary.json reads them back)
+        return {"kind": "file", **{k: list(v) if isinstance(v, tuple) else v
+                                   for k, v in asdict(found).items()}}
     if came_in_as_keras3(name):
         from tftrain.models.keras3 import CONVERTED
         return {"kind": "keras3 builder", "builder": name, "converted_diff": CONVERTED.get(name)}

@@ -38,9 +38,8 @@ from pathlib import Path
 
 import yaml
 
-from tftrain.core import console
+from tftrain.core import console, exit_codes
 from tftrain.core.config_types import ConfigError
-from tftrain.core import exit_codes
 from tftrain.core.extras import missing
 from tftrain.launch import local_gpus, worker_setup
 from tftrain.runtime import forking

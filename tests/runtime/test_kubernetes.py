@@ -88,12 +88,13 @@ def test_the_manifest_for_4_workers_x_2_gpus_validates_against_jobset_and_kubern
     code, docs = generate(tmp_path, "--workers", "4", "--gpus-per-worker", "2",
                           "--image", "registry.example.com/team/tftrain:1.0")
     assert code == 0
-    config, claim, jobset = docs
-    for doc in (config, claim):
+    config, claim, policy, jobset = docs
+    for doc in (config, claim, policy):
         kubernetes_validate.validate(doc, KUBERNETES, strict=True)
     validate_jobset(jobset)
     validate_core(jobset)
-    assert [d["kind"] for d in docs] == ["ConfigMap", "PersistentVolumeClaim", "JobSet"]
+    assert [d["kind"] for d in docs] == ["ConfigMap", "PersistentVolumeClaim", "NetworkPolicy",
+                                         "JobSet"]
     assert jobset["apiVersion"] == "jobset.x-k8s.io/v1alpha2"
     spec = jobset["spec"]
     assert spec["network"] == {"enableDNSHostnames": True, "subdomain": "quickstart",
@@ -105,7 +106,8 @@ def test_the_manifest_for_4_workers_x_2_gpus_validates_against_jobset_and_kubern
         == ("Indexed", 4, 4, 0)
     pod = job["template"]["spec"]
     container = pod["containers"][0]
-    assert container["resources"]["limits"] == {"nvidia.com/gpu": 2}
+    assert container["resources"] == {"requests": {"cpu": "8", "memory": "32Gi"}, "limits": {
+        "cpu": "8", "memory": "32Gi", "nvidia.com/gpu": 2}}        # 4 CPUs and 16Gi a GPU
     assert container["command"] == ["python", "-m", "tftrain.run", "/etc/tftrain/config.yaml"]
     assert pod["restartPolicy"] == "Never" and pod["terminationGracePeriodSeconds"] == 300
     volumes = {v["name"]: v for v in pod["volumes"]}
@@ -153,12 +155,13 @@ def test_kueue_an_existing_claim_and_cpu_and_memory(tmp_path):
     code, docs = generate(tmp_path, "--workers", "2", "--image", "tftrain:1", "--queue", "team-a",
                           "--storage", "shared-runs", "--name", "digits-cnn", "--namespace", "ml",
                           "--cpu", "8", "--memory", "32Gi", "--max-restarts", "5", "--smoke")
-    assert code == 0 and [d["kind"] for d in docs] == ["ConfigMap", "JobSet"]
+    assert code == 0 and [d["kind"] for d in docs] == ["ConfigMap", "NetworkPolicy", "JobSet"]
     jobset = docs[-1]
     validate_jobset(jobset)
     validate_core(jobset)
-    assert jobset["metadata"] == {"name": "digits-cnn", "namespace": "ml", "labels": {
-        "app.kubernetes.io/name": "tftrain", "kueue.x-k8s.io/queue-name": "team-a"}}
+    assert {k: v for k, v in jobset["metadata"].items() if k != "annotations"} == {
+        "name": "digits-cnn", "namespace": "ml", "labels": {
+            "app.kubernetes.io/name": "tftrain", "kueue.x-k8s.io/queue-name": "team-a"}}
     pod = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     assert pod["volumes"][1]["persistentVolumeClaim"]["claimName"] == "shared-runs"
     assert pod["containers"][0]["resources"] == {"limits": {"cpu": "8", "memory": "32Gi"},
@@ -197,10 +200,129 @@ def test_the_dry_run_prints_the_first_pods_plan_then_the_manifest(capsys):
     assert "# batch: 32 per replica x 8 replicas x 1 accumulation steps = global batch 256" in plan
     assert "# run directory: /runs/quickstart" in plan
     assert [d["kind"] for d in yaml.safe_load_all("apiVersion: v1" + manifest)] == \
-        ["ConfigMap", "PersistentVolumeClaim", "JobSet"]
+        ["ConfigMap", "PersistentVolumeClaim", "NetworkPolicy", "JobSet"]
 
 
 def test_names_from_run_names():
     assert k8s.name_from("Quickstart_v2") == "quickstart-v2"
     assert k8s.name_from("2026 sweep") == "tftrain-2026-sweep"
     assert len(k8s.name_from("x" * 80)) == k8s.MAX_NAME
+
+
+# --- security ---------------------------------------------------------------------------
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def checkov() -> str:
+    """checkov's command: $TFTRAIN_CHECKOV, the tools venv scripts/setup_tests.sh makes, or
+    one on PATH (checkov pins packaging below what pytest needs: it lives in a venv of its
+    own)."""
+    import os
+    import shutil
+    found = (os.environ.get("TFTRAIN_CHECKOV") or
+             next((str(p) for p in [ROOT / ".venv-tools" / "bin" / "checkov"] if p.exists()), None)
+             or shutil.which("checkov"))
+    assert found, "checkov is not installed: bash scripts/setup_tests.sh installs it"
+    return found
+
+
+def as_checked(docs: list[dict]) -> list[dict]:
+    """The documents as checkov reads them: the JobSet (a kind it does not read) as the
+    batch/v1 Job of its pod template, with the JobSet's annotations."""
+    out = []
+    for doc in docs:
+        if doc["kind"] == "JobSet":
+            doc = {"apiVersion": "batch/v1", "kind": "Job",
+                   "metadata": {k: v for k, v in doc["metadata"].items() if k != "labels"},
+                   "spec": doc["spec"]["replicatedJobs"][0]["template"]["spec"]}
+        out.append(doc)
+    return out
+
+
+def checkov_findings(docs: list[dict], tmp_path) -> tuple[list[str], dict[str, str]]:
+    """(failed check ids, {skipped check id: the reason annotated})."""
+    import json
+    import subprocess
+    folder = tmp_path / "checked"
+    folder.mkdir(exist_ok=True)
+    (folder / "manifest.yaml").write_text(yaml.safe_dump_all(as_checked(docs)))
+    out = subprocess.run([checkov(), "-d", str(folder), "--framework", "kubernetes", "-o", "json",
+                          "--skip-download"], capture_output=True, text=True, timeout=300)
+    report = json.loads(out.stdout)
+    results = report["results"] if isinstance(report, dict) else report[0]["results"]
+    failed = sorted({c["check_id"] for c in results.get("failed_checks", [])})
+    skipped = {c["check_id"]: c["check_result"].get("suppress_comment", "")
+               for c in results.get("skipped_checks", [])}
+    return failed, skipped
+
+
+def test_checkov_finds_nothing_in_the_4_x_2_gpu_manifest_and_each_skip_says_why(tmp_path, capsys):
+    code, docs = generate(tmp_path, "--workers", "4", "--gpus-per-worker", "2", "--image", "IMG")
+    assert code == 0
+    assert "warning: --image IMG is a tag" in capsys.readouterr().err
+    failed, skipped = checkov_findings(docs, tmp_path)
+    assert failed == []
+    assert set(skipped) == {"CKV_K8S_14", "CKV_K8S_21", "CKV_K8S_43"}
+    reasons = {**k8s.NAMESPACE, **k8s.BY_TAG}
+    assert all(skipped[check] == reasons[check] for check in skipped), skipped
+    # what it checks can fail: without the NetworkPolicy and with a root pod
+    bare = [d for d in docs if d["kind"] != "NetworkPolicy"]
+    pod = bare[-1]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    pod.pop("securityContext")
+    pod["containers"][0].pop("securityContext")
+    failed, _ = checkov_findings(bare, tmp_path)
+    assert {"CKV2_K8S_6", "CKV_K8S_20", "CKV_K8S_23", "CKV_K8S_40"} <= set(failed), failed
+
+
+def test_a_pinned_image_in_a_namespace_needs_no_image_or_namespace_skip(tmp_path, capsys):
+    image = "registry.example.com/tftrain@sha256:" + "a" * 64
+    code, docs = generate(tmp_path, "--workers", "2", "--image", image, "--namespace", "ml")
+    assert code == 0 and "warning" not in capsys.readouterr().err
+    failed, skipped = checkov_findings(docs, tmp_path)
+    assert failed == [] and skipped == {}
+
+
+def test_the_worker_port_admits_the_sets_own_pods_only(tmp_path):
+    code, docs = generate(tmp_path, "--workers", "4", "--image", "t:1", "--port", "2345",
+                          "--egress", "10.0.12.0/24:5000")
+    policy, jobset = docs[-2], docs[-1]
+    kubernetes_validate.validate(policy, KUBERNETES, strict=True)
+    pods = {"matchLabels": {"app.kubernetes.io/name": "tftrain",
+                            "app.kubernetes.io/instance": "quickstart"}}
+    template = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    assert pods["matchLabels"].items() <= template["metadata"]["labels"].items()
+    spec = policy["spec"]
+    assert spec["podSelector"] == pods and spec["policyTypes"] == ["Ingress", "Egress"]
+    assert spec["ingress"] == [{"from": [{"podSelector": pods}],
+                                "ports": [{"protocol": "TCP", "port": 2345}]}]
+    assert spec["egress"] == [
+        {"to": [{"podSelector": pods}], "ports": [{"protocol": "TCP", "port": 2345}]},
+        {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name":
+                                                        "kube-system"}}}],
+         "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
+        {"to": [{"ipBlock": {"cidr": "10.0.12.0/24"}}], "ports": [{"protocol": "TCP", "port": 5000}]}]
+
+
+def test_pods_run_as_a_numeric_non_root_user_on_a_read_only_root(tmp_path):
+    code, docs = generate(tmp_path, "--workers", "2", "--image", "t:1", "--uid", "20000")
+    pod = docs[-1]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 20000, "runAsGroup": 20000,
+                                      "fsGroup": 20000, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert container["securityContext"] == {
+        "runAsNonRoot": True, "runAsUser": 20000, "runAsGroup": 20000,
+        "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert mounts["/tmp"]["name"] == "tmp" and not mounts["/runs"].get("readOnly")
+    assert {"name": "tmp", "emptyDir": {}} in pod["volumes"]
+    assert {"name": "HOME", "value": "/tmp"} in container["env"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--uid", "0"], "--uid: 0; the pods run as a user other than root"),
+    (["--egress", "mlflow:5000"], "--egress: 'mlflow:5000'; expected CIDR:PORT")])
+def test_a_root_uid_or_a_bad_egress_is_refused(tmp_path, capsys, args, message):
+    code, docs = generate(tmp_path, "--workers", "2", "--image", "t:1", *args)
+    assert code == 2 and not docs and message in capsys.readouterr().err

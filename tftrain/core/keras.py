@@ -11,8 +11,10 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 import tf_keras as keras  # noqa: E402
 # how Keras' train and test functions reduce a step's per-replica outputs
 from tf_keras.src.engine.training import reduce_per_replica  # noqa: E402
+# what a tf_keras SavedModel's keras_metadata.pb holds (its layers' configs)
+from tf_keras.protobuf import saved_metadata_pb2  # noqa: E402
 
-__all__ = ["keras", "keras3", "ensure_tf_keras_model", "reduce_per_replica"]
+__all__ = ["keras", "keras3", "ensure_tf_keras_model", "reduce_per_replica", "saved_metadata_pb2"]
 
 
 def keras3():

@@ -20,7 +20,11 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import h5py
+from tensorflow.core.protobuf import saved_model_pb2
+
 from tftrain.config import ConfigError
+from tftrain.core.keras import saved_metadata_pb2
 
 # SavedModel ops that reach outside the model (modelscan flags ReadFile and WriteFile);
 # the checkpoint ops (SaveV2, RestoreV2) every SavedModel holds for its own variables are
@@ -57,7 +61,6 @@ def findings(path: Path) -> list[Finding]:
         with zipfile.ZipFile(path) as z:
             return _in_config(json.loads(z.read("config.json")))
     if path.suffix in (".h5", ".hdf5"):
-        import h5py
         with h5py.File(path, "r") as f:
             config = f.attrs.get("model_config")
         if config is None:
@@ -124,12 +127,9 @@ def _in_config(config) -> list[Finding]:
 def _saved_model(path: Path) -> list[Finding]:
     """A SavedModel's Keras layers (keras_metadata.pb) and its graphs' ops that reach
     outside the model (saved_model.pb: every meta graph and function)."""
-    from tensorflow.core.protobuf import saved_model_pb2
-
     found: list[Finding] = []
     metadata = path / "keras_metadata.pb"
     if metadata.exists():
-        from tf_keras.protobuf import saved_metadata_pb2
         saved = saved_metadata_pb2.SavedMetadata()
         saved.ParseFromString(metadata.read_bytes())
         for node in saved.nodes:

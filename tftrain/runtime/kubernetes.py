@@ -8,12 +8,21 @@ writes it and applies nothing. The documents, in the order `kubectl apply -f` ne
   directory on the volume), mounted at /etc/tftrain;
 - a PersistentVolumeClaim for the run directory (`--storage CLAIM` names one of yours
   instead): checkpoints outlive pods, so a restarted set resumes;
+- a NetworkPolicy: TensorFlow's gRPC servers run whatever graph reaches them, so the
+  workers' port admits the set's own pods only, and the pods reach only each other, the
+  cluster's DNS and what `--egress CIDR:PORT` names (an MLflow server, say);
 - the JobSet (`jobset.x-k8s.io/v1alpha2`): one replicated Job of N pods
-  (`completionMode: Indexed`), DNS host names for the pods, `nvidia.com/gpu` limits, a
-  grace period for the checkpoint a SIGTERM saves, and a failure policy: a lost pod, a
-  crash or an out-of-memory kill restarts the whole set (`maxRestarts`), which resumes
-  from the last checkpoint; an evicted or preempted pod restarts it without counting; a
-  config error (exit 2) fails it, since no restart would mend it.
+  (`completionMode: Indexed`), DNS host names for the pods, `nvidia.com/gpu` limits, CPU
+  and memory requests and limits, a grace period for the checkpoint a SIGTERM saves, and
+  a failure policy: a lost pod, a crash or an out-of-memory kill restarts the whole set
+  (`maxRestarts`), which resumes from the last checkpoint; an evicted or preempted pod
+  restarts it without counting; a config error (exit 2) fails it, since no restart would
+  mend it. Its pods run hardened: a numeric non-root user (`--uid`), no privilege
+  escalation, every capability dropped, the runtime's seccomp profile, a read-only root
+  filesystem (an `emptyDir` at /tmp, the run volume writable), no service-account token.
+
+`checkov` (the tests run it on the pod template as a Job) finds nothing; the checks that
+cannot apply carry checkov's skip annotation with their reason (`SKIPS`).
 """
 from __future__ import annotations
 
@@ -29,6 +38,8 @@ from tftrain.runtime import jobset
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
 CONTAINER, REPLICATED_JOB = "tftrain", "worker"
 CONFIG_DIR, RUNS_DIR = "/etc/tftrain", "/runs"
+# bandit's B108 (a shared temporary directory): this is the pod's own emptyDir, no one else's
+POD_TMP = "/tmp"  # nosec B108
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 APP_LABEL = {"app.kubernetes.io/name": "tftrain"}
 # the longest JobSet name whose pods' host names (`<name>-worker-<job>-<pod>`) stay within
@@ -51,9 +62,22 @@ class Cluster:
     max_restarts: int = 3
     port: int = jobset.DEFAULT_PORT
     grace_seconds: int = 300            # SIGTERM to SIGKILL: the checkpoint's time
-    cpu: str | None = None              # requests and limits per pod
+    cpu: str | None = None              # requests and limits per pod (default: `resources`)
     memory: str | None = None
     smoke: bool = False                 # each pod runs tftrain.run --smoke
+    uid: int = 10001                    # the pods' user and group (not root, above 10,000)
+    egress: tuple[str, ...] = ()        # CIDR:PORT the pods may reach beyond each other
+
+    def resources(self) -> tuple[str, str]:
+        """CPU and memory per pod: as given, else 4 CPUs and 16Gi per GPU (a pod without GPUs:
+        2 and 8Gi), what the input pipeline and the host's copy of the batches need."""
+        per = max(1, self.gpus_per_worker)
+        return (self.cpu or str(2 if not self.gpus_per_worker else 4 * per),
+                self.memory or f"{8 if not self.gpus_per_worker else 16 * per}Gi")
+
+    @property
+    def by_digest(self) -> bool:
+        return "@sha256:" in self.image
 
     def check(self) -> None:
         if not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", self.name) or len(self.name) > MAX_NAME:
@@ -69,6 +93,15 @@ class Cluster:
         if not self.image:
             raise ConfigError("--image: the container image with tftrain installed is required, "
                               "e.g. --image registry.example.com/team/tftrain:1.0")
+        if self.uid < 1:
+            raise ConfigError(f"--uid: {self.uid}; the pods run as a user other than root (>= 1; "
+                              "above 10,000 keeps clear of the host's users)")
+        for entry in self.egress:
+            cidr, _, port = entry.rpartition(":")
+            if not re.fullmatch(r"[0-9a-fA-F.:]+/\d{1,3}", cidr) or not port.isdigit() \
+                    or not 0 < int(port) < 65536:
+                raise ConfigError(f"--egress: {entry!r}; expected CIDR:PORT, e.g. "
+                                  "10.0.12.0/24:5000 for an MLflow server")
 
     @property
     def claim(self) -> str:
@@ -88,24 +121,76 @@ def manifest(cluster: Cluster, config_yaml: str) -> list[dict]:
     cluster.check()
     meta = {"namespace": cluster.namespace} if cluster.namespace else {}
     docs = [{"apiVersion": "v1", "kind": "ConfigMap",
-             "metadata": {"name": f"{cluster.name}-config", **meta, "labels": dict(APP_LABEL)},
+             "metadata": _metadata(f"{cluster.name}-config", cluster, meta),
              "data": {"config.yaml": config_yaml}}]
     if cluster.storage is None:
         docs.append({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                     "metadata": {"name": cluster.claim, **meta, "labels": dict(APP_LABEL)},
+                     "metadata": _metadata(cluster.claim, cluster, meta),
                      "spec": {"accessModes": ["ReadWriteMany"],
                               **({"storageClassName": cluster.storage_class}
                                  if cluster.storage_class else {}),
                               "resources": {"requests": {"storage": cluster.storage_size}}}})
+    docs.append(network_policy(cluster, meta))
     docs.append(_jobset(cluster, meta))
     return docs
+
+
+INSTANCE = "app.kubernetes.io/instance"
+
+
+def _set_pods(c: Cluster) -> dict:
+    """The set's pods (their template's labels: the policy's selector holds before the
+    JobSet controller adds its own)."""
+    return {"matchLabels": {**APP_LABEL, INSTANCE: c.name}}
+
+
+def network_policy(c: Cluster, meta: dict) -> dict:
+    """The set's pods admit the workers' port from each other only, and reach each other,
+    the cluster's DNS (the peers' host names) and the `--egress` destinations only."""
+    port = [{"protocol": "TCP", "port": c.port}]
+    dns = {"to": [{"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "kube-system"}}}],
+        "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}
+    extra = [{"to": [{"ipBlock": {"cidr": entry.rpartition(":")[0]}}],
+              "ports": [{"protocol": "TCP", "port": int(entry.rpartition(":")[2])}]}
+             for entry in c.egress]
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": _metadata(f"{c.name}-workers", c, meta),
+            "spec": {"podSelector": _set_pods(c), "policyTypes": ["Ingress", "Egress"],
+                     "ingress": [{"from": [{"podSelector": _set_pods(c)}], "ports": port}],
+                     "egress": [{"to": [{"podSelector": _set_pods(c)}], "ports": port},
+                                dns, *extra]}}
+
+
+# checkov's checks that cannot apply to this manifest, and why (annotated in it)
+NAMESPACE = {"CKV_K8S_21": "the namespace is the one kubectl applies to (-n), or --namespace"}
+BY_TAG = {
+    "CKV_K8S_14": "the image is --image's reference as given (tftrain warns); give "
+                  "IMAGE@sha256:DIGEST to pin it and drop this skip",
+    "CKV_K8S_43": "the image is --image's reference as given (tftrain warns); give "
+                  "IMAGE@sha256:DIGEST to pin it and drop this skip"}
+
+
+def annotations(c: Cluster, pods: bool = False) -> dict:
+    """checkov's skip annotations of the checks that cannot apply to a document (`pods`:
+    the JobSet and its pod template), each with its reason."""
+    skips = {**({} if c.namespace else NAMESPACE),
+             **({} if c.by_digest or not pods else BY_TAG)}
+    return {f"checkov.io/skip{i}": f"{check}={reason}"
+            for i, (check, reason) in enumerate(skips.items(), 1)}
+
+
+def _metadata(name: str, c: Cluster, meta: dict) -> dict:
+    return {"name": name, **meta, "labels": {**APP_LABEL, INSTANCE: c.name},
+            **({"annotations": annotations(c)} if annotations(c) else {})}
 
 
 def _jobset(c: Cluster, meta: dict) -> dict:
     labels = {**APP_LABEL, **({QUEUE_LABEL: c.queue} if c.queue else {})}
     return {
         "apiVersion": API_VERSION, "kind": "JobSet",
-        "metadata": {"name": c.name, **meta, "labels": labels},
+        "metadata": {"name": c.name, **meta, "labels": labels,
+                     "annotations": annotations(c, pods=True)},
         "spec": {
             # every pod a stable name <name>-worker-0-<index>.<name>, resolvable before it
             # is ready (the peers wait for each other before TensorFlow starts)
@@ -136,30 +221,42 @@ def _job(c: Cluster) -> dict:
             {"action": "FailJob", "onExitCodes": {"containerName": CONTAINER, "operator": "In",
                                                   "values": [exit_codes.CONFIG]}},
             {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]},
-        "template": {"metadata": {"labels": dict(APP_LABEL)}, "spec": _pod(c)}}
+        "template": {"metadata": {"labels": {**APP_LABEL, INSTANCE: c.name},
+                                  "annotations": annotations(c, pods=True)},
+                     "spec": _pod(c)}}
 
 
 def _pod(c: Cluster) -> dict:
-    limits = {**({"nvidia.com/gpu": c.gpus_per_worker} if c.gpus_per_worker else {}),
-              **({"cpu": c.cpu} if c.cpu else {}), **({"memory": c.memory} if c.memory else {})}
+    cpu, memory = c.resources()
+    compute = {"cpu": cpu, "memory": memory}
     container = {
         "name": CONTAINER, "image": c.image,
+        "imagePullPolicy": "IfNotPresent" if c.by_digest else "Always",
         "command": ["python", "-m", "tftrain.run", f"{CONFIG_DIR}/config.yaml",
                     *(["--smoke"] if c.smoke else [])],
         "env": [*jobset.environment(c.name, c.workers, c.port, c.name),
-                {"name": "PYTHONUNBUFFERED", "value": "1"}],
+                {"name": "PYTHONUNBUFFERED", "value": "1"},
+                # the root filesystem is read-only: caches and temporary files under /tmp
+                {"name": "HOME", "value": POD_TMP}, {"name": "TMPDIR", "value": POD_TMP}],
         "ports": [{"name": "grpc", "containerPort": c.port}],
+        "resources": {"requests": dict(compute), "limits": {
+            **compute, **({"nvidia.com/gpu": c.gpus_per_worker} if c.gpus_per_worker else {})}},
+        "securityContext": {"runAsNonRoot": True, "runAsUser": c.uid, "runAsGroup": c.uid,
+                            "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "capabilities": {"drop": ["ALL"]},
+                            "seccompProfile": {"type": "RuntimeDefault"}},
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
-                         {"name": "runs", "mountPath": RUNS_DIR}]}
-    if limits:
-        container["resources"] = {"limits": limits,
-                                  **({"requests": {k: v for k, v in limits.items()
-                                                   if k != "nvidia.com/gpu"}}
-                                     if c.cpu or c.memory else {})}
+                         {"name": "runs", "mountPath": RUNS_DIR},
+                         {"name": "tmp", "mountPath": POD_TMP}]}
     return {"restartPolicy": "Never", "terminationGracePeriodSeconds": c.grace_seconds,
+            "automountServiceAccountToken": False,
+            # the run volume writable by the pods' group
+            "securityContext": {"runAsNonRoot": True, "runAsUser": c.uid, "runAsGroup": c.uid,
+                                "fsGroup": c.uid, "seccompProfile": {"type": "RuntimeDefault"}},
             "containers": [container],
             "volumes": [{"name": "config", "configMap": {"name": f"{c.name}-config"}},
-                        {"name": "runs", "persistentVolumeClaim": {"claimName": c.claim}}]}
+                        {"name": "runs", "persistentVolumeClaim": {"claimName": c.claim}},
+                        {"name": "tmp", "emptyDir": {}}]}
 
 
 def pod_environment(cluster: Cluster, index: int) -> dict:

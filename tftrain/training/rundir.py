@@ -170,8 +170,9 @@ def _check_resumable(path: Path, previous: dict, topology: dict, allow_batch_cha
     """A resume on another topology must keep the examples of every update (or be
     allowed to change them: `run.allow_batch_change`)."""
     if previous.get("global_batch") != topology["global_batch"] and not allow_batch_change:
+        # bandit reads "update ... from" in this message as SQL (B608): it is a message
         raise ConfigError(
-            f"resuming {path} would change the global batch from {previous['global_batch']} "
+            f"resuming {path} would change the global batch from {previous['global_batch']} "  # nosec B608
             f"to {topology['global_batch']} examples per update (its checkpoints count updates "
             f"of {previous['global_batch']}); keep it: set train.global_batch_size: "
             f"{previous['global_batch']} (the per-replica batch and accumulation steps are "
@@ -181,8 +182,9 @@ def _check_resumable(path: Path, previous: dict, topology: dict, allow_batch_cha
     bound = topology.get("micro_batch_bound") or previous.get("micro_batch_bound")
     if bound and previous.get("per_replica_batch") != topology["per_replica_batch"] \
             and not allow_batch_change:
+        # (B608 as above: a message, no SQL)
         raise ConfigError(
-            f"resuming {path} would compute each update over micro-batches of "
+            f"resuming {path} would compute each update over micro-batches of "  # nosec B608
             f"{topology['per_replica_batch']} examples, not {previous['per_replica_batch']}, and "
             f"{', '.join(bound)} computes over a micro-batch (not the same result); keep "
             f"data.per_replica_batch_size: {previous['per_replica_batch']} (with replicas x "
