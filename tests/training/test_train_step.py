@@ -499,3 +499,32 @@ def test_pack_and_unpack_round_trip_in_buffers_of_at_most_pack_bytes(monkeypatch
         np.testing.assert_array_equal(a, b)
     monkeypatch.setattr(precision, "PACK_BYTES", 2**20)
     assert [int(p.shape[0]) for p in precision.pack(tensors)] == [57]
+
+
+def test_calls_settled_at_one_step_lose_their_loop_and_train_alike():
+    """`steps_per_execution: auto` settling at one step a call makes the train function
+    again without its loop: the same weights as the looping function, and no While op."""
+    def run(settle):
+        x, y = _data(6 * 32)
+        keras.utils.set_random_seed(1)
+        with mirrored().scope():
+            net = TrainModel.wrap(MODELS.get("mlp")(SPEC))
+            net.resizable_calls = True
+            net.compile(keras.optimizers.SGD(0.1, momentum=0.9),
+                        build_loss("sparse_categorical_crossentropy"), steps_per_execution=1)
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(32).repeat()
+        net.fit(ds, epochs=1, steps_per_epoch=3, verbose=0)
+        looped = net.train_function
+        if settle:
+            net.settle_calls(1)
+            assert net.train_function is not looped and not net.resizable_calls
+        net.fit(ds, epochs=2, initial_epoch=1, steps_per_epoch=3, verbose=0)
+        graph = net.train_tf_function.get_concrete_function(iter(
+            net.distribute_strategy.experimental_distribute_dataset(ds))).graph
+        whiles = [op.type for op in graph.get_operations() if "While" in op.type]
+        return net.get_weights(), whiles
+    looped, loops = run(False)
+    settled, none = run(True)
+    assert loops and not none
+    for a, b in zip(looped, settled):
+        np.testing.assert_array_equal(a, b)

@@ -9,7 +9,7 @@ from tftrain.core import internals
 from tftrain.core.keras import reduce_per_replica
 
 
-def multi_step(model, step, counter, results, waits=None, feed=None, clock=None):
+def multi_step(model, step, counter, results, waits=None, feed=None, clock=None, loop=True):
     """`model`'s Keras multi-step function (`steps_per_execution` steps per call) with the
     step traced once. Keras' own loop carries the step's outputs, undefined before
     its first iteration, so autograph traces the step twice to learn their structure.
@@ -20,7 +20,8 @@ def multi_step(model, step, counter, results, waits=None, feed=None, clock=None)
     device feed the batches come from instead of the iterator (nothing is waited on:
     the gather is inside the step). `clock`: a variable the seconds inside the call
     are added to (with a feed, one clock per call instead of two per step: they cost
-    the MLP on digits 10-15% of its steps)."""
+    the MLP on digits 10-15% of its steps). `loop=False`: calls of one step, without the
+    loop around it."""
     strategy = model.distribute_strategy
 
     def run_step(data):
@@ -52,7 +53,8 @@ def multi_step(model, step, counter, results, waits=None, feed=None, clock=None)
         steps = internals.steps_per_execution(model)
         zero = tf.constant(0, steps.dtype)
         began = tf.timestamp() if clock is not None else None
-        ran = tf.while_loop(lambda i, _: i < steps, body, [zero, zero])
+        ran = (tf.while_loop(lambda i, _: i < steps, body, [zero, zero]) if loop
+               else body(zero, zero))
         if clock is not None:
             with tf.control_dependencies(ran):
                 clock.assign_add(tf.timestamp() - began)

@@ -303,6 +303,9 @@ class ExecutionSizer(keras.callbacks.Callback):
             k = math.ceil(self.mean([float(k)])[0] - 1e-9)
         self.chosen, self.host_seconds, self.step_seconds = k, host, step
         self.model.steps_per_execution.assign(k)
+        settle = getattr(self.model, "settle_calls", None)
+        if settle is not None:
+            settle(k)
 
 
 class EpochTensorBoard(keras.callbacks.TensorBoard):
