@@ -138,9 +138,7 @@ class RunPlan:
                                       for layer in model.layers):
             lines.append("note: batch norm computes statistics per micro-batch of "
                          f"{b.per_replica} examples, not over the whole global batch")
-        lines.append(data.describe(source, self.layout, self.cfg.data))
-        if self.feed is not None:
-            lines.append(self.feed.line())
+        lines.append(data.describe(source, self.layout, self.cfg.data, self.feed))
         lines.append(kinds.exports_line(self.cfg, self.qat))
         lines.append(self.training_line())
         if self.preflight is not None:

@@ -33,7 +33,7 @@ def manifest(tmp_path, workers: int, *sets) -> dict:
     assert launch_main(["--kubernetes", "--workers", str(workers), "--image", "tftrain:test",
                         "--name", NAME, str(QUICKSTART), "-o", str(out),
                         *[a for s in (*SETS, *sets) for a in ("--set", s)]]) == 0
-    config, _, jobset = yaml.safe_load_all(out.read_text())
+    config, *_, jobset = yaml.safe_load_all(out.read_text())
     path = tmp_path / "config.yaml"
     path.write_text(config["data"]["config.yaml"])
     spec = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]

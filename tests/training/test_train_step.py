@@ -492,13 +492,13 @@ def test_pack_and_unpack_round_trip_in_buffers_of_at_most_pack_bytes(monkeypatch
     monkeypatch.setattr(precision, "PACK_BYTES", 100)
     tensors = [tf.reshape(tf.range(n, dtype=tf.float32) + 1000 * i, shape)
                for i, (n, shape) in enumerate([(6, [2, 3]), (20, [20]), (30, [5, 6]), (1, [])])]
-    packs = precision.pack(tensors)
+    packs = precision.pack(tensors, tensors)
     # 24 + 80 bytes > 100: the second starts a buffer; 120 bytes alone; then 4 bytes
     assert [int(p.shape[0]) for p in packs] == [6, 20, 30, 1]
     for a, b in zip(precision.unpack(packs, tensors), tensors):
         np.testing.assert_array_equal(a, b)
     monkeypatch.setattr(precision, "PACK_BYTES", 2**20)
-    assert [int(p.shape[0]) for p in precision.pack(tensors)] == [57]
+    assert [int(p.shape[0]) for p in precision.pack(tensors, tensors)] == [57]
 
 
 def test_calls_settled_at_one_step_lose_their_loop_and_train_alike():

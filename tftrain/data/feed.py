@@ -42,6 +42,7 @@ class FeedChoice:
 
     def line(self) -> str:
         return f"feed: {'device' if self.device else 'host'} ({self.reason})"
+    # (the plan prints it on its cache line: `pipeline.describe`)
 
 
 def choose(source: Source, cfg: DataConfig, device_memory: float | None,
@@ -65,8 +66,8 @@ def choose(source: Source, cfg: DataConfig, device_memory: float | None,
             raise ConfigError(f"data.feed: device cannot serve this run: {why_not}; set "
                               "data.feed: auto or host")
         return FeedChoice(False, why_not)
-    return FeedChoice(True, f"the {_size(size)} training set on each replica's device, each "
-                            "batch gathered inside the step")
+    return FeedChoice(True, f"the {_size(size)} training set on each replica's device, batches "
+                            "gathered in the step")
 
 
 def _size(n: float) -> str:

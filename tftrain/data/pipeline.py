@@ -220,12 +220,15 @@ def preprocess(ds: tf.data.Dataset, cfg: Optional[DataConfig]) -> tf.data.Datase
     return ds.map(apply, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
-def describe(source: Source, layout: EpochLayout, cfg: DataConfig) -> str:
-    """The data lines of the plan: source, shuffle, cache, sharding, remainder, augment."""
+def describe(source: Source, layout: EpochLayout, cfg: DataConfig, feed=None) -> str:
+    """The data lines of the plan: source, shuffle, cache (and the feed: `feed.FeedChoice`),
+    sharding, remainder, augment."""
+    cached = cache_choice(source, cfg)
     lines = [f"input: {source.describe(layout, cfg)}",
-             f"cache: {cache_choice(source, cfg)} (data.cache: {cfg.cache}, budget "
-             f"{cfg.cache_budget / 2**20:,.0f} MiB for {decoded_bytes(source) / 2**20:,.1f} MiB "
-             "decoded)"]
+             f"cache: memory: {feed.reason} (data.feed: {cfg.feed})" if feed and feed.device else
+             f"cache: {cached} (data.cache: {cfg.cache}, budget {cfg.cache_budget / 2**20:,.0f} "
+             f"MiB for {decoded_bytes(source) / 2**20:,.1f} MiB decoded)"
+             + (f"; fed from the host: {feed.reason}" if feed and cached == "memory" else "")]
     if layout.workers > 1:
         how = (f"FILE: each worker reads its own files ({layout.workers} workers, "
                f"{layout.streams} file streams)" if not layout.shared_stream else

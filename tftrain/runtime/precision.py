@@ -190,12 +190,13 @@ def float32_outputs(model):
 PACK_BYTES = 32 * 2**20
 
 
-def pack(tensors: list) -> list:
+def pack(tensors: list, like: list) -> list:
     """`tensors` flattened and concatenated, in order, into buffers of at most
-    `PACK_BYTES` (a tensor larger than that is a buffer of its own)."""
+    `PACK_BYTES` (a tensor larger than that is a buffer of its own); `like`: what gives
+    each one's static size (its variable: a gradient's own shape may be unknown)."""
     packs, current, size = [], [], 0
-    for t in tensors:
-        nbytes = t.dtype.size * t.shape.num_elements()
+    for t, v in zip(tensors, like):
+        nbytes = t.dtype.size * v.shape.num_elements()
         if current and size + nbytes > PACK_BYTES:
             packs.append(tf.concat(current, 0))
             current, size = [], 0

@@ -231,14 +231,22 @@ class TrainModel(keras.Model):
         for hook in self.update_hooks:
             context.merge_call(lambda _, h=hook: getattr(h, method)(self.optimizer.iterations))
 
-    def _all_reduce(self, grads):
+    def _packs(self, grads) -> bool:
+        """Whether the update's gradients travel packed into flat buffers: where the
+        strategy's reduction sends one tensor at a time (`AllReduce.packed`: 3% of a
+        ResNet-20's mirrored step on 2 CPU devices), unless a gradient is sparse (an
+        embedding's rows: packed, it would travel whole)."""
+        return self.precision.wire.packed and not any(
+            isinstance(g, tf.IndexedSlices) for g in grads)
+
+    def _all_reduce(self, grads, variables):
         """The update's one cross-replica sum, cast to `all_reduce_dtype` on the wire only,
-        and packed into flat buffers where the strategy's reduction sends one tensor at a
-        time (`AllReduce.packed`: 3% of a ResNet-20's mirrored step on 2 CPU devices)."""
+        packed where `_packs` says so."""
         sent = [tf.cast(g, self.all_reduce_dtype) for g in grads]
         context = tf.distribute.get_replica_context()
-        if self.precision.wire.packed:
-            summed = unpack(context.all_reduce(tf.distribute.ReduceOp.SUM, pack(sent)), sent)
+        if self._packs(grads):
+            summed = unpack(context.all_reduce(tf.distribute.ReduceOp.SUM,
+                                               pack(sent, variables)), variables)
         else:
             summed = context.all_reduce(tf.distribute.ReduceOp.SUM, sent)
         return [tf.cast(g, tf.float32) for g in summed]
@@ -346,10 +354,10 @@ class TrainModel(keras.Model):
         # The one all-reduce: in float32 the optimizer's own aggregation (as in Keras);
         # for float16/bfloat16 here, while still loss-scaled so small gradients survive,
         # and here in packed buffers where the strategy would send a tensor at a time.
-        reduce_here = ((self.all_reduce_dtype != tf.float32 or self.precision.wire.packed)
+        reduce_here = ((self.all_reduce_dtype != tf.float32 or self._packs(grads))
                        and self.distribute_strategy.num_replicas_in_sync > 1)
         if reduce_here:
-            grads = self._all_reduce(grads)
+            grads = self._all_reduce(grads, variables)
         scaled = self.precision.loss_scaled
         if scaled:
             scale_before = tf.identity(optimizer.loss_scale)
