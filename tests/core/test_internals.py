@@ -145,7 +145,9 @@ def test_op_determinism_can_be_read_and_turned_off_again():
     before = internals.op_determinism()
     try:
         internals.set_op_determinism(True)
-        assert internals.op_determinism() and tf.config.experimental.enable_op_determinism
+        assert internals.op_determinism()
+        with pytest.raises(tf.errors.FailedPreconditionError, match="determinism"):
+            tf.timestamp()                 # what tftrain relies on it for: no clocks then
         internals.set_op_determinism(False)
         assert not internals.op_determinism()
     finally:
@@ -155,6 +157,20 @@ def test_op_determinism_can_be_read_and_turned_off_again():
 def test_the_runtime_has_started_once_an_op_ran():
     tf.constant(1.0) + 1.0
     assert internals.runtime_started() and internals.runtime_started(devices_listed=False)
+
+
+def test_the_runtime_has_not_started_before_an_op_runs():
+    """A new interpreter (this one has run ops): not started after importing TensorFlow,
+    started once its devices are listed (but no op ran), then once an op ran."""
+    import subprocess
+    import sys
+    code = ("import tftrain; import tensorflow as tf; from tftrain.core import internals as i; "
+            "a = (i.runtime_started(), i.runtime_started(devices_listed=False)); "
+            "tf.config.list_physical_devices(); b = (i.runtime_started(), "
+            "i.runtime_started(devices_listed=False)); tf.constant(1.0) + 1.0; "
+            "print(a, b, i.runtime_started(devices_listed=False))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.stdout.split("\n")[-2] == "(False, False) (True, False) True", out.stdout[-500:]
 
 
 def test_local_devices_come_with_their_details():
@@ -275,11 +291,99 @@ def test_a_strategys_all_reduce_and_a_functions_graph():
 
 
 def test_a_tf_data_service_stops():
+    """Stopped, a dispatcher's port refuses connections (it accepted them before)."""
+    import socket
     dispatcher = tf.data.experimental.service.DispatchServer()
     worker = tf.data.experimental.service.WorkerServer(
         tf.data.experimental.service.WorkerConfig(dispatcher.target.split("://")[1]))
+    port = int(dispatcher.target.rsplit(":", 1)[1])
+
+    def accepts() -> bool:
+        with socket.socket() as s:
+            return s.connect_ex(("localhost", port)) == 0
+    assert accepts()
     internals.stop_server(worker)
     internals.stop_server(dispatcher)
+    assert not accepts()
+
+
+def test_an_optimizers_slots_are_found_by_variable():
+    from tftrain.optim import fused
+    v = tf.Variable([1.0, 2.0], name="w")
+    adam, sgd = fused.Adam(0.1), fused.SGD(0.1, momentum=0.9)
+    for opt in (adam, sgd):
+        opt.build([tf.Variable(0.0, name="other"), v])
+    m, velocity = internals.optimizer_slots(adam, v, "_momentums", "_velocities")
+    assert m.name == "m/w:0" and velocity.name == "v/w:0" and m.shape == v.shape
+    momentum, = internals.optimizer_slots(sgd, v, "momentums")
+    assert momentum.name == "m/w:0" and momentum.shape == v.shape
+    adam.apply_gradients([(tf.constant([1.0, 1.0]), v)])
+    assert float(tf.reduce_sum(m)) > 0             # the slot the update wrote
+
+
+def test_a_models_step_counters_count_fits_and_evaluations_steps():
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    x = tf.zeros([8, 2])
+    model.fit(x, tf.zeros([8, 1]), batch_size=2, verbose=0)
+    model.evaluate(x, tf.zeros([8, 1]), batch_size=4, verbose=0)
+    train, test = internals.step_counters(model)
+    assert int(train.numpy()) == 4 and int(test.numpy()) == 2
+    assert internals.cluster_coordinator(model) is None
+
+
+def test_the_training_graph_is_written_once_when_asked(tmp_path):
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    board = keras.callbacks.TensorBoard(str(tmp_path), write_graph=True)
+    board.set_model(model)
+    model.fit(tf.zeros([4, 2]), tf.zeros([4, 1]), verbose=0, epochs=1)   # traces the function
+    board.set_model(model)
+    internals.write_train_graph_once(board)
+    internals.write_train_graph_once(board)
+    events = list((tmp_path / "train").glob("events.*"))
+    assert events and not board._should_write_train_graph
+
+
+def test_no_private_framework_attribute_is_read_through_self_outside_the_door():
+    """A tftrain class that subclasses a framework class (tf_keras, TensorFlow, tfmot)
+    reads no private attribute its framework bases use (in their source), through `self`
+    or `cls`, in its own body or a tftrain mixin's: those go through the door too."""
+    import ast
+    import importlib
+    import inspect
+    import re
+    from helpers import ROOT
+    bodies = {}
+    for path in sorted((ROOT / "tftrain").rglob("*.py")):
+        if path.name in ("internals.py", "__main__.py"):
+            continue
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bodies[(module, node.name)] = (path, node)
+    sources, found = {}, set()
+    for (module, name), _ in bodies.items():
+        cls = getattr(importlib.import_module(module), name, None)
+        if not isinstance(cls, type):
+            continue
+        framework = [b for b in cls.__mro__
+                     if not b.__module__.startswith("tftrain") and b is not object]
+        for base in framework:
+            if base not in sources:
+                try:
+                    sources[base] = inspect.getsource(base)
+                except (OSError, TypeError):
+                    sources[base] = ""
+        for ours in (b for b in cls.__mro__ if b.__module__.startswith("tftrain")):
+            path, node = bodies.get((ours.__module__, ours.__name__), (None, None))
+            for attr in (n for n in ast.walk(node or ast.Module(body=[]))
+                         if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                         and n.value.id in ("self", "cls") and n.attr.startswith("_")
+                         and not n.attr.startswith("__")):
+                if any(re.search(rf"\.{attr.attr}\b", sources[b]) for b in framework):
+                    found.add(f"{path.relative_to(ROOT)}:{attr.lineno} {attr.attr}")
+    assert found == set(), sorted(found)
 
 
 PRIVATE_OF_OUR_OWN = {"_kernel_attrs", "_replica_gradients", "_compiled_gradients",

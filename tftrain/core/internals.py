@@ -126,6 +126,32 @@ def learning_rate(optimizer):
 
 
 # -- fit and the train function (tf_keras) ----------------------------------------------
+def optimizer_slots(optimizer, variable, *lists: str) -> list:
+    """A tf_keras optimizer's slot variables of `variable` from its slot lists (Adam's
+    `_momentums` and `_velocities`, SGD's `momentums`), by the variable's index."""
+    index = optimizer._index_dict[optimizer._var_key(variable)]
+    return [getattr(optimizer, name)[index] for name in lists]
+
+
+def step_counters(model) -> tuple:
+    """A tf_keras model's train and test step counters (the variables `fit` and
+    `evaluate` count their steps in)."""
+    return model._train_counter, model._test_counter
+
+
+def cluster_coordinator(model):
+    """The parameter-server coordinator a tf_keras model trains through (None: none)."""
+    return model._cluster_coordinator
+
+
+def write_train_graph_once(board) -> None:
+    """Have a tf_keras TensorBoard callback write the training graph now, once (it
+    writes it at the first batch's end otherwise)."""
+    if board._should_write_train_graph:
+        board._write_keras_model_train_graph()
+        board._should_write_train_graph = False
+
+
 def start_fit_at(model, resume) -> None:
     """Make `model.fit` start at the (epoch, step) `resume` gives
     (`maybe_load_initial_counters_from_ckpt`), or from the beginning (None)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tftrain.core import internals
 from tftrain.core.keras import keras
 
 
@@ -34,10 +35,9 @@ class _FusedAdamStep:
         epsilon = tf.cast(self.epsilon, dtype)
         if getattr(self, "adaptive_epsilon", False):
             epsilon = epsilon * tf.sqrt(1 - beta_2_power)
-        index = self._index_dict[self._var_key(variable)]
+        m, v = internals.optimizer_slots(self, variable, "_momentums", "_velocities")
         return tf.raw_ops.ResourceApplyAdam(
-            var=variable.handle, m=self._momentums[index].handle,
-            v=self._velocities[index].handle, beta1_power=tf.pow(beta_1, step),
+            var=variable.handle, m=m.handle, v=v.handle, beta1_power=tf.pow(beta_1, step),
             beta2_power=beta_2_power, lr=tf.cast(self.learning_rate, dtype), beta1=beta_1,
             beta2=beta_2, epsilon=epsilon, grad=gradient)
 
@@ -61,7 +61,7 @@ class SGD(keras.optimizers.SGD):
         if isinstance(gradient, tf.IndexedSlices):
             return super().update_step(gradient, variable)
         dtype = variable.dtype
-        momentum = self.momentums[self._index_dict[self._var_key(variable)]]
+        momentum, = internals.optimizer_slots(self, variable, "momentums")
         return tf.raw_ops.ResourceApplyKerasMomentum(
             var=variable.handle, accum=momentum.handle,
             lr=tf.cast(self.learning_rate, dtype), grad=gradient,

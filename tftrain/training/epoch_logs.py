@@ -9,7 +9,7 @@ import time
 
 from tftrain.core.keras import keras
 from tftrain.optim.rates import current_lr
-from tftrain.core import console
+from tftrain.core import console, internals
 from tftrain.core.cpu import busy_seconds, others_cores
 from tftrain import data
 from tftrain.data import augment, probe
@@ -327,9 +327,7 @@ class EpochTensorBoard(keras.callbacks.TensorBoard):
         pass
 
     def on_epoch_end(self, epoch, logs=None):
-        if self._should_write_train_graph:
-            self._write_keras_model_train_graph()
-            self._should_write_train_graph = False
+        internals.write_train_graph_once(self)
         # Keras writes the learning rate itself (epoch_learning_rate): `lr` once is enough
         super().on_epoch_end(epoch, {k: v for k, v in (logs or {}).items() if k != "lr"})
 

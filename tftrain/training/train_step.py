@@ -132,7 +132,7 @@ class TrainModel(keras.Model):
         if not self._traced_once(self.resizable_calls):
             return super().make_train_function(force)
         one = not self.resizable_calls and internals.steps_per_execution(self).numpy().item() == 1
-        calls = multi_step(self, self.train_step, self._train_counter, lambda: (
+        calls = multi_step(self, self.train_step, internals.step_counters(self)[0], lambda: (
             self.local_metrics() if self.local_step_logs else self.get_metrics_result()),
             waits=self.input_seconds if self.clocked and self.feed is None else None,
             feed=self.feed, clock=self.step_seconds if self.clocked and self.feed else None,
@@ -154,7 +154,8 @@ class TrainModel(keras.Model):
         # after a mid-epoch resume then evaluated one batch in five)
         if not self._traced_once(self.resizable_calls):
             return super().make_test_function(force)
-        calls = multi_step(self, self.test_step, self._test_counter, self.get_metrics_result)
+        calls = multi_step(self, self.test_step, internals.step_counters(self)[1],
+                           self.get_metrics_result)
 
         def test_function(iterator):
             return calls(iterator)
@@ -198,7 +199,7 @@ class TrainModel(keras.Model):
         several = (resizable or self.feed is not None
                    or internals.steps_per_execution(self).numpy().item() > 1)
         return several and not (self.run_eagerly or self.jit_compile
-                                or self._cluster_coordinator)
+                                or internals.cluster_coordinator(self))
 
     local_step_logs = False
 
