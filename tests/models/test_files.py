@@ -96,15 +96,10 @@ def test_a_custom_keras3_layer_in_a_file_is_named_before_anything_is_loaded(tmp_
         for name, data in parts.items():
             z.writestr(name, data)
     layer = config["config"]["layers"][1]["config"]["name"]
-    # a class registered by other code would be built from the file: refused as code first
-    with pytest.raises(ConfigError, match=rf"MyPackage>MyConv: a class registered by other "
-                                          rf"code, built from the file's config: layer {layer}\n"):
-        files.load(str(path))
-    # trusted, it is still no layer tftrain can convert
     with pytest.raises(ConfigError, match=rf"layer {layer} \(MyPackage>MyConv\) is not a Keras "
                                           r"built-in layer tftrain can convert; rewrite it with "
                                           r"tf_keras, or register a converter"):
-        files.load(str(path), trust_code=True)
+        files.load(str(path))
 
 
 def test_unreadable_paths_are_config_errors(tmp_path):

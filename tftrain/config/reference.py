@@ -55,7 +55,7 @@ DESCRIPTIONS = {
     "model.placement.devices": "one device per stage of layers",
     "model.placement.stages": "`auto`, or per-stage name/regex rules",
     "model.placement.balance": "`auto` stages balance `params`, `flops` or `memory`",
-    "model.trust_code": "load a model file (`model.name: file:PATH`, a distillation teacher) that carries code: Lambda layers' bytecode, classes registered by other code, graph ops reaching outside the model (files, Python); `false` refuses such a file, naming what it found, before any of it runs",
+    "model.trust_code": "load a model file (`model.name: file:PATH`, a distillation teacher) that carries code: Lambda layers' bytecode, graph ops reaching outside the model (files, Python); `false` refuses such a file, naming what it found, before any of it runs",
     "model.placement.microbatches": "micro-batches each batch is split into along the pipeline; `auto`: 1, 2, 4 or 8, whichever step measured fastest on the placed model (the planner's own placement uses it)",
     # data
     "data.name": "`digits`, `synthetic`, `npz`, `tfrecord`, `image_folder`, `audio_folder`, "

@@ -4,7 +4,7 @@ is deserialized, and refused unless the run trusts it (`model.trust_code`).
 A model file can carry code. tf_keras stores a `Lambda` layer's function as Python
 bytecode in `.h5`, `.keras` and SavedModel files and runs it while it loads the layer
 (the class of CVE-2024-3660); Keras 3 refuses that in `.keras` files unless its
-`safe_mode` is off, and builds registered classes the file's config names. A SavedModel's
+`safe_mode` is off. A SavedModel's
 graphs can hold ops that reach outside the model, which run whenever the model computes:
 file reads and writes, Python calls, file listing. tftrain reads the configs (HDF5
 attributes, the `.keras` archive's config.json, a SavedModel's `keras_metadata.pb`) and the
@@ -92,9 +92,10 @@ def check(path: str, key: str, trusted: bool) -> list[str]:
 
 
 def _in_config(config) -> list[Finding]:
-    """Lambda layers (bytecode), Python lambdas (Keras 3's `__lambda__`) and classes
-    outside Keras (registered by other code, built from the file's config) in a Keras
-    config, nested models included."""
+    """Lambda layers (bytecode) and Python lambdas (Keras 3's `__lambda__`) in a Keras
+    config, nested models included. A class registered by code already imported (tftrain's
+    own layers, yours) is not the file's code: the file can only name it (and Keras 3
+    imports no module a file names outside Keras' own packages)."""
     found: list[Finding] = []
 
     def walk(entry, layer: str):
@@ -115,9 +116,6 @@ def _in_config(config) -> list[Finding]:
             return                          # (its function's own entry: the same finding)
         if cls == "__lambda__":
             found.append(Finding(f"layer {layer}", "a Python lambda (bytecode) in its config"))
-        elif cls and ">" in str(entry.get("registered_name") or ""):
-            found.append(Finding(f"layer {name}", f"{entry['registered_name']}: a class registered "
-                                 "by other code, built from the file's config"))
         for value in entry.values():
             walk(value, name)
     walk(config, "?")
