@@ -275,6 +275,23 @@ def test_a_layer_with_weights_the_file_has_no_tensor_of_is_named_uncompared(tmp_
     for dropped, expected in (("shared", ["shared"]), ("a", []), ("logits", ["logits"])):
         partial = {k: v for k, v in artifact.items() if k != dropped}
         assert fidelity.uncompared(net, partial, fidelity.compare(net, partial, x)) == expected
-    entry = fidelity.entries("tflite_int8", rows, load_config(None, []).export,
-                             missing=["shared"])
-    assert entry["uncompared"] == ["shared"]
+    # what the comparison found missing is what the entry reports; nothing, no key
+    partial = {k: v for k, v in artifact.items() if k != "shared"}
+    found = fidelity.uncompared(net, partial, fidelity.compare(net, partial, x))
+    cfg = load_config(None, []).export
+    assert fidelity.entries("tflite_int8", rows, cfg, missing=found)["uncompared"] == ["shared"]
+    assert "uncompared" not in fidelity.entries("tflite_int8", rows, cfg, missing=[])
+
+
+def test_layers_whose_weights_are_in_sublayers_are_named_uncompared_too():
+    """Attention (its kernels are its projections') and a nested model (its layers') are
+    named when nothing of them is compared; with everything compared, nothing is."""
+    from tftrain.core.keras import keras
+    inputs = keras.Input((4, 8))
+    inner = keras.Sequential([keras.Input((4, 8)), keras.layers.Dense(8)], name="nested")
+    x = keras.layers.MultiHeadAttention(2, 4, name="attention")(inputs, inputs)
+    x = keras.layers.LayerNormalization(name="norm")(inner(x))
+    net = keras.Model(inputs, keras.layers.Dense(3, name="logits")(keras.layers.Flatten()(x)))
+    assert fidelity.uncompared(net, {}, []) == ["attention", "nested", "logits"]
+    every = [{"layer": name} for name in ("attention", "nested", "logits")]
+    assert fidelity.uncompared(net, {}, every) == []

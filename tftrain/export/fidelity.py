@@ -114,8 +114,16 @@ def uncompared(model, artifact: dict[str, dict], rows: list[dict]) -> list[str]:
         readers = [node.layer for node in internals.outbound_nodes(layer) if node.layer in layers]
         return (layer.name not in moved and len(readers) == 1 and depth < len(layers)
                 and compared(readers[0], depth + 1))
-    return [layer.name for layer in model.layers if not compared(layer) and any(
-        hasattr(getattr(layer, "layer", layer), weight) for weight in _WEIGHTED)]
+    return [layer.name for layer in model.layers if not compared(layer) and computes_with_weights(layer)]
+
+
+def computes_with_weights(layer) -> bool:
+    """Whether a layer multiplies by weights of its own: a kernel, a depthwise kernel or an
+    embedding, on it or on one of its sublayers (attention's projections, a nested model's
+    layers; through tfmot's wrapper)."""
+    inner = getattr(layer, "layer", layer)
+    return any(hasattr(part, weight) for part in (inner, *inner.submodules)
+               for weight in _WEIGHTED)
 
 
 # what a TFLite convolution or fully connected op computes besides its own layer: a
