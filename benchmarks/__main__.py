@@ -123,11 +123,26 @@ def missing(results: dict, root: Path = ROOT) -> list[str]:
         if not entries:
             lines.append(f"{name}: no entry in benchmarks/results.json (cited in {pages}); "
                          f"run python -m benchmarks {name}")
-        for entry in entries:
+        for key, entry in ((k, e) for k, e in results.items()
+                           if k == name or k.startswith(f"{name}:")):
             if "copied" in entry.get("note", "") or "see README" in entry.get("machine", ""):
                 lines.append(f"{name}: its entry was copied by hand, not written by its command "
                              f"on a named machine; run python -m benchmarks {name}")
+            elif not _its_command(key, entry.get("command", "")):
+                lines.append(f"{key}: its entry's command ({entry.get('command')!r}) is not "
+                             f"one python -m benchmarks runs; run python -m benchmarks {name}")
     return lines
+
+
+def _its_command(key: str, command: str) -> bool:
+    """Whether an entry's command is its benchmark's: the harness's own for NAME, the
+    script with other arguments for NAME:what."""
+    name, _, other = key.partition(":")
+    script = f"python benchmarks/{name}.py"
+    if name not in SCRIPTS:
+        return command.startswith(script)
+    return command.startswith(script + (" " if other else "")) if other else \
+        command == " ".join([script, *SCRIPTS[name]])
 
 
 def write_readme(results: dict) -> None:

@@ -20,7 +20,8 @@ def _harness():
 def _complete(harness) -> dict:
     """An entry, written by its command on a named machine, for every documented benchmark."""
     return {name: {"date": "2026-12-05", "machine": "AMD EPYC, 2 cores",
-                   "command": f"python benchmarks/{name}.py",
+                   "command": " ".join([f"python benchmarks/{name}.py",
+                                        *harness.SCRIPTS.get(name, [])]),
                    "rows": [{"figure": f"{name} figure", "value": "1.0"}]}
             for name in harness.cited()}
 
@@ -69,3 +70,17 @@ def test_an_entry_names_the_machine_with_its_bfloat16_and_int8_instructions(monk
     assert harness.machine().split(" cores ")[1].startswith("(avx512_vnni)")
     flags = "flags\t: fpu avx2\n"
     assert "(no AVX-512 BF16/VNNI)" in harness.machine()
+
+
+def test_an_entry_whose_command_the_harness_does_not_run_is_named():
+    harness = _harness()
+    complete = _complete(harness)
+    assert harness.missing(complete) == []
+    edited = {**complete, "overhead": {**complete["overhead"],
+                                       "command": "python benchmarks/overhead.py --rounds 1"}}
+    assert harness.missing(edited) == [
+        "overhead: its entry's command ('python benchmarks/overhead.py --rounds 1') is not one "
+        "python -m benchmarks runs; run python -m benchmarks overhead"]
+    other = {**complete, "overhead:short": {**complete["overhead"],
+                                            "command": "python benchmarks/pipeline.py"}}
+    assert harness.missing(other)[0].startswith("overhead:short: its entry's command")
