@@ -91,12 +91,17 @@ class InputWait(keras.callbacks.Callback):
         self.call_seconds: list[float] = []    # each epoch's wall time of the calls counted
         self.others: list[float] = []          # cores other processes kept busy, per epoch
         self._warned = False
+        self._last: tuple[float, float] | None = None    # the clocks at the last call's end
 
     def _read(self) -> tuple[float, float]:
+        """(seconds inside steps, seconds waiting on the iterator) so far; a fed model's
+        wait is not read (nothing is waited on: `TrainModel.feed`)."""
+        fed = getattr(self.model, "feed", None) is not None
         return (float(self.model.step_seconds.numpy()),
-                float(self.model.input_seconds.numpy()))
+                0.0 if fed else float(self.model.input_seconds.numpy()))
 
     def on_epoch_begin(self, epoch, logs=None):
+        self._last = None               # (validation and another epoch's first call ran)
         self._calls = self._batches = 0
         self._wall = 0.0
         self._step = self._input = 0.0
@@ -108,7 +113,8 @@ class InputWait(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         self._traces_before = self._traces()
-        self._before = self._read() if self._measured() else None
+        # the last call's end, read then: nothing ran since (the same epoch's calls)
+        self._before = (self._last or self._read()) if self._measured() else None
         self._first = batch
         self._began = time.perf_counter()
 
@@ -118,8 +124,9 @@ class InputWait(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         wall = time.perf_counter() - self._began
         if self._before is None or self._traces() != self._traces_before:
+            self._last = None
             return        # not measured, or this call traced (and compiled) the step
-        step, waited = self._read()
+        step, waited = self._last = self._read()
         self._step += step - self._before[0]
         self._input += waited - self._before[1]
         self._wall += wall
