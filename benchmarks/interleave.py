@@ -98,6 +98,8 @@ class StepTimer(keras.callbacks.Callback):
 
 
 def epoch_rate(side, steps, global_batch, epoch):
+    if isinstance(side, RemoteSide):
+        return side.epoch_rate(steps, epoch)
     model, ds, callbacks = side
     timer = StepTimer()
     model.fit(ds, epochs=epoch + 1, initial_epoch=epoch, steps_per_epoch=steps,
@@ -139,3 +141,51 @@ def input_wait(side) -> float | None:
     """The tftrain side's input wait (its `InputWait` callback's steady share)."""
     waits = [c for c in side[2] if isinstance(c, epoch_logs.InputWait)]
     return waits[0].fraction() if waits else None
+
+
+class RemoteSide:
+    """A side that lives in another process (`serve`): its epochs are timed there, when
+    asked, while this process waits (one process runs at a time, as in one process)."""
+
+    def __init__(self, server, key: str):
+        self.server, self.key = server, key
+
+    def epoch_rate(self, steps: int, epoch: int) -> float:
+        return float(self.server.ask(f"rate {self.key} {steps} {epoch}"))
+
+
+class Server:
+    """A benchmark process of its own, serving sides one command line at a time (its
+    answers are the lines that start with `@@ `)."""
+
+    def __init__(self, command: list[str]):
+        import subprocess
+        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, bufsize=1)
+
+    def ask(self, line: str) -> str:
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        for out in self.proc.stdout:
+            if out.startswith("@@ "):
+                return out[3:].strip()
+        raise RuntimeError(f"the side server ended (exit {self.proc.wait()}) on: {line}")
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def serve(build) -> None:
+    """Answer `side KEY ARGS...` (`build(*ARGS)` makes (side, global batch)) and `rate KEY
+    STEPS EPOCH` (examples/s of that epoch) lines from stdin until it closes."""
+    import sys
+    sides = {}
+    for line in sys.stdin:
+        verb, key, *args = line.split()
+        if verb == "side":
+            sides[key] = build(*args)
+            print("@@ ok", flush=True)
+        elif verb == "rate":
+            side, batch = sides[key]
+            print(f"@@ {epoch_rate(side, int(args[0]), batch, int(args[1]))}", flush=True)

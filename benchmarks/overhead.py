@@ -5,7 +5,9 @@ global batch on every side: the quickstart CNN on digits, an MLP on digits (host
 its step is tiny, so per-step host work shows) and a ResNet-20 on synthetic 32x32x3
 images. Sides:
 
-- plain: `model.fit` as Keras users write it (one step per call, no XLA);
+- plain: `model.fit` as Keras users write it (one step per call, no XLA), in a process of
+  its own with TensorFlow's default threads, as a user's script runs (tftrain's process
+  shares the cores between its replicas, `strategy.share_cores`);
 - plain at tftrain's steps per call: `model.fit` compiled with the `steps_per_execution`
   tftrain chose for this model (sized in a warm-up epoch first), so the gain splits into
   what running several steps per call gives and what tftrain's own step adds or costs;
@@ -23,14 +25,15 @@ Also prints bfloat16/float32 and float16/float32 throughput of tftrain's step.
 import argparse
 import json
 import statistics
+import sys
 
 import tftrain  # noqa: F401
 from tftrain import data
 from tftrain.runtime import strategy
 from tftrain.config import load_config
 import record
-from interleave import (build_side, epoch_rate, input_wait, interleaved, median_ratio,
-                        ratio_spread)
+from interleave import (RemoteSide, Server, build_side, epoch_rate, input_wait, interleaved,
+                        median_ratio, ratio_spread, serve)
 
 MODELS = {
     "quickstart CNN on digits": ([], 1.0),
@@ -41,26 +44,51 @@ MODELS = {
 }
 
 
+def plain_process():
+    """What a user's own script gets: 2 logical CPU devices for MirroredStrategy and
+    TensorFlow's default threads (tftrain's process shares the cores between its replicas:
+    `strategy.share_cores`). The plain sides live in such a process (`--plain-server`)."""
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    return strategy.build_strategy(load_config("configs/quickstart.yaml"))
+
+
+def plain_side(strat, name: str, steps_per_execution: str):
+    cfg = load_config("configs/quickstart.yaml", MODELS[name.replace("_", " ")][0])
+    source = data.load_source(cfg.data, cfg.run.seed)
+    plan = data.plan_batches(cfg, strat.num_replicas_in_sync)
+    return (build_side(cfg, source, plan, strat, False,
+                       steps_per_execution=int(steps_per_execution)), plan.global_batch)
+
+
 def fit_overhead(rounds: int, steps: int, seconds: float = 2.0) -> list[dict]:
     """tftrain / plain fit for each model, without and with `jit_compile: auto`; each
-    timed epoch lasts about `seconds` on the slowest side."""
+    timed epoch lasts about `seconds` on the slowest side. The plain sides run in a process
+    of their own with TensorFlow's default threads, as a user's script does; each side's
+    epoch is timed while the other process waits."""
+    import sys
     rows = []
     cfg0 = load_config("configs/quickstart.yaml")
-    strategy.configure_devices(cfg0)
+    strategy.configure_devices(cfg0)           # as tftrain runs: the cores shared by replicas
     strat = strategy.build_strategy(cfg0)
+    server = Server([sys.executable, __file__, "--plain-server"])
     for name, (sets, share) in MODELS.items():
         cfg = load_config("configs/quickstart.yaml", sets)
         source = data.load_source(cfg.data, cfg.run.seed)
         plan = data.plan_batches(cfg, strat.num_replicas_in_sync)
         n = max(6, int(steps * share))     # ResNet-20's step is ~20x the CNN's here
         print(f"{name}:", flush=True)
-        sides = [build_side(cfg, source, plan, strat, False),
+        key = name.replace(" ", "_")
+        server.ask(f"side plain {key} 1")
+        sides = [RemoteSide(server, "plain"),
                  build_side(cfg, source, plan, strat, True, steps_per_execution="auto", steps=n),
                  build_side(cfg, source, plan, strat, True, steps_per_execution="auto",
                             jit_compile="auto", steps=n)]
         epoch_rate(sides[1], n, plan.global_batch, 0)     # sizes tftrain's calls
         chosen = int(sides[1][0].steps_per_execution.numpy())
-        sides.append(build_side(cfg, source, plan, strat, False, steps_per_execution=chosen))
+        server.ask(f"side plain_same {key} {chosen}")
+        sides.append(RemoteSide(server, "plain_same"))
         plain, ours, xla, plain_same = interleaved(sides, rounds, n, plan.global_batch,
                                                    seconds=seconds)
         row = {"model": name, "tftrain_over_plain": median_ratio(ours, plain),
@@ -73,7 +101,7 @@ def fit_overhead(rounds: int, steps: int, seconds: float = 2.0) -> list[dict]:
                "plain_examples_per_sec": statistics.median(plain),
                "tftrain_examples_per_sec": statistics.median(ours),
                "xla_auto_examples_per_sec": statistics.median(xla),
-               "steps_per_execution": int(sides[1][0].steps_per_execution.numpy()),
+               "steps_per_execution": chosen,
                "xla_compiled": bool(sides[2][0].jit_compile_gradients),
                "rounds": rounds}
         rows.append(row)
@@ -88,6 +116,7 @@ def fit_overhead(rounds: int, steps: int, seconds: float = 2.0) -> list[dict]:
               f"{row['tftrain_over_plain_same_calls']:.3f} (rounds {low:.3f}-{high:.3f}); "
               f"batches fed from the {row['feed']}, input waits {row['input_wait'] or 0:.1%}",
               flush=True)
+    server.close()
     return rows
 
 
@@ -116,6 +145,10 @@ def precision_ratios(rounds: int, steps: int) -> list[dict]:
 
 
 def main():
+    if sys.argv[1:] == ["--plain-server"]:
+        strat = plain_process()
+        serve(lambda name, spe: plain_side(strat, name, spe))
+        return
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--steps", type=int, default=60)

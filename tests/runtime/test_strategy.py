@@ -4,6 +4,7 @@ import json
 import pytest
 import tensorflow as tf
 
+from helpers import ROOT
 from tftrain.config import ConfigError, load_config
 from tftrain.runtime.strategy import (build_strategy, cluster_spec, communication_options,
                                       configure_devices, describe, device_table, is_chief,
@@ -150,3 +151,26 @@ def test_any_worker_agreement_in_process():
     from tftrain.runtime.strategy import any_worker
     agree = any_worker(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))
     assert agree(False) is False and agree(True) is True
+
+
+@pytest.mark.parametrize("sets,env,expected", [
+    ([], {}, "cores // 2"),                                      # mirrored over 2 CPU devices
+    (["distribute.strategy=one_device"], {}, "0"),               # one replica: every core an op
+    ([], {"TF_NUM_INTRAOP_THREADS": "3"}, "0"),   # the process chose already: left to it
+])
+def test_replicas_on_cpu_devices_share_the_cores(sets, env, expected):
+    """Each replica's ops get cores / replicas intra-op threads (a new process: threads
+    are set once, before the runtime starts)."""
+    import os
+    import subprocess
+    import sys
+    code = ("import os, tftrain, tensorflow as tf; from tftrain.config import load_config; "
+            "from tftrain.runtime import strategy; "
+            f"strategy.configure_devices(load_config('configs/quickstart.yaml', {sets!r})); "
+            "print(tf.config.threading.get_intra_op_parallelism_threads(), "
+            "len(os.sched_getaffinity(0)))")
+    environ = {k: v for k, v in os.environ.items() if k != "TF_NUM_INTRAOP_THREADS"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**environ, **env}, cwd=ROOT, timeout=300)
+    threads, cores = map(int, out.stdout.split()[-2:])
+    assert threads == (max(1, cores // 2) if expected == "cores // 2" else int(expected)), out.stdout

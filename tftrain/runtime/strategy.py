@@ -55,12 +55,31 @@ def configure_devices(cfg) -> None:
             if current is None or len(current) != d.virtual_cpus:
                 tf.config.set_logical_device_configuration(
                     cpu, [tf.config.LogicalDeviceConfiguration()] * d.virtual_cpus)
+            if not gpus and d.strategy not in ("one_device", "default"):
+                share_cores(len(d.devices) if d.devices else d.virtual_cpus)
     except RuntimeError as err:
         raise RuntimeError(
             f"could not configure devices ({err}); TensorFlow was already initialized in this "
             "process. Call tftrain.configure_devices(cfg) before any TensorFlow op, "
             "or run through the CLI.") from None
     _configured = wanted
+
+
+def share_cores(replicas: int) -> int | None:
+    """Replicas training side by side on CPU devices share the cores: each op gets
+    cores / replicas threads (its intra-op pool; TensorFlow gives every op all the cores,
+    so the replicas' ops oversubscribe them: a mirrored ResNet-20 on 2 logical CPUs of 2
+    cores ran 1.16x as fast at one thread an op). Not when the process chose already
+    (TF_NUM_INTRAOP_THREADS, or tf.config.threading); returns the threads set, or None."""
+    import os
+
+    if os.environ.get("TF_NUM_INTRAOP_THREADS") or \
+            tf.config.threading.get_intra_op_parallelism_threads():
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = max(1, (cores or 1) // max(1, replicas))
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    return threads
 
 
 def is_chief() -> bool:
