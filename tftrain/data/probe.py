@@ -1,7 +1,7 @@
 """Which stage of the input pipeline is slow: each stage of a run's pipeline timed on its
 own, cumulatively (what the files or arrays give, then decoded, then augmented and
 batched as training takes it), so that a run whose steps wait on input can say where the
-time goes (`epoch_logs.InputWait`)."""
+time goes (`input_wait.InputWait`)."""
 from __future__ import annotations
 
 import time

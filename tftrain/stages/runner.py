@@ -28,7 +28,7 @@ from tftrain.training.tracking import Tracker
 from tftrain.training import callbacks as cb
 from tftrain.optim import rates
 from tftrain.training.rundir import atomic_write
-from tftrain.training import epoch_logs, progress
+from tftrain.training import epoch_logs, input_wait, progress
 from tftrain.core.keras import keras
 from tftrain.training.profiling import ProfileWindow
 from tftrain.optim.averaging import has_batch_norm, recalibrate_batch_norm
@@ -216,7 +216,7 @@ class StageRunner:
                                        position, cfg.train.check_every)
         throughput = epoch_logs.Throughput(self.plan.batches.global_batch)
         flops = epoch_logs.FlopsLogger(self.plan.flops_per_example, self.plan.peak.flops)
-        waiting = epoch_logs.input_wait(self.plan)
+        waiting = input_wait.input_wait(self.plan)
         sizer = (epoch_logs.ExecutionSizer(spe, self.plan.parallel.mean, most=every)
                  if cfg.train.steps_per_execution == "auto" else None)
         tracked = self.tracker.callback(stage.name, checkpointer, spe, stage.updates)

@@ -1,6 +1,6 @@
 """What one stage's training loop is made of: the train step with gradient accumulation
 (`train_step`), the XLA decision (`xla`), checkpoints and resumable callbacks
-(`callbacks`), epoch logs and throughput (`epoch_logs`), preemption signals
+(`callbacks`), epoch logs and throughput (`epoch_logs`), the wait on input (`input_wait`), preemption signals
 (`preemption`), profiling (`profiling`), MLflow tracking (`tracking`) and the run
 directory (`rundir`).
 

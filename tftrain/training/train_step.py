@@ -56,7 +56,7 @@ class TrainModel(keras.Model):
         self.update_hooks = tuple(update_hooks)
         self.unroll = unroll or self.parallel.unroll
         # Seconds spent inside train steps (from the batch's arrival to the update), per
-        # replica; `epoch_logs.InputWait` compares it with the wall time of the calls. Kept
+        # replica; `input_wait.InputWait` compares it with the wall time of the calls. Kept
         # out of Keras' tracking: it is not model state.
         # Read as the first replica's (the replicas step together, held by the all-reduce):
         # a read averaging them costs a reduction, 0.4 ms against 0.07 ms here, twice a call.
