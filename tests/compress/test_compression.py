@@ -1,4 +1,6 @@
 """Compression: update-driven pruning, structures, layer rules, prune-preserving QAT."""
+import contextlib
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -439,3 +441,43 @@ def test_an_efficientnet_squeeze_excite_block_quantizes_to_int8_ops_xnnpack_runs
     expected = q(x, training=False).numpy()
     logits, _ = artifacts.tflite_logits(blob, x)
     assert 10 * np.log10(np.sum(expected ** 2) / np.sum((logits - expected) ** 2)) >= 25
+
+
+def _qat_updates(strategy, accumulation, held, updates=4):
+    """A calibrated QAT CNN trained `updates` SGD updates of 64 examples: (its weights,
+    its activation ranges before and after)."""
+    keras.utils.set_random_seed(5)
+    net = cnn()
+    cfg = load_config(None, [])
+    x, _ = data(64, seed=1)
+    with strategy.scope():
+        q = quantization.quantize_model(net, cfg.compression.quantization, False)
+        quantization.calibrate_ranges(q, [x])
+        model = TrainModel.wrap(q, accumulation, unroll=True)
+        model.compile(keras.optimizers.SGD(0.5), build_loss("sparse_categorical_crossentropy"))
+    before = [v.numpy().copy() for v in quantization.range_variables(q)]
+    with quantization.activation_ranges_held() if held else contextlib.nullcontext():
+        fit(model, updates)
+    return ([w.numpy() for w in q.trainable_weights], before,
+            [v.numpy() for v in quantization.range_variables(q)])
+
+
+def test_held_activation_ranges_stay_calibrated_and_make_replicas_equal_accumulation():
+    """`ranges: fixed`: the calibrated activation ranges do not move in training, and two
+    replicas of 32 compute the updates one device makes accumulating two micro-batches of
+    32, to float32 rounding; with moving ranges the two differ (each replica batch moves
+    the EMA once, averaged, against once per micro-batch in turn)."""
+    one = tf.distribute.OneDeviceStrategy("/cpu:0")
+    replicas, before, after = _qat_updates(mirrored(), 1, held=True)
+    accumulated, _, after_one = _qat_updates(one, 2, held=True)
+    assert len(before) > 4 and all(np.array_equal(a, b) for a, b in zip(before, after))
+    assert all(np.array_equal(a, b) for a, b in zip(after, after_one))
+    held_gap = max(float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+                   for a, b in zip(replicas, accumulated))
+    assert held_gap < 1e-5, held_gap
+    moving_replicas, moving_before, moved = _qat_updates(mirrored(), 1, held=False)
+    moving_one, _, _ = _qat_updates(one, 2, held=False)
+    assert not all(np.array_equal(a, b) for a, b in zip(moving_before, moved))
+    moving_gap = max(float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+                     for a, b in zip(moving_replicas, moving_one))
+    assert moving_gap > 10 * held_gap, (moving_gap, held_gap)

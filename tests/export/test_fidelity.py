@@ -81,15 +81,16 @@ def test_layers_whose_names_hold_a_slash_are_each_compared(tmp_path):
     assert min(r["local_sqnr_db"] for r in rows) > 30, rows
 
 
-def converted(model, path, widened: str | None = None) -> bytes:
+def converted(model, path, widened: str | None = None, scale: float = 8.0) -> bytes:
     """The int8 TFLite file of a QAT `model`; with `widened`, of a copy whose range at the
-    output of that layer is 8x wider (a converter that got one range wrong)."""
+    output of that layer is `scale` times as wide (a converter that got one range wrong:
+    8x wider, or 1/8, narrower)."""
     if widened is not None:
         with tfmot.quantization.keras.quantize_scope():
             copy = keras.models.clone_model(model)
         copy.set_weights(model.get_weights())
         for variable in quantization.range_variables(copy.get_layer(widened)):
-            variable.assign(variable * 8)
+            variable.assign(variable * scale)
         model = copy
     return artifacts.convert_tflite(artifacts.save_saved_model(model, path), "int8",
                                     np.zeros((0,)), qat=True)
@@ -122,6 +123,25 @@ def test_every_layer_of_the_int8_file_is_compared_and_a_widened_range_is_named_w
     # the values fill a calibrated range; an 8x range about an eighth of it
     assert clean_dense["range_fill"] >= layer_noise.RANGE_FILL
     assert by_layer["quant_dense_0"]["range_fill"] < 0.2
+
+
+def test_a_range_too_narrow_for_a_trained_layers_values_fails_the_layer(qat_cnn, tmp_path):
+    """A range 1/8 of a trained layer's values clips them: the layer fails its check,
+    named with the share it clips, however far its inputs already are from the model's."""
+    q, x, _, _ = qat_cnn
+    cfg = load_config(None, []).export
+    floor = layer_noise.floor("int8", cfg)
+    clean = fidelity.tflite_report(converted(q, tmp_path / "clean"), q, x[:64])
+    assert not any(layer_noise.too_noisy(r, floor) for r in clean), clean
+    assert all(r.get("saturated", 0.0) < layer_noise.SATURATED for r in clean), clean
+    rows = fidelity.tflite_report(converted(q, tmp_path / "narrow", widened="quant_dense_0",
+                                            scale=1 / 8), q, x[:64])
+    narrow = next(r for r in rows if r["layer"] == "quant_dense_0")
+    assert narrow["saturated"] >= layer_noise.SATURATED, narrow
+    assert layer_noise.too_noisy(narrow, floor), narrow
+    assert f"its 8-bit ranges clip {narrow['saturated']:.1%} of its values" in \
+        layer_noise.why_noisy(narrow, floor)
+    assert fidelity.worst(rows)[0]["layer"] == "quant_dense_0"
 
 
 def test_an_int8_file_with_float_compute_says_so(qat_cnn, tmp_path):

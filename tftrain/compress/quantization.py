@@ -271,6 +271,23 @@ def ranges_held():
     return _quantizers_replaced(held)
 
 
+def activation_ranges_held():
+    """A context inside which the activation quantizers (tfmot's moving-average and
+    all-values ones: layer outputs and the model's input) fake-quantize with their stored
+    ranges in training too, and never move them (`compression.quantization.ranges:
+    fixed`); the kernels' quantizers still take each update's weights' range."""
+    from tensorflow_model_optimization.python.core.quantization.keras import quantizers
+
+    activations = (quantizers.MovingAverageQuantizer, quantizers.AllValuesQuantizer)
+
+    def held(cls, call):
+        if not issubclass(cls, activations):
+            return call
+        return lambda self, inputs, training, weights, **kwargs: call(self, inputs, False,
+                                                                      weights, **kwargs)
+    return _quantizers_replaced(held)
+
+
 @contextlib.contextmanager
 def _quantizers_replaced(replacement):
     """Inside: each tfmot quantizer class's `__call__` is `replacement(cls, its own)`."""

@@ -130,6 +130,20 @@ class QuantizationConfig(Strict):
     # activation ranges set from this many training batches before the first QAT update
     # (auto: about 2,000 examples; 0: tfmot's [-6, 6] start, moved by an EMA of 0.999)
     calibration_batches: Union[Literal["auto"], Annotated[int, Field(ge=0)]] = "auto"
+    # activation ranges during QAT: moving (tfmot's EMA of each batch's min and max, per
+    # replica batch under a strategy, per micro-batch when accumulating) or fixed (the
+    # calibrated ranges held: the weights learn the grid the int8 file will have, and
+    # replicas and accumulation compute the same updates)
+    ranges: Literal["moving", "fixed"] = "moving"
+
+    @model_validator(mode="after")
+    def _fixed_needs_calibration(self):
+        if self.ranges == "fixed" and self.calibration_batches == 0:
+            raise ValueError("compression.quantization.ranges: fixed holds the calibrated "
+                             "activation ranges, and calibration_batches: 0 calibrates none "
+                             "(they would stay tfmot's [-6, 6]); set calibration_batches: auto "
+                             "or ranges: moving")
+        return self
 
 
 class StudentConfig(Strict):

@@ -170,6 +170,9 @@ DESCRIPTIONS = {
     "compression.quantization.skip_unsupported": "leave layers tfmot cannot quantize float",
     "compression.quantization.calibration_batches": "activation ranges from training batches "
                                                     "before the first update: `auto` or N (0: [-6, 6])",
+    "compression.quantization.ranges": "activation ranges during QAT: `moving` (tfmot's EMA "
+                                       "of each batch's) or `fixed` (the calibrated ones held; "
+                                       "replicas and accumulation agree exactly)",
     "compression.distillation": "a smaller student learns from the trained model (see "
                                 "[Distillation](training.md#distillation))",
     "compression.distillation.enabled": "run the distillation stage",

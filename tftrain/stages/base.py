@@ -111,6 +111,10 @@ class Stage:
         """The model the next stage or the export gets."""
         return built.net
 
+    def training(self):
+        """The context the stage's updates are traced and run in."""
+        return contextlib.nullcontext()
+
     def recalibrating(self):
         """The context batch-norm statistics are re-estimated in, at the stage's end."""
         return contextlib.nullcontext()

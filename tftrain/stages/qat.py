@@ -40,7 +40,16 @@ class QAT(Stage):
         if n == 0:
             return "activation ranges start at tfmot's [-6, 6] (calibration_batches: 0)"
         used = quantization.calibrate_ranges(built.net, batches(None if n == "auto" else n))
-        return f"activation ranges calibrated on {used} training batches"
+        held = ", held through QAT" if self.cfg.compression.quantization.ranges == "fixed" else ""
+        return f"activation ranges calibrated on {used} training batches{held}"
+
+    def training(self):
+        """With `ranges: fixed`, the activation ranges calibrated in `begin` held through
+        the updates (the kernels' ranges still follow the weights)."""
+        from tftrain.compress import quantization
+        if self.cfg.compression.quantization.ranges == "fixed":
+            return quantization.activation_ranges_held()
+        return super().training()
 
     def recalibrating(self):
         """Batch norm re-estimated with every quantizer held at its range: the statistics

@@ -249,10 +249,11 @@ class StageRunner:
         began = time.perf_counter()
         for attempt in range(cfg.train.nan_retries + 1):
             try:
-                fit(model, self._training_input(model, start), self.val, start, stage.epochs,
-                    spe, callbacks,
-                    {"validation_steps": cfg.train.smoke_steps if self.smoke else None,
-                     "verbose": 1 if cfg.train.verbose == 1 else 0})
+                with stage.training():
+                    fit(model, self._training_input(model, start), self.val, start,
+                        stage.epochs, spe, callbacks,
+                        {"validation_steps": cfg.train.smoke_steps if self.smoke else None,
+                         "verbose": 1 if cfg.train.verbose == 1 else 0})
                 break
             except cb.NonFiniteLoss as err:
                 if cfg.train.on_nan == "stop" or attempt == cfg.train.nan_retries:
