@@ -134,6 +134,29 @@ def missing(results: dict, root: Path = ROOT) -> list[str]:
     return lines
 
 
+def unrecorded(results: dict, root: Path = ROOT) -> list[str]:
+    """One line per speed ratio (`1.19x`) that README or a docs page writes beside a
+    benchmark's command (in the same paragraph or list item, outside tables) and that
+    none of that benchmark's entries holds: a figure from another run, or older than the
+    entry its command wrote."""
+    import re
+    lines = []
+    for page in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        for part in re.split(r"\n\s*\n|\n(?=[-*] )", page.read_text()):
+            if part.lstrip().startswith("|"):
+                continue
+            names = set(re.findall(r"benchmarks/(\w+)\.py", part)) | set(
+                re.findall(r"python -m benchmarks (\w+)", part))
+            held = json.dumps([e for k, e in results.items()
+                               if k.partition(":")[0] in names])
+            for figure in re.findall(r"(?<![\w.])(\d+\.\d+)x\b", part) if names else []:
+                if figure not in held:
+                    lines.append(f"{page.relative_to(root)}: {figure}x, beside "
+                                 f"{', '.join(sorted(names))}, is in none of its entries; "
+                                 "rerun the benchmark or take the figure out")
+    return lines
+
+
 def _its_command(key: str, command: str) -> bool:
     """Whether an entry's command is its benchmark's: the harness's own for NAME, the
     script with other arguments for NAME:what."""
@@ -169,7 +192,7 @@ def main(argv=None) -> None:
         RESULTS.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
     write_readme(results)
     print(f"docs/performance.md's table written from {os.path.relpath(RESULTS, ROOT)}")
-    gaps = missing(results)
+    gaps = missing(results) + unrecorded(results)
     if gaps:
         raise SystemExit("documented figures without their benchmark's entry:\n  "
                          + "\n  ".join(gaps))

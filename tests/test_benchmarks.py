@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 
 import pytest
@@ -39,6 +40,8 @@ def test_the_table_fails_when_a_documented_figure_is_removed_or_copied(tmp_path,
     table = tmp_path / "performance.md"
     shutil.copy(ROOT / "docs" / "performance.md", table)
     monkeypatch.setattr(harness, "TABLE", table)
+    # (the docs' ratios against the entries: `unrecorded`, tested below)
+    monkeypatch.setattr(harness, "unrecorded", lambda results: [])
     complete = _complete(harness)
     for name, broken in [("search", {k: v for k, v in complete.items() if k != "search"}),
                          ("planner", {**complete, "planner": {**complete["planner"],
@@ -84,3 +87,22 @@ def test_an_entry_whose_command_the_harness_does_not_run_is_named():
     other = {**complete, "overhead:short": {**complete["overhead"],
                                             "command": "python benchmarks/pipeline.py"}}
     assert harness.missing(other)[0].startswith("overhead:short: its entry's command")
+
+
+def test_a_ratio_written_beside_a_benchmark_that_its_entries_lack_is_named(tmp_path):
+    """The docs' speed ratios beside a benchmark's command are its entries' figures: as
+    committed, every one is; a figure from another run (in a list item or a paragraph,
+    not in a table) is named with its page."""
+    harness = _harness()
+    results = json.loads((ROOT / "benchmarks" / "results.json").read_text())
+    assert harness.unrecorded(results) == []
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("Intro.\n")
+    ratio = re.search(r"\d+\.\d+", results["overhead"]["rows"][0]["value"]).group()
+    (tmp_path / "docs" / "page.md").write_text(
+        f"- Measured by `python -m benchmarks overhead`: {ratio}x as fast.\n"
+        "- Another run of `python benchmarks/overhead.py` gave 9.87x.\n\n"
+        "| table | 5.55x |\n\nNo benchmark cited here: 7.77x.\n")
+    assert harness.unrecorded(results, tmp_path) == [
+        "docs/page.md: 9.87x, beside overhead, is in none of its entries; rerun the "
+        "benchmark or take the figure out"]

@@ -27,7 +27,9 @@ each of the first updates: `updates.csv`) agree within a tolerance set by the co
 precision's rounding (`LOSS_RTOL`); a strategy that scales, reduces or batches the
 gradients wrongly moves the second update's loss. The optimizer is a dimension: SGD's
 update follows the gradient's scale (Adam's normalizes it away), so every strategy with
-replicas meets SGD under every precision (`with_sgd_rows`).
+replicas meets SGD under every precision (`with_sgd_rows`). A QAT stage is held to the
+same from the same weights, with its activation ranges held (`qat_ranges`), and its
+kernels after its updates too (`QAT_KERNEL_RTOL`).
 
 Exported artifacts are checked as every `--smoke` run checks them: float ones give the
 model's logits to `export.max_logit_diff`; reduced-precision ones, whose accuracy after
@@ -428,20 +430,28 @@ LOSS_RTOL = {"float32": 100 * 2.0 ** -24, "mixed_bfloat16": 2.0 ** -8 / 10,
              "mixed_float16": 2.0 ** -11 / 10}
 
 
-# QAT's first updates under a strategy against one device from the same weights, with
-# the activation ranges held at their calibrated values (`compression.quantization.ranges:
+# QAT's updates under a strategy against one device from the same weights, with the
+# activation ranges held at their calibrated values (`compression.quantization.ranges:
 # fixed`, `qat_ranges`): tfmot's moving ranges follow an EMA of each forward pass's min
 # and max, once per replica batch under a strategy (the replicas' moves averaged) and once
-# per micro-batch in turn on one device. This was held to 3e-3, twice the largest clean
-# difference measured (1.5e-3, a transformer; others 7e-5 to 8e-5), where a QAT-stage
-# gradient 0.5% off moves the loss less. Most of that difference was a fault of its own:
-# a smoke run capped its calibration batches by count, and two replicas' batches are half
-# one device's, so the two sides calibrated their ranges on different examples (now the
-# same examples: `Runner._batches`). Held and calibrated alike, the QAT rows with replicas
-# measured 0 to 0.023 of float32's tolerance (2026-12-05): the QAT stage computes in
-# float32 whatever the row's policy, and its losses are held to float32's `LOSS_RTOL`
-# (the planted fault `qat_gradient_off_with_replicas` fails it).
+# per micro-batch in turn on one device. The losses were held to 3e-3, twice the largest
+# clean difference measured (1.5e-3, a transformer; others 7e-5 to 8e-5). Most of that
+# difference was a fault of its own: a smoke run capped its calibration batches by count,
+# and two replicas' batches are half one device's, so the two sides calibrated their
+# ranges on different examples (now the same examples: `Runner._batches`). Held and
+# calibrated alike, the QAT rows with replicas measured 0 to 0.023 of float32's loss
+# tolerance (2026-12-05): the QAT stage computes in float32 whatever the row's policy,
+# and its losses are held to float32's `LOSS_RTOL`.
 QAT_RTOL = LOSS_RTOL["float32"]
+
+# A QAT-stage gradient 0.5% off where replicas train (the planted fault
+# `qat_gradient_off_with_replicas`) moves those losses by 0.53 and 0.83 of that
+# tolerance only (QAT's rate is a tenth of training's, and the loss a running mean), so
+# the stage's kernels after its updates are compared too, as the largest difference
+# relative to each kernel's largest value: clean 0 to 7.4e-8 (about one unit of float32's
+# rounding), the fault 2.0e-5 and 8.5e-5 on the SGD rows (Adam normalizes a gradient's
+# scale away). Held to 16 units of float32's rounding, between the two.
+QAT_KERNEL_RTOL = 16 * 2.0 ** -24
 
 
 def qat_ranges(row: dict) -> str:
@@ -549,6 +559,27 @@ def stage_losses(run_path) -> dict[str, dict[int, float]]:
     return found
 
 
+def qat_kernels_agree(run, reference) -> None:
+    """The QAT stage's kernels after its updates, in the row's run and in its one-device
+    reference, agree within `QAT_KERNEL_RTOL` of each kernel's largest value."""
+    import numpy as np
+    ours, theirs = stage_kernels(run, "qat"), stage_kernels(reference, "qat")
+    assert ours.keys() == theirs.keys() and ours, (sorted(ours), sorted(theirs))
+    gaps = {k: float(np.max(np.abs(ours[k] - theirs[k])) / max(np.max(np.abs(theirs[k])), 1e-30))
+            for k in theirs}
+    worst = max(gaps, key=gaps.get)
+    print(f"matrix qat kernels: {len(gaps)}, {gaps[worst] / QAT_KERNEL_RTOL:.3g} of the tolerance")
+    assert gaps[worst] <= QAT_KERNEL_RTOL, (worst, gaps[worst])
+
+
+def stage_kernels(run_path, stage: str) -> dict:
+    """{variable: value} of the kernels in a stage's last checkpoint."""
+    import tensorflow as tf
+    reader = tf.train.load_checkpoint(str(run_path / "checkpoints" / stage))
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+            if name.startswith("model/") and "kernel" in name and "OPTIMIZER" not in name}
+
+
 def first_stage(row: dict) -> str:
     return "updates-frozen.csv" if row["stages"] == "freeze" else "updates.csv"
 
@@ -643,6 +674,8 @@ def test_every_combination_works_or_is_refused_before_training(index, row, tmp_p
         stages = [n for n in json.loads((run / "stages.json").read_text()) if n != "train"]
         held.update({f"updates-{n}.csv": resumed_losses(row, sets, run, n, tmp_path, capsys)
                      for n in stages if n in ("qat", "channels")})
+    if row["stages"].endswith("+qat"):
+        qat_kernels_agree(run, tmp_path / "resumed-qat" / run.name)
     for name, theirs in held.items():
         ours = all_ours[name]
         common = sorted(set(ours) & set(theirs))
