@@ -219,7 +219,7 @@ FAULTS = [
           "loss = self.compute_loss(x, y, y_pred, sample_weight) / self.accumulation_steps",
           "loss = self.compute_loss(x, y, y_pred, sample_weight) / self.accumulation_steps"
           " * (1.005 if self.unroll and tf.distribute.get_replica_context().num_replicas_in_sync > 1 else 1.0)",
-          ("tests/e2e/test_matrix.py::test_every_combination_works_or_is_refused_before_training[mirrored-float32-3-sgd-embedding_bag-builder-none-drop-channels+qat-tflite_int8-off]",
+          ("tests/e2e/test_matrix.py::test_every_combination_works_or_is_refused_before_training[multi_worker-mixed_float16-3-sgd-cnn-tf_keras_file-mixup-pad-prune+qat-saved_model-off]",
            "tests/e2e/test_matrix.py::test_every_combination_works_or_is_refused_before_training[multi_worker-float32-1-sgd-cnn-builder-none-pad-channels+qat-saved_model-off]")),
     Fault("clipping_excused",
           "a layer whose 8-bit ranges clip its values excused from the per-layer check",
