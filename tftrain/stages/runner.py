@@ -341,15 +341,11 @@ class StageRunner:
         return max(1, min(-(-2048 // self.plan.batches.replica_batch), per_epoch))
 
     def _batches(self, n: int):
-        """n training batches (replica batches) to re-estimate batch-norm statistics or
-        calibrate ranges with: in order, through the deterministic steps of `data.augment`
-        (normalize, center_crop: what training and validation see) but none of the random
-        ones, so the same on every worker and rerun. A smoke run takes at most its updates'
-        examples (`train.smoke_steps` global batches: on one device accumulating, the
-        examples two replicas read; the replica batches' count capped once made them
-        calibrate QAT's ranges on half as many examples as one device)."""
-
-        if self.smoke:     # a smoke run's updates' worth: the same examples on any topology
+        """n replica batches to re-estimate batch norm or calibrate ranges with: in order,
+        through the deterministic steps of `data.augment` but none of the random ones, so
+        the same on every worker and rerun; under --smoke, at most its updates' examples
+        (the same on any topology: a cap on the count gave 2 replicas half one device's)."""
+        if self.smoke:
             n = min(n, self.cfg.train.smoke_steps * self.plan.batches.global_batch
                     // self.plan.batches.replica_batch)
         steps = [op for op in augment.build(self.cfg.data.augment) if op.deterministic]
