@@ -75,8 +75,8 @@ FAULTS = [
     Fault("resume_one_batch_off",
           "a resumed run's data one batch ahead of its checkpoint",
           "tftrain/stages/runner.py",
-          "cfg.data, cfg.run.seed, start, self.plan.layout.streams),",
-          "cfg.data, cfg.run.seed, start + (start > 0), self.plan.layout.streams),",
+          "self.cfg.run.seed, start, plan.layout.streams)",
+          "self.cfg.run.seed, start + (start > 0), plan.layout.streams)",
           ("tests/e2e/test_run.py::test_killed_augmented_run_resumes_exactly",)),
     Fault("validation_subset_after_resume",
           "validation on one batch per call once the calls are resized (Keras' one-step "
