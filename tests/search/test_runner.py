@@ -48,6 +48,22 @@ def test_a_candidate_ruled_out_is_recorded_skipped_and_its_slot_goes_to_optuna(t
     assert not search._refining()
 
 
+def test_a_skipped_optuna_proposal_frees_no_slot(tmp_path):
+    """Only a listed candidate's skip gives Optuna one more proposal: proposals skipped
+    in turn do not add more, so the search runs the list and `refine` proposals, as
+    its plan and estimate say."""
+    search = _search(tmp_path, {"float": _done(cands.DENSE)}, "candidates=12", "refine=2")
+    for k in range(4):                      # four proposals ruled out: no slot freed
+        proposal = Candidate("float", channels=0.2 + 0.05 * k, origin="optuna")
+        search.record["candidates"][proposal.name] = {
+            "candidate": proposal.as_dict(), "origin": "optuna", "status": "skipped"}
+    for k in range(2):
+        assert search._refining()
+        proposal = Candidate("qat", channels=0.6 + 0.1 * k, origin="optuna")
+        search.record["candidates"][proposal.name] = _done(proposal)
+    assert not search._refining()
+
+
 def test_after_channel_pruning_is_refused_at_its_plan_no_other_level_is_tried(tmp_path):
     refused = Candidate("qat", channels=0.25)
     entry = {"candidate": refused.as_dict(), "origin": "list", "launches": 1,
