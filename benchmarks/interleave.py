@@ -13,6 +13,7 @@ from tftrain import data
 from tftrain.data import feed
 from tftrain.runtime.strategy import local_devices
 from tftrain.training import epoch_logs
+from tftrain.training.input_wait import InputWait
 from tftrain.optim import optimizers
 from tftrain.runtime import precision
 from tftrain.training import train_step
@@ -62,7 +63,7 @@ def build_side(cfg, source, plan, strat, tftrain_side: bool, policy="float32",
         manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model),
                                              tempfile.mkdtemp(), 1)
         callbacks = [epoch_logs.GlobalMetrics(), epoch_logs.Throughput(plan.global_batch),
-                     epoch_logs.InputWait(),
+                     InputWait(),
                      *([epoch_logs.ExecutionSizer(steps, most=max(1, steps // 6))] if auto else []),
                      epoch_logs.LearningRateLogger(), cb.Checkpointer(manager, 10**9, steps)]
     else:
@@ -139,7 +140,7 @@ def ratio_spread(a, b) -> tuple[float, float]:
 
 def input_wait(side) -> float | None:
     """The tftrain side's input wait (its `InputWait` callback's steady share)."""
-    waits = [c for c in side[2] if isinstance(c, epoch_logs.InputWait)]
+    waits = [c for c in side[2] if isinstance(c, InputWait)]
     return waits[0].fraction() if waits else None
 
 
