@@ -106,3 +106,48 @@ def test_a_ratio_written_beside_a_benchmark_that_its_entries_lack_is_named(tmp_p
     assert harness.unrecorded(results, tmp_path) == [
         "docs/page.md: 9.87x, beside overhead, is in none of its entries; rerun the "
         "benchmark or take the figure out"]
+
+
+def _module_attributes(source: str) -> list[tuple[str, str]]:
+    """(tftrain module, attribute) for every `alias.name` a script reads from a tftrain
+    module it imported (`from tftrain.x import y` where y is a module, `import tftrain.x as y`)."""
+    import ast
+    import importlib
+    import types
+
+    tree = ast.parse(source)
+    aliases = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tftrain"):
+            for name in node.names:
+                full = f"{node.module}.{name.name}"
+                try:
+                    if isinstance(importlib.import_module(full), types.ModuleType):
+                        aliases[name.asname or name.name] = full
+                except ImportError:
+                    pass                     # a function or class, not a module
+        elif isinstance(node, ast.Import):
+            for name in node.names:
+                if name.name.startswith("tftrain") and name.asname:
+                    aliases[name.asname] = name.name
+    return [(aliases[n.value.id], n.attr) for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+            and n.value.id in aliases]
+
+
+def test_every_tftrain_name_a_benchmark_or_script_reads_exists():
+    """The benchmarks and scripts run outside the tests: a name they read from a tftrain
+    module that has moved (`epoch_logs.InputWait`, once) fails here, not hours into a
+    benchmark."""
+    import importlib
+    planted = _module_attributes("from tftrain.training import epoch_logs\n"
+                                 "epoch_logs.InputWait()\nepoch_logs.Throughput(1)\n")
+    assert planted == [("tftrain.training.epoch_logs", "InputWait"),
+                       ("tftrain.training.epoch_logs", "Throughput")]
+    assert not hasattr(importlib.import_module(planted[0][0]), planted[0][1])
+    missing = []
+    for path in sorted([*(ROOT / "benchmarks").glob("*.py"), *(ROOT / "scripts").glob("*.py")]):
+        for module, attr in _module_attributes(path.read_text()):
+            if not hasattr(importlib.import_module(module), attr):
+                missing.append(f"{path.relative_to(ROOT)}: {module}.{attr}")
+    assert missing == []
