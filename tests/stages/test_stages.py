@@ -184,7 +184,8 @@ def test_auto_recalibration_uses_about_2048_examples_at_most_an_epoch():
         runner.cfg = load_config(None, [f"train.recalibrate_batch_norm={setting}"])
         runner.steps_per_epoch = spe
         runner.plan = SimpleNamespace(batches=SimpleNamespace(global_batch=per_replica * replicas,
-                                                              replica_batch=per_replica))
+                                                              replica_batch=per_replica,
+                                                              replicas=replicas))
         assert runner.recalibration_batches() == want
 
 

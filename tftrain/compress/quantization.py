@@ -207,7 +207,6 @@ def calibrate_ranges(model, batches) -> int:
     input or a ReLU output of [0, 2] on values that never occur (an input's range only
     ever widens). Call before the first QAT update; a resumed stage restores its ranges
     from the checkpoint."""
-    from tensorflow_model_optimization.python.core.quantization.keras import quantizers
 
     seen: dict[int, list] = {}           # id(min variable) -> [min_var, max_var, low, high]
 
@@ -220,9 +219,8 @@ def calibrate_ranges(model, batches) -> int:
         entry[2], entry[3] = np.minimum(entry[2], low), np.maximum(entry[3], high)
         return inputs
 
-    activations = (quantizers.MovingAverageQuantizer, quantizers.AllValuesQuantizer)
     used = 0
-    with _quantizers_replaced(lambda cls, call: record if issubclass(cls, activations)
+    with _quantizers_replaced(lambda cls, call: record if _activation(cls)
                               else _float_through):
         for used, batch in enumerate(batches, start=1):
             model(batch[0] if isinstance(batch, tuple) else batch, training=False)
@@ -265,10 +263,7 @@ def ranges_held():
     flag, so a training-mode pass (batch-norm re-estimation) moves no range;
     training-mode quantizers would also update their ranges from a cross-replica
     context, which MirroredStrategy refuses."""
-    def held(cls, call):
-        return lambda self, inputs, training, weights, **kwargs: call(self, inputs, False,
-                                                                      weights, **kwargs)
-    return _quantizers_replaced(held)
+    return _inference_mode(lambda cls: True)
 
 
 def activation_ranges_held():
@@ -276,12 +271,20 @@ def activation_ranges_held():
     all-values ones: layer outputs and the model's input) fake-quantize with their stored
     ranges in training too, and never move them (`compression.quantization.ranges:
     fixed`); the kernels' quantizers still take each update's weights' range."""
+    return _inference_mode(_activation)
+
+
+def _activation(cls) -> bool:
+    """Whether a tfmot quantizer class quantizes activations (its range moved by what
+    it sees), not kernels."""
     from tensorflow_model_optimization.python.core.quantization.keras import quantizers
+    return issubclass(cls, (quantizers.MovingAverageQuantizer, quantizers.AllValuesQuantizer))
 
-    activations = (quantizers.MovingAverageQuantizer, quantizers.AllValuesQuantizer)
 
+def _inference_mode(chosen):
+    """Quantizers of the classes `chosen(cls)` picks called with `training=False`."""
     def held(cls, call):
-        if not issubclass(cls, activations):
+        if not chosen(cls):
             return call
         return lambda self, inputs, training, weights, **kwargs: call(self, inputs, False,
                                                                       weights, **kwargs)

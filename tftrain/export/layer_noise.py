@@ -41,7 +41,7 @@ def rounding_limited(row: dict) -> bool:
     allowed = row.get("allowed_sqnr_db")
     return (allowed is not None and row["local_sqnr_db"] >= allowed - LEEWAY_DB and (
         row.get("range_fill", 0.0) >= RANGE_FILL or row.get("signal_steps", 1.0) < 1.0)) \
-        and row.get("saturated", 0.0) < SATURATED
+        and not clips(row)
 
 
 # a layer's 8-bit tensors clipping this share of their values: named in the reason (a
@@ -50,6 +50,11 @@ def rounding_limited(row: dict) -> bool:
 # MobileNetV3Small, whose clipping was LiteRT's int8 ADD into relu6 at a scale ratio of
 # 423, fixed in the conversion; with it, a range 1/8 too narrow passed as well)
 SATURATED = 0.01
+
+
+def clips(row: dict) -> bool:
+    """Whether a layer's 8-bit ranges clip at least `SATURATED` of its values."""
+    return row.get("saturated", 0.0) >= SATURATED
 
 
 def too_noisy(row: dict, floor: float) -> bool:
@@ -75,7 +80,7 @@ def why_noisy(row: dict, floor: float, precision: str = "int8") -> str:
     ok = local >= allowed - LEEWAY_DB
     said += (f", {'within' if ok else 'beyond'} {LEEWAY_DB:g} dB of the {allowed:.1f} dB "
              "its own 8-bit steps allow")
-    if row.get("saturated", 0.0) >= SATURATED:
+    if clips(row):
         fed = (f", fed inputs {row['input_sqnr_db']:.1f} dB from the model's"
                if "input_sqnr_db" in row else "")
         return said + (f"; its 8-bit ranges clip {row['saturated']:.1%} of its values{fed} "

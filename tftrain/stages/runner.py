@@ -337,7 +337,7 @@ class StageRunner:
     def auto_batches(self) -> int:
         """Batches of about 2,000 examples in all, at most an epoch's (re-estimation and
         calibration read them on every replica alike)."""
-        per_epoch = self.steps_per_epoch * self.plan.batches.global_batch // self.plan.batches.replica_batch
+        per_epoch = self.steps_per_epoch * self.plan.batches.replicas    # replica batches
         return max(1, min(-(-2048 // self.plan.batches.replica_batch), per_epoch))
 
     def _batches(self, n: int):
@@ -346,8 +346,7 @@ class StageRunner:
         the same on every worker and rerun; under --smoke, at most its updates' examples
         (the same on any topology: a cap on the count gave 2 replicas half one device's)."""
         if self.smoke:
-            n = min(n, self.cfg.train.smoke_steps * self.plan.batches.global_batch
-                    // self.plan.batches.replica_batch)
+            n = min(n, self.cfg.train.smoke_steps * self.plan.batches.replicas)
         steps = [op for op in augment.build(self.cfg.data.augment) if op.deterministic]
         return train_dataset(self.plan.training_source, self.plan.batches, self.cfg.data,
                              self.cfg.run.seed, ops=steps).take(n)
