@@ -12,12 +12,12 @@ def cfg(*sets):
 
 
 def slow_decoding_source(n=64):
-    """An elementwise source whose decode does 20 matrix products of 96 x 96 an example."""
+    """An elementwise source whose decode does 80 matrix products of 96 x 96 an example."""
     x = np.random.default_rng(0).normal(size=(n, 96, 96)).astype(np.float32)
 
     def load(i):
         m = tf.gather(tf.constant(x), i)
-        for _ in range(20):
+        for _ in range(80):
             m = tf.matmul(m, m) / 96.0
         return tf.reduce_mean(m, axis=1), tf.cast(i % 3, tf.int32)
     val = tf.data.Dataset.from_tensor_slices((np.zeros((4, 96), np.float32), np.zeros(4, np.int32)))
