@@ -33,6 +33,30 @@ def test_features_are_tf_signal_mfccs_and_litert_computes_the_same():
     np.testing.assert_allclose(lite.reshape(got.shape), got, rtol=1e-3, atol=2e-2)
 
 
+@pytest.mark.parametrize("frame_ms, step_ms, samples", [(40, 20, 16000), (30, 20, 16000),
+                                                       (32, 20, 8000), (25, 10, 4003)])
+def test_frames_are_tf_signal_frames_with_the_shapes_known(frame_ms, step_ms, samples):
+    rate = 16000
+    layer = AudioFeatures(rate, frame_ms=frame_ms, step_ms=step_ms)
+    x = np.random.default_rng(1).normal(size=(2, samples)).astype(np.float32)
+    want = tf.signal.frame(x, layer.frame, layer.step).numpy()
+    got = layer.frames(tf.constant(x))
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got.numpy(), want)
+    unknown = tf.function(layer.frames).get_concrete_function(
+        tf.TensorSpec([None, None], tf.float32))        # no static length: tf.signal.frame
+    np.testing.assert_array_equal(unknown(tf.constant(x)).numpy(), want)
+
+
+def test_only_the_bins_the_mel_filters_weigh_are_kept():
+    layer = AudioFeatures(16000, frame_ms=32, step_ms=20, num_mel_bins=40, band=(20.0, 4000.0))
+    layer.build((None, 16000))
+    # 512-point FFT: bins of 31.25 Hz; the 4 kHz filter's last nonzero bin is below 128
+    assert layer._mel.shape == (layer._bins, 40) and layer._bins <= 129
+    full = tf.signal.linear_to_mel_weight_matrix(40, 257, 16000, 20.0, 4000.0).numpy()
+    assert not full[layer._bins:].any() and full[layer._bins - 1].any()
+
+
 def test_speech_models_refuse_inputs_that_are_not_waveforms():
     with pytest.raises(ValueError, match=r"needs raw waveforms \[samples\] with a sample rate"):
         MODELS.get("ds_cnn")(InputSpec((8, 8, 1), "float32", 10))
@@ -61,9 +85,15 @@ def test_conv1d_model_goes_through_pqat_with_sparsity_in_the_int8_file(tmp_path,
     (inp,) = interp.get_input_details()
     assert inp["dtype"] == np.float32 and list(inp["shape"]) == [1, 16000]   # the raw waveform
     kinds = {d["op_name"] for d in interp._get_ops_details()}
-    # the features in the file, as real ops (the DFT as matrix products: no RFFT2D or
-    # COMPLEX_ABS, which the int8 ONNX model could not hold), then int8 convolutions
-    assert {"LOG", "CONV_2D"} <= kinds and not {"RFFT2D", "COMPLEX_ABS"} & kinds
+    # the features in the file as builtins (a real FFT, its magnitude, the mel product
+    # and the log), then int8 convolutions; the float front end holds only the window
+    # and the mel matrix (log-mel of 30 ms frames: 480 + 257 x 40 floats; 2 KB more at
+    # most: the gather's sub-frame indices, the shapes), not a DFT matrix
+    assert {"RFFT2D", "COMPLEX_ABS", "LOG", "CONV_2D"} <= kinds
+    front_end = art["weight_bytes"]["front_end"]
+    assert 4 * (480 + 257 * 40) <= front_end < 4 * (480 + 257 * 40) + 2048, front_end
+    # the waveform and the FFT's complex output are live at once, at the least
+    assert art["arena_bytes"] >= 4 * 16000 + 8 * 49 * 257
     int8 = {name: w for name, w in tflite_weights(blob).items() if w.dtype == np.int8 and w.ndim == 4}
     convs = [w for name, w in int8.items() if "conv_" in name]
     assert len(convs) == 2, list(int8)

@@ -135,21 +135,20 @@ def tflite_logits(flatbuffer: bytes, x: np.ndarray, threads: int = 1) -> tuple[n
 
 def tflite_weights(flatbuffer: bytes, min_size: int = 64) -> dict[str, np.ndarray]:
     """The constant tensors of a TFLite model with at least `min_size` elements, by
-    tensor name (kernels, as stored: int8 in quantized models)."""
-    from ai_edge_litert.interpreter import Interpreter
+    tensor name (kernels, as stored: int8 in quantized models): those its ops read and
+    none writes (an activation of static shape holds data too once allocated)."""
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
-    interp = Interpreter(model_content=flatbuffer)
+    interp = Interpreter(model_content=flatbuffer, experimental_op_resolver_type=(
+        OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES))
     interp.allocate_tensors()
+    ops = internals.ops_details(interp)
+    written = {t for op in ops for t in op["outputs"]}
     inputs = {d["index"] for d in interp.get_input_details()}
-    found = {}
-    for detail in interp.get_tensor_details():
-        if detail["index"] in inputs or np.prod(detail["shape"]) < min_size:
-            continue
-        try:
-            found[detail["name"]] = interp.get_tensor(detail["index"]).copy()
-        except ValueError:            # intermediate tensors hold no data
-            continue
-    return found
+    read = {t for op in ops for t in op["inputs"] if t >= 0} - written - inputs
+    return {detail["name"]: interp.get_tensor(detail["index"]).copy()
+            for detail in interp.get_tensor_details()
+            if detail["index"] in read and np.prod(detail["shape"]) >= min_size}
 
 
 def float_tflite(plain, saved_model: Path, out: Path, qat: bool) -> bytes:

@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from tftrain.data import BatchPlan, preprocess, val_dataset
-from tftrain.export import artifacts, fidelity, speed, verification
+from tftrain.export import artifacts, fidelity, file_memory, speed, verification
 from tftrain.export.measures import (NOISE_EXAMPLES, accuracy, against, input_kind,
                                      layer_rounding_noise, rounding_noise, signature_logits,
                                      sizes)
@@ -182,7 +182,7 @@ class ExportContext:
         as a file of `precision`."""
         logits, latency = artifacts.tflite_logits(blob, self.x)
         timed, reference = self.flags.timing, self.e.latency_reference
-        entry = {**sizes(blob), "accuracy": accuracy(logits, self.y),
+        entry = {**sizes(blob), **file_memory.layout(blob), "accuracy": accuracy(logits, self.y),
                  **against(logits, self.reference),
                  "latency_ms": latency * 1e3, "input": input_kind(self.plain, None),
                  "logits": logits,

@@ -31,7 +31,8 @@ _HANDLERS: list = []
 
 def _register_handlers() -> None:
     """tf2onnx handlers for ops it has no ONNX form for at this opset, each written with
-    ONNX ops it has (registered once, before the first conversion): TensorFlow's `Erfc`
+    ONNX ops it has (registered once, before the first conversion), and for one it
+    refuses without cause (ComplexAbs of an unknown batch): TensorFlow's `Erfc`
     (Keras' exact GELU is 0.5 x erfc(-x/sqrt 2)) as 1 - Erf, and TFLite's GELU (in an int8
     file, between a dequantize and a quantize) as 0.5 x (1 + erf(x/sqrt 2)), or its tanh
     form when the file's GELU is the approximate one."""
@@ -80,6 +81,30 @@ def _register_handlers() -> None:
             ctx.copy_shape(node.output[0], minus.output[0])
             ctx.set_dtype(minus.output[0], ctx.get_dtype(node.output[0]))
     _HANDLERS.append(Erfc)
+
+    from tf2onnx.onnx_opset.signal import ComplexAbsOp
+
+    @tf_op("ComplexAbs")
+    class ComplexAbsOfUnknownBatch:
+        """tf2onnx's ComplexAbs after its RFFT (a complex tensor as real and imaginary
+        parts stacked first), whose shape check reads an unknown first dimension (-1, a
+        TFLite file's batch) as not 2: it is 2, said so first."""
+        @classmethod
+        def version_1(cls, ctx, node, **kwargs):
+            cls._known(ctx, node)
+            ComplexAbsOp.version_1(ctx, node, **kwargs)
+
+        @classmethod
+        def version_13(cls, ctx, node, **kwargs):
+            cls._known(ctx, node)
+            ComplexAbsOp.version_13(ctx, node, **kwargs)
+
+        @staticmethod
+        def _known(ctx, node):
+            shape = ctx.get_shape(node.input[0])
+            if shape and shape[0] == -1:
+                ctx.set_shape(node.input[0], [2, *shape[1:]])
+    _HANDLERS.append(ComplexAbsOfUnknownBatch)
 
 
 def float_onnx(plain) -> bytes:

@@ -1,14 +1,20 @@
 """Speech models on raw waveforms: a feature layer (log-mel spectrogram or MFCC,
-computed with `tf.signal`'s mel and DCT matrices inside the model, so the SavedModel and
-the TFLite file take the waveform) and keyword-spotting networks after it.
+computed with `tf.signal` inside the model, so the SavedModel and the TFLite file take
+the waveform) and keyword-spotting networks after it.
 
-The features are the short-time power spectrum of `tf.signal.stft` (Hann window, |.|²)
-computed as two real DFT matrix products per frame, a mel matrix product, a log and
-(MFCC) a DCT matrix product: real ops only, which TFLite runs as builtins (framing,
-FULLY_CONNECTED, MUL, LOG) in float before the int8 layers, and ONNX has at opset 17. The feature layer computes in float32 whatever the
+The features are the short-time power spectrum of `tf.signal.stft` (Hann window, |.|²):
+each frame's real FFT (`tf.signal.rfft`) and its magnitude squared, then a mel matrix
+product over only the FFT bins the mel filters use, a log and (MFCC) a DCT matrix
+product. TFLite runs them as builtins (framing by GATHER of sub-frames, RFFT2D,
+COMPLEX_ABS, FULLY_CONNECTED, LOG) in float before the int8 layers, holding only the
+window and the mel and DCT matrices (a few KB); tf2onnx writes the FFT of the ONNX
+files as a DFT matrix product (opset 17 has no real FFT ONNX Runtime runs on CPU), so
+the ONNX files hold that matrix. The feature layer computes in float32 whatever the
 training policy (a log of a bfloat16 power loses the quiet frames).
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import tensorflow as tf
@@ -43,29 +49,42 @@ class AudioFeatures(keras.layers.Layer):
 
     def build(self, input_shape):
         bins = self.fft_length // 2 + 1
-        # The windowed DFT of each (zero-padded) frame as two real matrices: the power
-        # spectrum is re^2 + im^2, with no complex tensor (TFLite's RFFT2D and the
-        # ComplexAbs of |stft| have no ONNX form at opset 17; matrix products do).
-        window = tf.signal.hann_window(self.frame, periodic=True).numpy().astype(np.float64)
-        angle = 2 * np.pi * np.outer(np.arange(self.frame), np.arange(bins)) / self.fft_length
-        self._cos = (window[:, None] * np.cos(angle)).astype(np.float32)
-        self._sin = (window[:, None] * -np.sin(angle)).astype(np.float32)
-        self._mel = tf.signal.linear_to_mel_weight_matrix(
+        self._window = tf.signal.hann_window(self.frame, periodic=True).numpy()
+        mel = tf.signal.linear_to_mel_weight_matrix(
             self.num_mel_bins, bins, self.sample_rate, self.lower_hz, self.upper_hz).numpy()
+        # only the bins up to the last one a mel filter weighs (fewer below a low upper_hz)
+        self._bins = int(np.flatnonzero(mel.any(axis=1)).max()) + 1
+        self._mel = mel[:self._bins]
         self._dct = None
         if self.num_mfcc:    # the DCT-II tf.signal.mfccs_from_log_mel_spectrograms applies
             self._dct = tf.signal.mfccs_from_log_mel_spectrograms(
                 tf.eye(self.num_mel_bins)[None])[0, :, :self.num_mfcc].numpy()
         super().build(input_shape)
 
+    def frames(self, waveform):
+        """`tf.signal.frame` (no padding), written with the waveform's static length where
+        it has one: one gather of sub-frames (the frame and step's common divisor) by
+        constant indices between two reshapes, with none of the shape arithmetic a file
+        would otherwise compute at each call."""
+        samples = waveform.shape[-1]
+        if samples is None or samples < self.frame:
+            return tf.signal.frame(waveform, self.frame, self.step)
+        sub = math.gcd(self.frame, self.step)
+        count = 1 + (samples - self.frame) // self.step
+        used = (count - 1) * self.step + self.frame
+        parts = tf.reshape(waveform[:, :used], [-1, used // sub, sub])
+        index = (np.arange(count)[:, None] * (self.step // sub)
+                 + np.arange(self.frame // sub)[None, :]).astype(np.int32)
+        return tf.reshape(tf.gather(parts, index, axis=1), [-1, count, self.frame])
+
     def call(self, waveform):
-        frames = tf.signal.frame(tf.cast(waveform, tf.float32), self.frame, self.step)
-        real = tf.tensordot(frames, tf.constant(self._cos), 1)
-        imag = tf.tensordot(frames, tf.constant(self._sin), 1)
-        power = real * real + imag * imag               # |stft|^2
-        features = tf.math.log(tf.tensordot(power, tf.constant(self._mel), 1) + 1e-6)
+        frames = self.frames(tf.cast(waveform, tf.float32))
+        spectrum = tf.signal.rfft(frames * tf.constant(self._window), [self.fft_length])
+        # |.|² through ComplexAbs, the one consumer of an FFT ONNX conversion knows
+        power = tf.square(tf.abs(spectrum))[..., :self._bins]
+        features = tf.math.log(_dot(power, self._mel) + 1e-6)
         if self._dct is not None:
-            features = tf.tensordot(features, tf.constant(self._dct), 1)
+            features = _dot(features, self._dct)
         return features
 
     def compute_output_shape(self, input_shape):
@@ -79,7 +98,18 @@ class AudioFeatures(keras.layers.Layer):
                 "band": [self.lower_hz, self.upper_hz], "num_mfcc": self.num_mfcc}
 
 
-def _features(spec, features: str, num_mel_bins: int, num_mfcc: int, frames):
+def _dot(x, matrix: np.ndarray):
+    """x [..., K] times a constant [K, M]: one matrix product over the rows (a TFLite
+    FULLY_CONNECTED), reshaped back by x's static shape where it has one
+    (`tf.tensordot` computes the shapes at each call)."""
+    inner = x.shape[1:-1]
+    if None in inner:
+        return tf.tensordot(x, tf.constant(matrix), 1)
+    rows = tf.matmul(tf.reshape(x, [-1, matrix.shape[0]]), tf.constant(matrix))
+    return tf.reshape(rows, [-1, *inner, matrix.shape[1]])
+
+
+def _features(spec, features: str, num_mel_bins: int, num_mfcc: int, frames, band):
     if spec.sample_rate is None or len(spec.shape) != 1:
         raise ValueError("needs raw waveforms [samples] with a sample rate (data.name: "
                          f"audio_folder); got inputs of shape {spec.shape}")
@@ -88,18 +118,20 @@ def _features(spec, features: str, num_mel_bins: int, num_mfcc: int, frames):
     inputs = keras.Input(spec.shape, name="inputs")
     frame_ms, step_ms = frames
     x = AudioFeatures(spec.sample_rate, frame_ms, step_ms, num_mel_bins=num_mel_bins,
-                      num_mfcc=num_mfcc if features == "mfcc" else 0, name="features")(inputs)
+                      num_mfcc=num_mfcc if features == "mfcc" else 0, band=tuple(band),
+                      name="features")(inputs)
     return inputs, x
 
 
 @MODELS.register("ds_cnn")
 def ds_cnn(spec, features="mfcc", num_mel_bins=40, num_mfcc=10, frames=(40.0, 20.0),
-           filters=64, blocks=4, dropout=0.2):
+           filters=64, blocks=4, dropout=0.2, band=(20.0, None)):
     """Depthwise-separable CNN for keyword spotting ("Hello Edge", Zhang et al. 2017):
     a 10x4 strided convolution over the (time, feature) map, `blocks` depthwise 3x3 +
     pointwise 1x1 blocks (each with batch norm and ReLU), average pooling, logits.
-    `frames`: each frame's length and the step between frames, in ms."""
-    inputs, x = _features(spec, features, num_mel_bins, num_mfcc, frames)
+    `frames`: each frame's length and the step between frames, in ms; `band`: the mel
+    filters' lowest and highest Hz (None: half the sample rate)."""
+    inputs, x = _features(spec, features, num_mel_bins, num_mfcc, frames, band)
     frames, bins = x.shape[1], x.shape[2]
     x = keras.layers.Reshape((frames, bins, 1), name="to_map")(x)
     x = keras.layers.Conv2D(filters, (10, 4), strides=(2, 2), padding="same", use_bias=False,
@@ -122,11 +154,12 @@ def ds_cnn(spec, features="mfcc", num_mel_bins=40, num_mfcc=10, frames=(40.0, 20
 
 @MODELS.register("conv1d")
 def conv1d(spec, features="log_mel", num_mel_bins=40, num_mfcc=13, frames=(30.0, 20.0),
-           filters=(64, 64, 128), kernel_size=5, dropout=0.2):
+           filters=(64, 64, 128), kernel_size=5, dropout=0.2, band=(20.0, None)):
     """A 1-D CNN over time (features as channels) for speech: per entry of `filters` a
     Conv1D (ReLU) and a 2x max pool, then average pooling over time and logits.
-    `frames`: each frame's length and the step between frames, in ms."""
-    inputs, x = _features(spec, features, num_mel_bins, num_mfcc, frames)
+    `frames`: each frame's length and the step between frames, in ms; `band`: the mel
+    filters' lowest and highest Hz (None: half the sample rate)."""
+    inputs, x = _features(spec, features, num_mel_bins, num_mfcc, frames, band)
     for i, f in enumerate(filters):
         x = keras.layers.Conv1D(f, kernel_size, padding="same", activation="relu",
                                 name=f"conv_{i}")(x)

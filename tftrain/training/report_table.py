@@ -139,6 +139,13 @@ def _artifact_rows(name: str, art: dict) -> list[tuple[str, str]]:
                            if art['xnnpack']['fallback'] else " (all)")
                         if "xnnpack" in art else "")
                      + (f"; CPU int8: {art['cpu_int8']}" if "cpu_int8" in art else "")))
+    if "arena_bytes" in art:
+        weights = art["weight_bytes"]
+        rows.append((f"  {name} memory", "constants "
+                     + (f"{console.size(weights['front_end'])} float front end + "
+                        if weights["front_end"] else "")
+                     + f"{console.size(weights['network'])} network; tensor arena estimate "
+                     f"{console.size(art['arena_bytes'])} (activations live at once, batch 1)"))
     if art.get("float_latency_grid"):
         # a summary written before `speedup_vs_float` existed (a rerun of a completed
         # run reports the summary it finds) has the two grids only
