@@ -1,17 +1,21 @@
 """The application recipes against baselines nobody here wrote, on the same split in
-the same run: spoken digits (held-out voices) vs MFCC statistics + logistic regression,
+the same run: spoken digits (held-out voices) vs MFCC statistics + logistic regression
+(the recipe and the microcontroller-sized keyword model, `configs/keywords_micro.yaml`),
 fortunes by category vs TF-IDF + logistic regression (scikit-learn; C chosen by
 cross-validation on the training split), MobileNetV2 on upscaled digits with and
 without batch-norm recalibration, and the token transformer with QAT. Each recipe runs as
 `python -m tftrain.run` (its data is made first when missing); the table reports the
 baseline, the float model (end of training), each stage, the int8 TFLite file (its label,
-its share of int8 weight bytes, its gap to the QAT model), sizes and latency.
+its share of int8 weight bytes, its gap to the QAT model), sizes (its constants split
+into the float front end and the network), its tensor arena estimate, and its latency
+against the float file's at batch 1 on 1 thread (with the CPU's int8 instructions).
 
-    python benchmarks/applications.py [--recipes speech text image transformer] [--json FILE]
+    python benchmarks/applications.py [--recipes speech micro text image transformer]
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import subprocess
 import sys
@@ -22,11 +26,13 @@ import record
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-RECIPES = {"speech": "configs/speech_digits.yaml", "text": "configs/text_classification.yaml",
+RECIPES = {"speech": "configs/speech_digits.yaml", "micro": "configs/keywords_micro.yaml",
+           "text": "configs/text_classification.yaml",
            "image": "configs/image_transfer.yaml", "transformer": "configs/transformer_tokens.yaml"}
 # settings a recipe runs with here beyond its file
 SETTINGS = {"transformer": ("compression.quantization.enabled=true", "export.tflite=int8")}
 DATA = {"speech": ("scripts/make_speech_digits.py", "data/speech_digits"),
+        "micro": ("scripts/make_speech_digits.py", "data/speech_digits"),
         "text": ("scripts/make_fortunes_text.py", "data/fortunes")}
 
 
@@ -58,6 +64,7 @@ def _config(recipe: str):
     return load_config(ROOT / RECIPES[recipe], [])
 
 
+@functools.lru_cache(maxsize=None)
 def speech_baseline() -> float:
     """MFCC statistics (mean and std of 13 MFCCs and their deltas over 25 ms frames every
     10 ms) + standardisation + logistic regression, on the recipe's split."""
@@ -114,6 +121,9 @@ def row(name: str, summary: dict, baseline) -> dict:
             "int8_tflite_gzip": int8.get("gzip_bytes"), "int8_tflite_bytes": int8.get("size_bytes"),
             "latency_ms": int8.get("latency_ms"), "label": int8.get("label"),
             "int8_weight_share": summary.get("int8_weight_share"),
+            "weight_bytes": int8.get("weight_bytes"), "arena_bytes": int8.get("arena_bytes"),
+            "speedup_b1": int8.get("speedup_vs_float", {}).get("batch1_threads1"),
+            "cpu_int8": int8.get("cpu_int8"),
             "worst_layers": int8.get("worst_layers", [])[:3],
             "inputs": {k: v.get("input") for k, v in summary["artifacts"].items()}}
 
@@ -132,6 +142,8 @@ def main(argv=None) -> None:
             summary = train(recipe, runs)
             if recipe == "speech":
                 rows.append(row("speech digits (held-out voices)", summary, speech_baseline()))
+            elif recipe == "micro":     # the same split (data, fraction and seed)
+                rows.append(row("keywords micro (held-out voices)", summary, speech_baseline()))
             elif recipe == "text":
                 rows.append(row("fortunes by category", summary, text_baseline()))
             elif recipe == "transformer":
@@ -159,8 +171,19 @@ def main(argv=None) -> None:
                   + " / ".join(f"{k} {v:.4f}" for k, v in r["stages"].items())
                   + f" / {r['int8_tflite']:.4f} ({gap(r)}); {r['int8_tflite_bytes']:,} B "
                   f"({r['int8_tflite_gzip']:,} B), {r['label']}, "
-                  f"{r['int8_weight_share']:.4f} int8; {', '.join(r['worst_layers']) or '-'}")
-                 for r in rows])
+                  f"{r['int8_weight_share']:.4f} int8; {', '.join(r['worst_layers']) or '-'}"
+                  + file_needs(r)) for r in rows])
+
+
+def file_needs(r: dict) -> str:
+    """The int8 file's constants (front end, network), arena estimate and speed."""
+    if not r.get("weight_bytes"):
+        return ""
+    w = r["weight_bytes"]
+    return (f"; constants {w['front_end']:,} B float front end + {w['network']:,} B network, "
+            f"tensor arena estimate {r['arena_bytes']:,} B"
+            + (f"; int8 / float speed at batch 1, 1 thread {r['speedup_b1']:.2f}x "
+               f"(CPU int8: {r['cpu_int8']})" if r.get("speedup_b1") else ""))
 
 
 def gap(r: dict) -> str:

@@ -57,11 +57,42 @@ def test_folder_and_tsv_give_the_same_split_and_a_vocabulary_of_training_texts_o
     assert ids[2] == 1 and ids[0] > 1 and ids[1] > 1 and not ids[3:].any()   # OOV -> 1, padded
 
 
+def test_character_ngrams_come_after_the_words_with_their_own_vocabulary(tmp_path):
+    make_texts(tmp_path / "texts")
+    words = load_source(cfg(tmp_path / "texts", "data.validation_fraction=0.25").data, 5)
+    both = load_source(cfg(tmp_path / "texts", "data.validation_fraction=0.25",
+                           "data.params.char_ngrams=3").data, 5)
+    layer = both.spec.serving.layer
+    vocab = layer.get_vocabulary()
+    word_vocab = words.spec.serving.layer.get_vocabulary()
+    assert vocab[:len(word_vocab)] == word_vocab
+    grams = [t[len("chars:"):] for t in vocab[len(word_vocab):]]
+    assert grams[:2] == ["", "[UNK]"] and both.spec.vocab_size == len(vocab)
+    # character 2- and 3-grams only (TextVectorization joins a gram's n characters by
+    # spaces: 2n - 1 characters)
+    assert {len(g) for g in grams[2:]} == {3, 5}
+    (train, _), _, _ = split(tmp_path / "texts", 0.25, 5)
+    seen = {" ".join(t.lower().strip(".")[i:i + n]) for t in train for n in (2, 3)
+            for i in range(len(t) - n)}
+    assert set(grams[2:]) <= seen                          # fitted on training texts only
+    n_words = words.spec.shape[0]
+    ids = layer(tf.constant(["rocket moon"])).numpy()[0]
+    np.testing.assert_array_equal(ids[:n_words],
+                                  words.spec.serving.layer(tf.constant(["rocket moon"])).numpy()[0])
+    chars = ids[n_words:]
+    # "rocket moon": 10 2-grams and 9 3-grams, each shifted past the word vocabulary
+    assert np.count_nonzero(chars) == 19 and (chars[chars > 0] >= len(word_vocab)).all()
+    assert [vocab[i] for i in chars[:2]] == ["chars:r o", "chars:o c"]
+    xv = np.concatenate([x.numpy() for x, _ in both.validation().batch(8)])
+    np.testing.assert_array_equal(xv, layer(tf.constant(list(both.spec.serving.validation))).numpy())
+
+
 @pytest.mark.parametrize("case,pattern", [
     ("empty_file", r"data: .*space/003\.txt is empty; fix or remove it, or set data\.on_bad_record: skip"),
     ("empty_folder", r"class folder .*sport has no \.txt files"),
     ("no_label_column", r"data\.params\.label_column: column 'label' is not in .*t\.csv \(its columns are: text, category\)"),
     ("no_label", r"data: .*t\.csv:3 has no label"),
+    ("char_ngrams", r"data\.params\.char_ngrams: 9; expected 0 \(none\) or 2 to 6"),
 ])
 def test_bad_text_exits_2_naming_the_file_or_key(tmp_path, capsys, case, pattern):
     make_texts(tmp_path / "texts")
@@ -77,7 +108,8 @@ def test_bad_text_exits_2_naming_the_file_or_key(tmp_path, capsys, case, pattern
         path = tmp_path / "t.csv"
         path.write_text("text,label\nhello world,a\nbye world,\n")
     runs = tmp_path / "runs"
-    sets = ["data.name=text", f"data.params={{path: {path}}}", "model={name: embedding_bag}"]
+    sets = ["data.name=text", f"data.params={{path: {path}}}", "model={name: embedding_bag}",
+            *(["data.params.char_ngrams=9"] if case == "char_ngrams" else [])]
     assert main([str(QUICKSTART), "--run-dir", str(runs), *[a for s in sets for a in ("--set", s)]]) == 2
     err = capsys.readouterr().err
     assert re.search(pattern, err), err

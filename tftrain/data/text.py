@@ -3,7 +3,9 @@ file) or from a CSV/TSV file with a text and a label column.
 
 The split is seeded; the tokenizer is Keras' `TextVectorization` (word or character
 n-grams) fitted on the training split only (its vocabulary is deterministic: tokens by
-count, ties broken by the token). Examples are token ids, so training runs on integer
+count, ties broken by the token); `char_ngrams: N` adds the text's character 2- to
+N-grams as tokens of their own after the words (fastText's subword features: the
+recipe's embedding bag then sees what TF-IDF of words and character n-grams sees). Examples are token ids, so training runs on integer
 tensors on any device; the exported SavedModel puts the fitted tokenizer in front of
 the model and takes raw strings (`InputSpec.serving`); TFLite files take token ids.
 """
@@ -124,13 +126,39 @@ def tokenizer(tokens: str, ngrams: int, vocab_size: int, sequence_length: Option
 
     if tokens not in ("word", "character"):
         raise ConfigError(f"data.params.tokens: {tokens!r}; expected word or character")
-    if not 1 <= ngrams <= 5:
+    if isinstance(ngrams, int) and not 1 <= ngrams <= 5:
         raise ConfigError(f"data.params.ngrams: {ngrams}; expected 1 to 5 (n-grams up to n)")
     return keras.layers.TextVectorization(
         max_tokens=vocab_size, standardize="lower_and_strip_punctuation",
         split="whitespace" if tokens == "word" else "character",
         ngrams=None if ngrams == 1 else ngrams, output_mode="int",
         output_sequence_length=sequence_length, name="tokenizer")
+
+
+class Tokenizers(keras.layers.Layer):
+    """Several fitted tokenizers as one: each text's ids from each, side by side, each
+    tokenizer's ids shifted past the vocabularies before it (padding stays 0)."""
+
+    def __init__(self, parts, **kwargs):
+        super().__init__(**kwargs)
+        self.parts = list(parts)
+        sizes = [part.vocabulary_size() for part in self.parts]
+        self.offsets = [int(o) for o in np.cumsum([0, *sizes[:-1]])]
+
+    def call(self, texts):
+        rows = []
+        for part, offset in zip(self.parts, self.offsets):
+            ids = tf.cast(part(texts), tf.int32)
+            rows.append(tf.where(ids > 0, ids + offset, tf.zeros_like(ids)))
+        return tf.concat(rows, axis=-1)
+
+    def vocabulary_size(self) -> int:
+        return sum(part.vocabulary_size() for part in self.parts)
+
+    def get_vocabulary(self) -> list[str]:
+        """Every id's token (a character n-gram's written `chars:<n-gram>`)."""
+        words, *rest = [part.get_vocabulary() for part in self.parts]
+        return words + [f"chars:{token}" for vocabulary in rest for token in vocabulary]
 
 
 def encode(layer, texts: list[str]) -> np.ndarray:
@@ -148,7 +176,25 @@ class TextOptions:
     ngrams: int = 1
     vocab_size: int = 20000
     sequence_length: Optional[int] = None
+    char_ngrams: int = 0
+    char_vocab_size: int = 30000
     on_bad_record: str = "fail"
+
+
+def fitted(spec: tuple, texts: list[str], sequence_length: Optional[int]):
+    """A tokenizer (`spec`: tokens, n-grams, vocabulary size) fitted on `texts`, padding
+    or cutting to `sequence_length` tokens (None: the 95th percentile of their lengths,
+    rounded up to a multiple of 8); (the tokenizer, its length)."""
+    tokens, ngrams, vocab_size = spec
+    layer = tokenizer(tokens, ngrams, vocab_size, None)
+    layer.adapt(tf.data.Dataset.from_tensor_slices(texts).batch(512))
+    if sequence_length is None:
+        lengths = np.concatenate([np.count_nonzero(layer(tf.constant(texts[i:i + 512])).numpy(),
+                                                   axis=1) for i in range(0, len(texts), 512)])
+        sequence_length = int(np.ceil(np.percentile(lengths, 95) / 8) * 8) or 8
+    fixed = tokenizer(tokens, ngrams, vocab_size, int(sequence_length))
+    fixed.set_vocabulary(layer.get_vocabulary())
+    return fixed, int(sequence_length)
 
 
 @DATASETS.register("text")
@@ -157,22 +203,24 @@ def text(fraction: float, seed: int, o: TextOptions = TextOptions()) -> IndexedS
     """Text classification: a folder per class of .txt files, or a .csv/.tsv file;
     tokenized by `TextVectorization` fitted on the training split (`tokens`: word or
     character, n-grams up to `ngrams`, the `vocab_size` most frequent, padded or cut to
-    `sequence_length` tokens: by default the 95th percentile of training lengths)."""
+    `sequence_length` tokens: by default the 95th percentile of training lengths), and
+    with `char_ngrams` the character 2- to N-grams after them (the `char_vocab_size` most
+    frequent, as many as `sequence_length` or by default their 95th percentile)."""
     path, text_column, label_column, on_bad_record = (o.path, o.text_column, o.label_column,
                                                       o.on_bad_record)
     tokens, ngrams, vocab_size, sequence_length = o.tokens, o.ngrams, o.vocab_size, o.sequence_length
     root = existing(path, "data.params.path")
     (train_texts, y_train), (val_texts, y_val), classes = split(
         root, fraction, seed, text_column, label_column, on_bad_record)
-    layer = tokenizer(tokens, ngrams, vocab_size, None)
-    layer.adapt(tf.data.Dataset.from_tensor_slices(train_texts).batch(512))
-    if sequence_length is None:
-        lengths = [np.count_nonzero(layer(tf.constant(train_texts[i:i + 512])).numpy(), axis=1)
-                   for i in range(0, len(train_texts), 512)]
-        lengths = np.concatenate(lengths)
-        sequence_length = int(np.ceil(np.percentile(lengths, 95) / 8) * 8) or 8
-    fixed = tokenizer(tokens, ngrams, vocab_size, int(sequence_length))
-    fixed.set_vocabulary(layer.get_vocabulary())
+    if o.char_ngrams and not 2 <= o.char_ngrams <= 6:
+        raise ConfigError(f"data.params.char_ngrams: {o.char_ngrams}; expected 0 (none) or 2 "
+                          "to 6 (character 2- to N-grams beside the words)")
+    specs = [(tokens, ngrams, vocab_size)] + (
+        [("character", tuple(range(2, o.char_ngrams + 1)), o.char_vocab_size)]
+        if o.char_ngrams else [])
+    parts, lengths = zip(*[fitted(part, train_texts, sequence_length) for part in specs])
+    fixed = parts[0] if len(parts) == 1 else Tokenizers(parts, name="tokenizer")
+    sequence_length = sum(lengths)
     source = from_arrays(encode(fixed, train_texts), y_train, fraction, seed,
                          num_classes=len(classes), vocab_size=fixed.vocabulary_size(),
                          validation=(encode(fixed, val_texts) if val_texts else
@@ -181,6 +229,8 @@ def text(fraction: float, seed: int, o: TextOptions = TextOptions()) -> IndexedS
     serving = Serving(fixed, ((), "string"), np.array(val_texts, dtype=object), "raw strings")
     spec = source.spec.__class__(**{**source.spec.__dict__, "serving": serving})
     kind = (f"{len(train_texts) + len(val_texts)} texts under {root}, {len(classes)} classes; {tokens} "
-            f"{ngrams}-grams, vocabulary {fixed.vocabulary_size()}, {sequence_length} tokens")
+            f"{ngrams}-grams" + (f" and character 2- to {o.char_ngrams}-grams"
+                                 if o.char_ngrams else "")
+            + f", vocabulary {fixed.vocabulary_size()}, {sequence_length} tokens")
     return IndexedSource(spec, source.num_train, source.num_val, source.load, source.val,
                          kind=kind, decoded_bytes=source.decoded_bytes)
