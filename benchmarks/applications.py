@@ -180,7 +180,7 @@ def file_needs(r: dict) -> str:
     if not r.get("weight_bytes"):
         return ""
     w = r["weight_bytes"]
-    return (f"; constants {w['front_end']:,} B float front end + {w['network']:,} B network, "
+    return (f"; constants {w['front_end']:,} B front end + {w['network']:,} B network, "
             f"tensor arena estimate {r['arena_bytes']:,} B"
             + (f"; int8 / float speed at batch 1, 1 thread {r['speedup_b1']:.2f}x "
                f"(CPU int8: {r['cpu_int8']})" if r.get("speedup_b1") else ""))
