@@ -9,7 +9,7 @@ Some values cannot meet: token ids take no float augmentation (`normalize`, a cr
 `mixup`), a quantization-aware trained model exports as int8 only (no dynamic-range
 or float16 TFLite), an embedding bag has no channels channel pruning could remove
 (its table's width reaches the output through a mean), a speech model's audio feature
-layer cannot be quantized to int8 after training (a post-training int8 TFLite file;
+layer cannot be quantized after training (post-training int8 or dynamic-range TFLite;
 QAT keeps it float), and no bundled model follows XNNPack's sparse-inference rules
 (`export.tflite_sparse`: a 3x3 stride-2 first convolution padded equally on an odd input,
 and so on). The covering array is built over the combinations that can run, and the pairs
@@ -100,7 +100,7 @@ def refusal(row: dict) -> str | None:
         return "export.tflite: a quantization-aware trained model exports as int8"
     if row["stages"] == "channels+qat" and row["model"] == "embedding_bag":
         return "compression.pruning.structure: channels found no group of channels"
-    if row["model"] in SPEECH and row["export"] == "tflite_int8" \
+    if row["model"] in SPEECH and row["export"] in ("tflite_int8", "tflite_dynamic") \
             and not row["stages"].endswith("+qat"):
         return "export.tflite: post-training"
     return None
@@ -265,7 +265,8 @@ REFUSED = [{**ROWS[i], "model": model, "augment": augment} for i, (model, augmen
           [{**ROWS[8], "model": "embedding_bag", "augment": "none", "stages": "channels+qat",
             "export": "tflite_int8"}] + \
           [{**ROWS[9 + i], "model": model, "augment": "none", "stages": "train",
-            "export": "tflite_int8"} for i, model in enumerate(SPEECH)] + \
+            "export": export} for i, (model, export) in enumerate(
+                itertools.product(SPEECH, ["tflite_int8", "tflite_dynamic"]))] + \
           [{**ROWS[13 + i], "model": model, "source": "keras3_file", "augment": "none",
             "stages": "train", "export": "saved_model"} for i, model in enumerate(CUSTOM)] + \
           [{"strategy": DIMENSIONS["strategy"][i % 3], "precision": DIMENSIONS["precision"][i % 3],

@@ -133,22 +133,22 @@ class TFLite(ExportKind):
         return cfg.export.tflite == self.precision
 
     def refusal(self, cfg, model, qat):
-        """A post-training int8 file of a model with an audio feature layer quantizes
-        that layer's power spectrum to 8 bits (its range spans far more), and the
-        features come out as noise (MFCCs of a fading waveform -0.8 dB above their error).
-        A dynamic-range file keeps the features' activations float (its mel matrix int8:
-        66.6 dB)."""
-        if qat or self.precision != "int8":
+        """A post-training int8 or dynamic-range file of a model with an audio feature
+        layer quantizes that layer's power spectrum to 8 bits as it enters the mel
+        product (int8 at calibrated ranges; dynamic range: each call's own), a range far
+        wider than 8 bits hold, and the features come out as noise (a smoke-trained
+        DS-CNN's dynamic-range features 5.2 dB above their error)."""
+        if qat or self.precision not in ("int8", "dynamic"):
             return None
         features = [layer.name for layer in model.layers
                     if type(layer).__name__ == "AudioFeatures"]
         if not features:
             return None
-        return (f"export.tflite: post-training int8 quantization makes 8-bit values of the "
-                f"power spectrum in layer {features[0]} (the audio features), and the "
-                "features come out as noise; quantize with QAT "
+        return (f"export.tflite: post-training {self.precision} quantization makes 8-bit "
+                f"values of the power spectrum in layer {features[0]} (the audio "
+                "features), and the features come out as noise; quantize with QAT "
                 "(compression.quantization: {enabled: true}), which keeps the feature layer "
-                "float, or export tflite: dynamic or float16")
+                "float, or export tflite: float16")
 
     def target(self):
         return "TFLite builtin"
