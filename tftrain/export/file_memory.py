@@ -1,7 +1,10 @@
-"""What a TFLite file needs on a device: its constant bytes, split into the front end
-(what the ops before the first one with an int8 kernel read: a speech model's float
-features) and the network from there on, and its tensor arena estimate: the peak, over the ops in execution
-order, of the bytes of activations live at once at batch 1 (a tensor lives from the op
+"""What a TFLite file needs on a device: its constants, front end and network, and its
+tensor arena estimate.
+
+Its constant bytes split into the front end (what the ops before the first one with an
+int8 kernel read: a speech model's float features) and the network from there on; its
+tensor arena estimate: the peak, over the ops in execution order, of the bytes of
+activations live at once at batch 1 (a tensor lives from the op
 that writes it, or the start for an input, to the last op that reads it, or the end
 for an output). A memory planner such as TensorFlow Lite Micro's cannot place them in
 less; op scratch buffers come on top.
