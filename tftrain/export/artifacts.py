@@ -21,6 +21,7 @@ from tftrain.core.keras import keras
 from tftrain.export.calibration import own_ranges
 from tftrain.export.measures import dir_bytes
 from tftrain.core import internals
+from tftrain.export import file_memory
 from tftrain.export.file_tensors import set_example
 from tftrain.compress import quantization
 
@@ -137,15 +138,9 @@ def tflite_weights(flatbuffer: bytes, min_size: int = 64) -> dict[str, np.ndarra
     """The constant tensors of a TFLite model with at least `min_size` elements, by
     tensor name (kernels, as stored: int8 in quantized models): those its ops read and
     none writes (an activation of static shape holds data too once allocated)."""
-    from ai_edge_litert.interpreter import Interpreter, OpResolverType
-
-    interp = Interpreter(model_content=flatbuffer, experimental_op_resolver_type=(
-        OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES))
+    interp = file_memory.own_ops(flatbuffer)
     interp.allocate_tensors()
-    ops = internals.ops_details(interp)
-    written = {t for op in ops for t in op["outputs"]}
-    inputs = {d["index"] for d in interp.get_input_details()}
-    read = {t for op in ops for t in op["inputs"] if t >= 0} - written - inputs
+    read = file_memory.constants(interp)
     return {detail["name"]: interp.get_tensor(detail["index"]).copy()
             for detail in interp.get_tensor_details()
             if detail["index"] in read and np.prod(detail["shape"]) >= min_size}

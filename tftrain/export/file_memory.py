@@ -16,13 +16,26 @@ import numpy as np
 from tftrain.core import internals
 
 
+def own_ops(blob: bytes):
+    """A LiteRT interpreter of the file's own ops (XNNPack would replace them by one
+    DELEGATE node)."""
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+    return Interpreter(model_content=blob, experimental_op_resolver_type=(
+        OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES))
+
+
+def constants(interp) -> set[int]:
+    """The indices of the tensors the ops read and none writes, inputs aside (an
+    activation of static shape holds data too once allocated)."""
+    ops = internals.ops_details(interp)
+    written = {t for op in ops for t in op["outputs"]}
+    inputs = {d["index"] for d in interp.get_input_details()}
+    return {t for op in ops for t in op["inputs"] if t >= 0} - written - inputs
+
+
 def layout(blob: bytes) -> dict:
     """`weight_bytes` (`front_end`, `network`) and `arena_bytes` of a TFLite file."""
-    from ai_edge_litert.interpreter import Interpreter, OpResolverType
-
-    # the file's own ops (XNNPack would replace them by one DELEGATE node)
-    interp = Interpreter(model_content=blob, experimental_op_resolver_type=(
-        OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES))
+    interp = own_ops(blob)
     for inp in interp.get_input_details():      # batch 1, every shape known after a run
         interp.resize_tensor_input(inp["index"], [1, *inp["shape"][1:]])
     interp.allocate_tensors()
@@ -30,15 +43,13 @@ def layout(blob: bytes) -> dict:
         interp.set_tensor(inp["index"], np.zeros([1, *inp["shape"][1:]], inp["dtype"]))
     interp.invoke()
     ops = internals.ops_details(interp)
+    details = interp.get_tensor_details()
     size = {t["index"]: int(np.prod(t["shape"])) * np.dtype(t["dtype"]).itemsize
-            for t in interp.get_tensor_details()}
+            for t in details}
+    dtype = {t["index"]: np.dtype(t["dtype"]) for t in details}
     inputs = [d["index"] for d in interp.get_input_details()]
     outputs = [d["index"] for d in interp.get_output_details()]
-    written = {o for op in ops for o in op["outputs"]}
-    dtype = {t["index"]: np.dtype(t["dtype"]) for t in interp.get_tensor_details()}
-
-    def constant(t):
-        return t >= 0 and t not in written and t not in inputs
+    constant = constants(interp).__contains__
 
     # a file with no int8 kernel (a float file) is all network
     front_end = next((i for i, op in enumerate(ops)
