@@ -52,9 +52,11 @@ def report_table(summary: dict) -> str:
                         f"{'below' if headline['gap_pt'] > 0 else 'above'} it: "
                         f"{headline['explanation']}" if "explanation" in headline else "")
                      + ")"))
-    rows += [(k, f"{v:.4f}") for k, v in summary["metrics"].items()]
-    rows += [(f"{k} (as trained)", f"{v:.4f}")   # before averaging / batch-norm re-estimation
-             for k, v in (summary.get("raw_metrics") or {}).items()]
+    if summary["metrics"]:
+        rows.append(("metrics", ", ".join(f"{k} {v:.4f}" for k, v in summary["metrics"].items())))
+    if summary.get("raw_metrics"):        # before averaging / batch-norm re-estimation
+        rows.append(("as trained", ", ".join(f"{k} {v:.4f}"
+                                             for k, v in summary["raw_metrics"].items())))
     rows += _stage_rows(summary)
     if summary.get("sparsity"):
         rows.append(("sparsity", grouped(summary["sparsity"])))
