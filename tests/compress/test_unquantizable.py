@@ -4,6 +4,7 @@ import tensorflow as tf
 
 from tftrain.compress import quantization, unquantizable
 from tftrain.config import ConfigError, load_config
+from tftrain.core import console
 from tftrain.core.keras import keras
 from tftrain.models import layer_parents
 
@@ -31,7 +32,12 @@ def test_a_refusal_of_many_kinds_of_layers_is_at_most_10_lines_of_120_columns():
     cfg = load_config(None, []).compression.quantization
     with pytest.raises(ConfigError) as refused:
         quantization.quantize_model(net, cfg, preserve_sparsity=False)
-    lines = refused.value.problems
+    problem, = refused.value.problems            # one problem: the prefix printed once
+    lines = problem.split("\n")
+    printed = console.problem("tftrain: config error: ", problem).splitlines()
+    assert len(printed) == 10 and max(map(len, printed)) <= 120, printed
+    assert sum("config error" in line for line in printed) == 1
+    assert all(line.startswith("    ") for line in printed[1:]), printed
     unsupported = [layer for layer in net.layers
                    if not unquantizable.quantizable(layer, layer_parents(net)[layer.name])]
     kinds = {type(layer).__name__ for layer in unsupported}

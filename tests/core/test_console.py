@@ -41,3 +41,10 @@ def test_a_problem_of_several_lines_has_its_prefix_once_and_every_line_within_12
     assert "    detail one" in lines
     # one line stays one line, however long (scripts read a problem per line)
     assert console.problem("p: ", "x" * 300) == "p: " + "x" * 300
+
+
+def test_a_list_of_parts_is_one_problem_with_the_rest_counted():
+    from tftrain.core import console
+    assert console.listed("head:", ["only"]) == "head: only"
+    assert console.listed("head:", ["a", "b"], most=2) == "head:\na\nb"
+    assert console.listed("head:", list("abcde"), most=3) == "head:\na\nb\nand 3 more"

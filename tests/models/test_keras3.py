@@ -218,3 +218,26 @@ def test_a_nested_model_of_two_inputs_takes_each_where_it_is_called():
     assert {"da", "db", "minus", "dy"} <= {layer.name for layer in converted.layers}
     sample = np.random.default_rng(0).normal(size=(8, 4)).astype("float32")
     assert np.abs(converted(sample).numpy() - np.asarray(model(sample))).max() <= 1e-5
+
+
+def test_a_model_of_many_layers_without_a_form_is_one_problem_of_a_few_short_lines():
+    """40 custom layers: one problem, printed with its prefix once, the first three layers
+    named and the rest counted, every line within 120 columns, the continuation indented."""
+    from tftrain.config import ConfigError
+    from tftrain.core import console
+    from tftrain.models.registry import tf_keras_model
+    k3 = keras3()
+    inputs = k3.Input((4,))
+    h = inputs
+    for i in range(40):
+        h = Scale(name=f"scale_{i}")(h)
+    with pytest.raises(ConfigError) as refused:
+        tf_keras_model(k3.Model(inputs, h), "many:scales")
+    problem, = refused.value.problems
+    printed = console.problem("tftrain: config error: ", problem).splitlines()
+    assert printed[0] == "tftrain: config error: model.name: many:scales is a Keras 3 model:"
+    assert len(printed) <= 10 and max(map(len, printed)) <= 120, printed
+    assert all(line.startswith("    ") for line in printed[1:]) and printed[-1] == "    and 37 more"
+    assert [line for line in printed if "layer scale_" in line] == [
+        f"    layer scale_{i} (Scale, from test_keras3) has no tf_keras form tftrain knows; rewrite "
+        "it with tf_keras, or register a" for i in range(3)]

@@ -29,6 +29,7 @@ from tftrain.models.tensor_ops import HardSigmoid, HardSwish, affine_of
 from tftrain.models.applications import Preprocess
 from tftrain.models.audio import AudioFeatures
 from tftrain.compress import qat_transformer as qt
+from tftrain.compress.qat_norms import ChannelAffine, ChannelAffineQuantizeConfig
 from tftrain.models.text import TokenMean
 from tftrain.models.transformer import PositionEmbedding
 
@@ -202,7 +203,8 @@ def configs_for(model, preserve_sparsity: bool) -> dict:
     for layer in model.layers:
         source = sources.get(layer.name)
         if (isinstance(layer, keras.layers.BatchNormalization)
-                and isinstance(source, keras.layers.DepthwiseConv2D)):
+                and isinstance(source, keras.layers.DepthwiseConv2D)
+                and consumers.get(source.name) == [layer]):        # (else not folded)
             relu = [c for c in consumers.get(layer.name, []) if _is_relu(c)]
             configs_[layer.name] = (configs.NoOpQuantizeConfig()
                                     if relu and len(consumers[layer.name]) == 1
@@ -256,6 +258,8 @@ def config_for(layer, preserve_sparsity: bool) -> Optional[object]:
         return qt.DenseQuantizeConfig(preserve_sparsity)
     if isinstance(layer, PositionEmbedding):
         return PositionEmbeddingQuantizeConfig(preserve_sparsity)
+    if isinstance(layer, ChannelAffine):
+        return ChannelAffineQuantizeConfig()
     if type(layer) in (keras.layers.Conv1D, Conv1DAsConv2D):
         return Conv1DQuantizeConfig(preserve_sparsity)
     if isinstance(layer, keras.layers.Embedding):
@@ -278,10 +282,13 @@ def config_for(layer, preserve_sparsity: bool) -> Optional[object]:
     return None
 
 
-def quantizable_form(layer):
+def quantizable_form(layer, standalone_norm: bool = False):
     """A fresh copy of `layer` in the form QAT quantizes (a Conv1D as `Conv1DAsConv2D`;
     multi-head attention, a Dense on a sequence and layer normalization as
-    `qat_transformer`'s forms)."""
+    `qat_transformer`'s forms; a batch norm nothing folds into, `standalone_norm`, as
+    `qat_norms.ChannelAffine`)."""
+    if standalone_norm:
+        return ChannelAffine.of(layer)
 
     if type(layer) is keras.layers.Conv1D:
         return Conv1DAsConv2D.of(layer)

@@ -13,8 +13,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_model_optimization as tfmot
 
-from tftrain.compress import qat_configs
-from tftrain.compress.unquantizable import quantizable, unquantizable  # noqa: F401  (re-exported)
+from tftrain.compress import qat_configs, qat_norms
+from tftrain.compress.unquantizable import FOLDED_INTO, quantizable, unquantizable  # noqa: F401
 from tftrain.config import QuantizationConfig
 from tftrain.core import internals
 from tftrain.core.keras import keras
@@ -32,12 +32,15 @@ def quantize_model(model, cfg: QuantizationConfig, preserve_sparsity: bool):
     q = tfmot.quantization.keras
     skipped = set(unquantizable(model, cfg))
     configs = qat_configs.configs_for(model, preserve_sparsity)
+    loose = qat_norms.standalone_norms(model, FOLDED_INTO)
 
     def annotate(layer):
         if layer.name in skipped or isinstance(layer, keras.layers.InputLayer):
             return layer.__class__.from_config(layer.get_config())
-        return q.quantize_annotate_layer(qat_configs.quantizable_form(layer),
-                                         configs.get(layer.name))
+        form = qat_configs.quantizable_form(layer, layer.name in loose)
+        config = qat_configs.config_for(form, preserve_sparsity) if layer.name in loose \
+            else configs.get(layer.name)
+        return q.quantize_annotate_layer(form, config)
 
     annotated = keras.models.clone_model(model, clone_function=annotate)
     # layer by layer (a clone keeps their order): a quantizable form keeps the original's

@@ -5,35 +5,37 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tftrain.compress import qat_configs
+from tftrain.compress import qat_configs, qat_norms
 from tftrain.config import ConfigError, QuantizationConfig
 from tftrain.core.keras import keras
 from tftrain.models import layer_parents
 from tftrain.core import internals
 
-_FOLDED_INTO = ("Conv2D", "DepthwiseConv2D", "Dense")
+FOLDED_INTO = ("Conv2D", "DepthwiseConv2D", "Dense")
 
 
-def quantizable(layer, parents: list[str]) -> bool:
-    """Whether tfmot's default 8-bit scheme can quantize this layer (batch norm right
-    after a convolution or dense layer is folded into it)."""
+def quantizable(layer, parents: list[str], loose: frozenset | set = frozenset()) -> bool:
+    """Whether tfmot's default 8-bit scheme, or tftrain's forms, can quantize this layer
+    (batch norm right after a convolution or dense layer is folded into it; the batch
+    norms named in `loose`, `qat_norms.standalone_norms`, become `ChannelAffine`)."""
     from tensorflow_model_optimization.python.core.quantization.keras.default_8bit import (
         default_8bit_quantize_registry as registry,
     )
     if isinstance(layer, keras.layers.InputLayer):
         return True
     if isinstance(layer, keras.layers.BatchNormalization):
-        return bool(parents) and all(p in _FOLDED_INTO for p in parents)
+        return layer.name in loose or (bool(parents) and all(p in FOLDED_INTO for p in parents))
     return registry.Default8BitQuantizeRegistry().supports(layer) or qat_configs.supported(layer)
 
 
 def unquantizable(model, cfg: QuantizationConfig) -> list[str]:
     """Layers tfmot cannot quantize: an error naming them, or (skip_unsupported) the
     names to leave in float."""
-    parents = layer_parents(model)
-    unsupported = [layer for layer in model.layers if not quantizable(layer, parents[layer.name])]
+    parents, loose = layer_parents(model), qat_norms.standalone_norms(model, FOLDED_INTO)
+    unsupported = [layer for layer in model.layers
+                   if not quantizable(layer, parents[layer.name], loose)]
     if unsupported and not cfg.skip_unsupported:
-        raise ConfigError(*refusal_lines(model, unsupported))
+        raise ConfigError("\n".join(refusal_lines(model, unsupported)))   # one problem
     return [layer.name for layer in unsupported]
 
 

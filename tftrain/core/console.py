@@ -44,6 +44,17 @@ def problem(prefix: str, text: str) -> str:
     return "\n".join(lines)
 
 
+def listed(head: str, items: list[str], most: int = 8) -> str:
+    """One problem of several parts: `head`, then an item a line (`problem` indents them
+    under the prefix), at most `most` of them and a count of the rest. One item alone
+    is `head` and it on one line."""
+    if len(items) == 1:
+        return f"{head} {items[0]}"
+    shown = items if len(items) <= most else items[:most - 1]
+    rest = [] if len(shown) == len(items) else [f"and {len(items) - len(shown)} more"]
+    return "\n".join([head, *shown, *rest])
+
+
 @contextlib.contextmanager
 def phase(name: str, what: str = "", ended: bool = True):
     """`[name] what...` when the phase starts and `[name] done in T` when it ends (also

@@ -35,6 +35,13 @@ def layers_of_tensor(name: str, order: dict[str, int]) -> set[str]:
     return found
 
 
+def _computed_in(name: str, order: dict[str, int]) -> set[str]:
+    """The layers whose computation a tensor's name mentions: not the ones only its
+    quantization does (a RESHAPE after a ReLU carries the ReLU's fake-quant in its name)."""
+    return {layer for op in name.split(";") if "Quantize" not in op and "FakeQuant" not in op
+            for layer in layers_of_tensor(op, order)}
+
+
 def tflite_tensors(blob: bytes, layer_names: list[str], x: np.ndarray,
                    outputs: tuple[str, ...] = ()) -> dict[str, dict]:
     """By Keras layer: the dequantized value of the last tensor the TFLite model computes
@@ -62,6 +69,10 @@ def tflite_tensors(blob: bytes, layer_names: list[str], x: np.ndarray,
             writers[int(index)] = op
             detail = internals.tensor_details(interp, index)
             layer = layer_of_tensor(detail["name"], order)
+            for fused in _computed_in(detail["name"], order) - {layer}:
+                # an earlier layer's last step is inside this op (a batch norm's ADD with
+                # the ReLU after it): what was chosen for it was a step inside the layer
+                chosen.pop(fused, None)
             if layer is not None:
                 chosen[layer] = (index, op["op_name"])
                 if detail["dtype"] in (np.int8, np.uint8):

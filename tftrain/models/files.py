@@ -101,14 +101,14 @@ def load(path: str, trust_code: bool = False):
 
     unknown = _custom_classes(file) if form == ".keras" else []
     if unknown:
-        raise ConfigError(*[f"model.name: {path}: layer {name} ({cls}) is not a Keras built-in "
-                            "layer tftrain can convert; rewrite it with tf_keras, or register a "
-                            "converter (tftrain.models.keras3.register_converter) and load "
-                            "its module before the run" for name, cls in unknown])
+        raise ConfigError(console.listed(f"model.name: {path}:", [
+            f"layer {name} ({cls}) is not a Keras built-in layer tftrain can convert; rewrite "
+            "it with tf_keras, or register a converter (tftrain.models.keras3.register_converter) "
+            "and load its module before the run" for name, cls in unknown], most=4))
     original = keras3().saving.load_model(str(file), compile=False, safe_mode=not trust_code)
     problems = convert.refusal(original)
     if problems:
-        raise ConfigError(*[f"model.name: {path}: {p}" for p in problems])
+        raise ConfigError(console.listed(f"model.name: {path}:", problems, most=4))
     model, diff = convert.checked(original, str(path))
     return model, Origin(str(path), writer, form, len(model.layers), diff, trusted_code=code)
 

@@ -7,6 +7,7 @@ import inspect
 
 from tftrain.core.keras import ensure_tf_keras_model
 from tftrain.config import ConfigError
+from tftrain.core import console
 from tftrain.core.registry import Registry, check_params, import_function
 from tftrain.models import keras3, tensor_ops
 from tftrain.models.files import builder
@@ -77,7 +78,7 @@ def tf_keras_model(model, what: str, section: str = "model"):
     if keras3.is_keras3(model):
         problems = keras3.refusal(model)
         if problems:
-            raise ConfigError(*[f"{section}.name: {what} is a Keras 3 model: {p}" for p in problems])
+            raise ConfigError(console.listed(f"{section}.name: {what} is a Keras 3 model:", problems, most=4))
         return keras3.checked(model, what)[0]
     return ensure_tf_keras_model(model, what)
 
