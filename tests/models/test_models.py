@@ -22,6 +22,7 @@ def mcfg(*sets):
     ("mlp", IMAGES, {"hidden": [16]}),
     ("cnn", IMAGES, {"filters": [8, 8, 8, 8], "batch_norm": True, "dropout": 0.1}),
     ("resnet", IMAGES, {"depth": 8, "width": 8}),
+    ("resnet", IMAGES, {"depth": 8, "width": 8, "preact": True}),
     ("transformer", TOKENS, {"embed_dim": 16, "num_heads": 2, "num_layers": 1, "mlp_dim": 32}),
 ])
 def test_builders_output_logits(name, spec, params):
@@ -38,6 +39,24 @@ def test_resnet_depth_and_batch_norm():
     assert any(isinstance(l, keras.layers.BatchNormalization) for l in model.layers)
     with pytest.raises(ValueError, match="depth must be 6n\\+2"):
         MODELS.get("resnet")(IMAGES, depth=10)
+
+
+def test_the_preactivation_resnet_normalizes_before_each_convolution():
+    """ResNetV2's order: every 3x3 convolution after the stem reads a ReLU of a batch
+    norm, each block's sum is left as it is (an Add, no ReLU after it), and a batch norm
+    and ReLU close the network; the same convolutions as the plain form."""
+    from tftrain.models import layer_parents
+    plain = MODELS.get("resnet")(IMAGES, depth=14, width=4)
+    model = MODELS.get("resnet")(IMAGES, depth=14, width=4, preact=True)
+    parents = layer_parents(model)
+    convs = [l for l in model.layers if isinstance(l, keras.layers.Conv2D)]
+    assert len(convs) == len([l for l in plain.layers if isinstance(l, keras.layers.Conv2D)])
+    assert all(parents[c.name] == ["ReLU"] for c in convs if c.name != "stem_conv")
+    assert all("ReLU" not in parents[l.name] for l in model.layers
+               if isinstance(l, keras.layers.Add))
+    assert [type(l).__name__ for l in model.layers[-4:]] == [
+        "BatchNormalization", "ReLU", "GlobalAveragePooling2D", "Dense"]
+    assert model.name == "resnet14v2"
 
 
 def test_custom_builder_by_module_path(monkeypatch):
