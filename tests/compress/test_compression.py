@@ -481,3 +481,35 @@ def test_held_activation_ranges_stay_calibrated_and_make_replicas_equal_accumula
     moving_gap = max(float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
                      for a, b in zip(moving_replicas, moving_one))
     assert moving_gap > 10 * held_gap, (moving_gap, held_gap)
+
+
+def test_a_convnext_block_quantizes_with_its_layer_scale_int8(tmp_path):
+    """ConvNeXt's block (a grouped 7x7 convolution, layer norm, Dense, GELU, Dense, layer
+    scale, the residual sum): QAT accepts the layer scale (tfmot has no config for it)
+    and it becomes an int8 MUL; the layer norm is the one op left float (TFLite has no
+    int8 kernel for it), and the file computes what the QAT model does."""
+    from tf_keras.src.applications.convnext import LayerScale
+
+    from tftrain.export import artifacts, file_tensors
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8, 8, 16))
+    h = keras.layers.Conv2D(16, 7, padding="same", groups=16, name="depthwise")(inputs)
+    h = keras.layers.LayerNormalization(epsilon=1e-6, name="norm")(h)
+    h = keras.layers.Dense(32, name="expand")(h)
+    h = keras.layers.Activation("gelu", name="gelu")(h)
+    h = keras.layers.Dense(16, name="project")(h)
+    h = LayerScale(0.5, 16, name="layer_scale")(h)
+    h = keras.layers.Add(name="add")([inputs, h])
+    net = keras.Model(inputs, keras.layers.Dense(10, name="logits")(
+        keras.layers.GlobalAveragePooling2D(name="pool")(h)))
+    x = np.random.default_rng(0).normal(size=(32, 8, 8, 16)).astype("float32")
+    q = quantization.quantize_model(net, load_config(None, []).compression.quantization, False)
+    assert type(q.get_layer("quant_layer_scale").layer) is LayerScale
+    quantization.calibrate_ranges(q, [x])
+    blob = artifacts.convert_tflite(artifacts.save_saved_model(q, tmp_path / "sm"), "int8", x, qat=True)
+    floats = file_tensors.float_ops(blob)
+    assert floats and all("norm" in op for op in floats), floats
+    assert not [op for op in floats if "layer_scale" in op or "gelu" in op]
+    expected = q(x, training=False).numpy()
+    logits, _ = artifacts.tflite_logits(blob, x)
+    assert 10 * np.log10(np.sum(expected ** 2) / np.sum((logits - expected) ** 2)) >= 20

@@ -22,6 +22,7 @@ from tensorflow_model_optimization.python.core.quantization.keras.default_8bit i
 )
 
 import tensorflow as tf
+from tf_keras.src.applications.convnext import LayerScale as ConvNeXtLayerScale
 
 from tftrain.compress.qat_base import PrunePreservingConfig
 from tftrain.core.keras import keras
@@ -32,6 +33,11 @@ from tftrain.compress import qat_transformer as qt
 from tftrain.compress.qat_norms import ChannelAffine, ChannelAffineQuantizeConfig
 from tftrain.models.text import TokenMean
 from tftrain.models.transformer import PositionEmbedding
+
+
+# ConvNeXt's layer scale (a layer of tf_keras's applications, not registered): QAT
+# rebuilds every layer from its config by class name
+keras.utils.get_custom_objects().setdefault("LayerScale", ConvNeXtLayerScale)
 
 
 @keras.utils.register_keras_serializable("tftrain")
@@ -269,10 +275,10 @@ def config_for(layer, preserve_sparsity: bool) -> Optional[object]:
     if isinstance(layer, (keras.layers.MaxPooling1D, keras.layers.GlobalMaxPooling1D,
                           HardSigmoid)):
         return configs.NoOpQuantizeConfig()        # (a hard sigmoid's ranges are fixed)
-    # an elementwise product (squeeze-excite's) and an affine map (input rescaling) are
-    # int8 MUL and ADD in TFLite: their output range is learned
+    # an elementwise product (squeeze-excite's, ConvNeXt's layer scale) and an affine map
+    # (input rescaling) are int8 MUL and ADD in TFLite: their output range is learned
     if isinstance(layer, (HardSwish, keras.layers.Multiply, keras.layers.Rescaling,
-                          keras.layers.Normalization)):
+                          keras.layers.Normalization, ConvNeXtLayerScale)):
         return configs.Default8BitOutputQuantizeConfig()
     # layer normalization computes in float (TFLite has no int8 kernel for it): its output
     # is quantized, so the int8 ops around it read int8
