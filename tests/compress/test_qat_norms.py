@@ -60,7 +60,7 @@ def test_a_preactivation_network_quantizes_to_int8_ops_xnnpack_runs(tmp_path):
     update computes what the float model does up to 8-bit rounding."""
     from ai_edge_litert.interpreter import Interpreter
 
-    from tftrain.export import artifacts, fidelity, speed
+    from tftrain.export import artifacts, fidelity, onnx_export, onnx_fidelity, speed
     keras.utils.set_random_seed(0)
     net = _preactivation_net()
     rng = np.random.default_rng(0)
@@ -94,4 +94,9 @@ def test_a_preactivation_network_quantizes_to_int8_ops_xnnpack_runs(tmp_path):
     # not the product inside it: no layer is compared at a MUL, none departs by 15 dB
     rows = fidelity.tflite_report(blob, q, x)
     assert "MUL" not in {row["op"] for row in rows}
+    assert min(row["local_sqnr_db"] for row in rows) >= 15, rows
+    # the int8 ONNX file made from it (tensor names kept) is compared the same way
+    rows = onnx_fidelity.report(onnx_export.int8_onnx(blob, "U8S8"), q, x)
+    assert {f"quant_{n}" for n in ("bn_shared", "bn_concat", "bn_sum")}.isdisjoint(
+        row["layer"] for row in rows)
     assert min(row["local_sqnr_db"] for row in rows) >= 15, rows

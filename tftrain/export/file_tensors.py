@@ -35,7 +35,7 @@ def layers_of_tensor(name: str, order: dict[str, int]) -> set[str]:
     return found
 
 
-def _computed_in(name: str, order: dict[str, int]) -> set[str]:
+def computed_in(name: str, order: dict[str, int]) -> set[str]:
     """The layers whose computation a tensor's name mentions: not the ones only its
     quantization does (a RESHAPE after a ReLU carries the ReLU's fake-quant in its name)."""
     return {layer for op in name.split(";") if "Quantize" not in op and "FakeQuant" not in op
@@ -69,7 +69,7 @@ def tflite_tensors(blob: bytes, layer_names: list[str], x: np.ndarray,
             writers[int(index)] = op
             detail = internals.tensor_details(interp, index)
             layer = layer_of_tensor(detail["name"], order)
-            for fused in _computed_in(detail["name"], order) - {layer}:
+            for fused in computed_in(detail["name"], order) - {layer}:
                 # an earlier layer's last step is inside this op (a batch norm's ADD with
                 # the ReLU after it): what was chosen for it was a step inside the layer
                 chosen.pop(fused, None)

@@ -8,7 +8,7 @@ import numpy as np
 from tftrain.core import internals
 from tftrain.export import onnx_export
 from tftrain.export.fidelity import EXAMPLES, compare, entries, uncompared
-from tftrain.export.file_tensors import grid, label, layer_of_tensor, layers_of_tensor
+from tftrain.export.file_tensors import computed_in, grid, label, layer_of_tensor, layers_of_tensor
 
 
 # ONNX ops whose 4-D output is NCHW whatever order their input had
@@ -72,6 +72,8 @@ def onnx_tensors(blob: bytes, layer_names: list[str], x: np.ndarray, batch: int 
     for node in model.graph.node:
         layer = layer_of_tensor(node.output[0], order) if quantized(node) else None
         if layer is not None:
+            for fused in computed_in(node.output[0], order) - {layer}:
+                chosen.pop(fused, None)          # (as in `file_tensors.tflite_tensors`)
             chosen[layer] = (node.output[0], constants[node.input[1]], constants[node.input[2]])
     for layer, graph_output in zip(outputs, model.graph.output):
         last = writers.get(graph_output.name)     # a model's output: DequantizeLinear(q)
