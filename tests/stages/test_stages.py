@@ -220,6 +220,43 @@ def test_batch_norm_re_estimation_sees_the_normalized_inputs_training_sees():
                                [np.mean([b.mean() for b in used])], rtol=0, atol=1e-5)
 
 
+def test_re_estimation_reads_the_same_micro_batches_on_any_topology_of_a_global_batch():
+    """Batch norm is re-estimated (and ranges calibrated) on micro-batches in the order
+    the updates take them: 2 replicas accumulating 3 and one device accumulating 6 (the
+    same global batch of 72) read the same 12 groups of 12 and re-estimate the same
+    statistics; as whole replica batches they read 4 groups of 36 against 2 of 72, and
+    the statistics differed."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from tftrain import data
+    from tftrain.core.keras import keras
+    from tftrain.optim.averaging import recalibrate_batch_norm
+    from tftrain.stages.runner import StageRunner
+    cfg = load_config(None, ["data.per_replica_batch_size=12"])
+    source = data.load_source(cfg.data, cfg.run.seed)
+
+    def runner(replicas, accumulation):
+        r = StageRunner.__new__(StageRunner)
+        r.cfg, r.smoke = cfg, False
+        r.plan = SimpleNamespace(training_source=source,
+                                 batches=data.BatchPlan(12, replicas, accumulation))
+        return r
+    mirrored, single = runner(2, 3), runner(1, 6)
+    groups = [np.stack([x for x, _ in r._micro_batches(12).as_numpy_iterator()])
+              for r in (mirrored, single)]
+    assert groups[0].shape == (12, 12, 8, 8, 1)
+    np.testing.assert_array_equal(groups[0], groups[1])
+
+    def statistics(batches):
+        model = keras.Sequential([keras.Input(source.spec.shape), keras.layers.BatchNormalization()])
+        recalibrate_batch_norm(model, batches)
+        return model.layers[0].moving_variance.numpy()
+    assert statistics(mirrored._micro_batches(12)) == statistics(single._micro_batches(12))
+    assert statistics(mirrored._batches(4)) != pytest.approx(statistics(single._batches(2)), rel=1e-4)
+
+
 @pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
 def test_the_frozen_phase_leaves_the_head_to_train_under_every_precision(policy):
     """By default every layer but the output layer is frozen. Under a mixed policy the

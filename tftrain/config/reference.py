@@ -132,13 +132,13 @@ DESCRIPTIONS = {
                      "ETA inside a long epoch)",
     "train.ema": "an exponential moving average of the weights, used at the end",
     "train.ema.decay": "the average's decay per update",
-    "train.ema.recalibrate_batches": "batches the averages' batch-norm statistics are re-estimated on",
+    "train.ema.recalibrate_batches": "micro-batches (data.per_replica_batch_size examples) the averages' batch-norm statistics are re-estimated on",
     "train.freeze": "a frozen-backbone stage before training",
     "train.freeze.layers": "name/regex rules of the frozen layers (default: all but the output)",
     "train.freeze.epochs": "epochs of the frozen stage",
     "train.freeze.learning_rate": "its constant learning rate (default: training's)",
     "train.recalibrate_batch_norm": "re-estimate batch-norm statistics at a stage's end: `auto` "
-                                    "(about 2,048 examples), N batches, or `off`",
+                                    "(about 2,048 examples), N micro-batches, or `off`",
     # compression
     "compression.pruning": "pruning as a stage after training (see [Compression](compression.md))",
     "compression.pruning.enabled": "run the pruning stage",
@@ -169,7 +169,7 @@ DESCRIPTIONS = {
     "compression.quantization.learning_rate": "its constant rate (default: training's / 10)",
     "compression.quantization.skip_unsupported": "leave layers tfmot cannot quantize float",
     "compression.quantization.calibration_batches": "activation ranges from training batches "
-                                                    "before the first update: `auto` or N (0: [-6, 6])",
+                                                    "before the first update: `auto` or N micro-batches (0: [-6, 6])",
     "compression.quantization.ranges": "activation ranges during QAT: `moving` (tfmot's EMA "
                                        "of each batch's) or `fixed` (the calibrated ones held; "
                                        "replicas and accumulation agree exactly)",

@@ -120,7 +120,7 @@ class StageRunner:
         else:
             if stage.name != "train":
                 print(f"{stage.describe(self.plan)}", flush=True)
-            begun = stage.begin(built, lambda n=None: self._batches(
+            begun = stage.begin(built, lambda n=None: self._micro_batches(
                 self.auto_batches() if n is None else n))
             if begun:
                 print(f"stage {stage.name}: {begun}", flush=True)
@@ -315,12 +315,12 @@ class StageRunner:
         change)."""
 
         if built.average is not None:
-            built.average.apply(built.net, self._batches(self.cfg.train.ema.recalibrate_batches))
+            built.average.apply(built.net, self._micro_batches(self.cfg.train.ema.recalibrate_batches))
             return "averaged"
         n = self.recalibration_batches()
         if stage.recalibrates and n and has_batch_norm(built.net):
             with stage.recalibrating():
-                recalibrate_batch_norm(built.net, self._batches(n))
+                recalibrate_batch_norm(built.net, self._micro_batches(n))
             return "recalibrated"
         return ""
 
@@ -335,17 +335,32 @@ class StageRunner:
         return int(setting)
 
     def auto_batches(self) -> int:
-        """Batches of about 2,000 examples in all, at most an epoch's (re-estimation and
-        calibration read them on every replica alike)."""
-        per_epoch = self.steps_per_epoch * self.plan.batches.replicas    # replica batches
-        return max(1, min(-(-2048 // self.plan.batches.replica_batch), per_epoch))
+        """Micro-batches (`_micro_batches`) of about 2,000 examples in all, at most an
+        epoch's."""
+        b = self.plan.batches
+        per_epoch = self.steps_per_epoch * b.replicas * b.accumulation
+        return max(1, min(-(-2048 // b.per_replica), per_epoch))
 
-    def _batches(self, n: int):
-        """n replica batches to re-estimate batch norm or calibrate ranges with: in order,
-        through the deterministic steps of `data.augment` but none of the random ones, so
-        the same on every worker and rerun; under --smoke, at most its updates' examples
-        (the same on any topology: a cap on the count gave 2 replicas half one device's)."""
+    def _micro_batches(self, n: int):
+        """n micro-batches (`data.per_replica_batch_size` examples each) to re-estimate
+        batch norm or calibrate ranges with, in the order the updates take them: the same
+        examples in the same groups on any topology of the same global batch (2 replicas
+        accumulating 3 and one device accumulating 6 see one update's 72 examples as the
+        same 6 groups of 12; as whole replica batches they were 2 groups of 36 against 1
+        of 72, and batch-norm statistics averaged over the groups differed), and the size
+        the steps compute batch norm at."""
+        b = self.plan.batches
         if self.smoke:
+            n = min(n, self.cfg.train.smoke_steps * b.replicas * b.accumulation)
+        whole = -(-n // b.accumulation)                    # replica batches holding them
+        return self._batches(whole, capped=False).unbatch().batch(b.per_replica).take(n)
+
+    def _batches(self, n: int, capped: bool = True):
+        """n replica batches (what `_micro_batches` groups, and the XLA probe's sample): in
+        order, through the deterministic steps of `data.augment` but none of the random
+        ones, so the same on every worker and rerun; under --smoke (`capped`), at most its
+        updates' examples (a cap on the count gave 2 replicas half one device's)."""
+        if self.smoke and capped:
             n = min(n, self.cfg.train.smoke_steps * self.plan.batches.replicas)
         steps = [op for op in augment.build(self.cfg.data.augment) if op.deterministic]
         return train_dataset(self.plan.training_source, self.plan.batches, self.cfg.data,
