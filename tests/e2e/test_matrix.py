@@ -67,9 +67,7 @@ DIMENSIONS = {
     "precision": ["float32", "mixed_bfloat16", "mixed_float16"],
     "accumulation": [1, 3],
     "optimizer": ["adam", "sgd"],
-    # resnet_v2: the pre-activation form (batch norms on residual sums, nothing to fold
-    # them into: QAT quantizes them as a per-channel affine)
-    "model": ["cnn", "resnet", "resnet_v2", "ds_cnn", "conv1d", "embedding_bag", "transformer",
+    "model": ["cnn", "resnet", "ds_cnn", "conv1d", "embedding_bag", "transformer",
               "keras_applications:MobileNetV2", "keras_applications:MobileNetV3Small"],
     # the model from its builder, or from a file the model was saved to: by tf_keras, or
     # by Keras 3 (converted layer by layer; Keras 3's own application of that name)
@@ -125,7 +123,7 @@ def _pairs(row: dict) -> set:
 # MobileNetV2 row six cnn rows, QAT two plain stages and on MobileNetV2 three and a half
 COST = {"strategy": {"mirrored": 1.76, "multi_worker": 2.0},
         "precision": {"mixed_bfloat16": 1.07},
-        "model": {"resnet": 1.9, "resnet_v2": 2.0, "ds_cnn": 2.93, "conv1d": 1.56, "transformer": 1.88,
+        "model": {"resnet": 1.9, "ds_cnn": 2.93, "conv1d": 1.56, "transformer": 1.88,
                   "keras_applications:MobileNetV2": 5.68,
                   "keras_applications:MobileNetV3Small": 6.0},
         "augment": {"normalize+crop": 1.1, "mixup": 1.07},
@@ -328,8 +326,6 @@ def overrides(row: dict, speech, text) -> list[str]:
         sets += ["data.params={image_size: 32, channels: 3}",
                  f"model={{name: '{model}', params: {{weights: null, alpha: {alpha}, "
                  "dropout: 0.0}}"]
-    elif model == "resnet_v2":
-        sets += ["model={name: resnet, params: {depth: 8, width: 8, preact: true}}"]
     else:
         sets += [f"model={{name: {model}, params: {{}}}}" if model == "cnn" else
                  f"model={{name: {model}, params: {{depth: 8, width: 8}}}}"]
