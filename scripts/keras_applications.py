@@ -47,14 +47,21 @@ keras.Model(inputs, keras.layers.Dense(10, name="logits")(backbone.output)).save
     return path
 
 
-def trial(name: str, runs: Path, timeout: int) -> dict:
+def saved(name: str, runs: Path) -> tuple[int, Path | None, str]:
+    """(size, path, "") of the model saved at the first size it builds at, or (size,
+    None, why) when it builds at none."""
+    why = ""
     for size in SIZES:
         try:
-            path = save(name, size, runs)
-            break
+            return size, save(name, size, runs), ""
         except subprocess.CalledProcessError as err:
             why = err.stderr.decode().strip().splitlines()[-1][-300:]
-    else:
+    return SIZES[-1], None, why
+
+
+def trial(name: str, runs: Path, timeout: int) -> dict:
+    size, path, why = saved(name, runs)
+    if path is None:
         return {"name": name, "outcome": "does not build", "why": why}
     overrides = [f"run.name={name}", f"model.name=file:{path}", "model.params={}",
                  "data.name=digits", f"data.params={{image_size: {size}, channels: 3}}",
@@ -95,13 +102,8 @@ def compress_trial(name: str, source: str, runs: Path, timeout: int) -> dict:
     through pruning, QAT and int8 (`COMPRESS`), as a row."""
     size, path = SIZES[0], None
     if source == "keras3":
-        for size in SIZES:
-            try:
-                path = save(name, size, runs)
-                break
-            except subprocess.CalledProcessError as err:
-                why = err.stderr.decode().strip().splitlines()[-1][-300:]
-        else:
+        size, path, why = saved(name, runs)
+        if path is None:
             return {"name": name, "source": source, "outcome": "does not build", "why": why}
     model = f"model.name=file:{path}" if path else f"model.name=keras_applications:{name}"
     run_name = f"{name}-{source}"
