@@ -310,9 +310,8 @@ class StageRunner:
         return fed.stand_in()
 
     def _settle(self, stage, built) -> str:
-        """Swap in the weight average and re-estimate batch-norm statistics, the same
-        way whether the stage trained now or before a restart; what was done ("": no
-        change)."""
+        """Swap in the weight average and re-estimate batch-norm statistics, alike
+        whether the stage trained now or before a restart; what was done ("": nothing)."""
 
         if built.average is not None:
             built.average.apply(built.net, self._micro_batches(self.cfg.train.ema.recalibrate_batches))
@@ -325,8 +324,7 @@ class StageRunner:
         return ""
 
     def recalibration_batches(self) -> int:
-        """Batches `train.recalibrate_batch_norm` asks for (auto: about 2,000 examples,
-        at most an epoch; 0: off)."""
+        """Micro-batches `train.recalibrate_batch_norm` asks for (0: off)."""
         setting = self.cfg.train.recalibrate_batch_norm
         if setting in ("off", False):
             return 0
@@ -335,32 +333,24 @@ class StageRunner:
         return int(setting)
 
     def auto_batches(self) -> int:
-        """Micro-batches (`_micro_batches`) of about 2,000 examples in all, at most an
-        epoch's."""
+        """Micro-batches of about 2,000 examples in all, at most an epoch's."""
         b = self.plan.batches
         per_epoch = self.steps_per_epoch * b.replicas * b.accumulation
         return max(1, min(-(-2048 // b.per_replica), per_epoch))
 
     def _micro_batches(self, n: int):
-        """n micro-batches (`data.per_replica_batch_size` examples each) to re-estimate
-        batch norm or calibrate ranges with, in the order the updates take them: the same
-        examples in the same groups on any topology of the same global batch (2 replicas
-        accumulating 3 and one device accumulating 6 see one update's 72 examples as the
-        same 6 groups of 12; as whole replica batches they were 2 groups of 36 against 1
-        of 72, and batch-norm statistics averaged over the groups differed), and the size
-        the steps compute batch norm at."""
+        """n micro-batches to re-estimate batch norm or calibrate ranges with, in update
+        order: the same groups on any topology of one global batch (docs/training.md)."""
         b = self.plan.batches
         if self.smoke:
             n = min(n, self.cfg.train.smoke_steps * b.replicas * b.accumulation)
         whole = -(-n // b.accumulation)                    # replica batches holding them
-        return self._batches(whole, capped=False).unbatch().batch(b.per_replica).take(n)
+        return self._batches(whole).unbatch().batch(b.per_replica).take(n)
 
-    def _batches(self, n: int, capped: bool = True):
-        """n replica batches (what `_micro_batches` groups, and the XLA probe's sample): in
-        order, through the deterministic steps of `data.augment` but none of the random
-        ones, so the same on every worker and rerun; under --smoke (`capped`), at most its
-        updates' examples (a cap on the count gave 2 replicas half one device's)."""
-        if self.smoke and capped:
+    def _batches(self, n: int):
+        """n replica batches in order, through `data.augment`'s deterministic steps only
+        (the same on every worker and rerun); under --smoke, at most its updates'."""
+        if self.smoke:
             n = min(n, self.cfg.train.smoke_steps * self.plan.batches.replicas)
         steps = [op for op in augment.build(self.cfg.data.augment) if op.deterministic]
         return train_dataset(self.plan.training_source, self.plan.batches, self.cfg.data,
@@ -382,8 +372,7 @@ class StageRunner:
 
 
 class Saved(NamedTuple):
-    """Where a stage is checkpointed: its checkpoint, the manager writing it, and the
-    directory it is restored from."""
+    """Where a stage is checkpointed: checkpoint, its manager, the directory restored from."""
     ckpt: object
     manager: object
     directory: object
@@ -392,7 +381,6 @@ class Saved(NamedTuple):
 def fit(model, train, val, start, epochs, steps_per_epoch, callbacks, options: dict) -> None:
     """fit from optimizer update `start` (mid-epoch if need be) to the end of the stage;
     `options`: Keras' `validation_steps` and `verbose`."""
-
     if start >= epochs * steps_per_epoch:
         return
     internals.start_fit_at(model, ResumePoint(start))   # fit starts at (epoch, step) of `start`
@@ -406,7 +394,6 @@ def fit(model, train, val, start, epochs, steps_per_epoch, callbacks, options: d
 def scratch_dir(run_path: Path) -> Path:
     """A non-chief worker's checkpoint directory: named after the run and the worker, so
     a relaunch after a crash clears what the crashed worker left."""
-
     key = hashlib.sha256(str(run_path.resolve()).encode()).hexdigest()[:12]
     path = Path(tempfile.gettempdir()) / f"tftrain-worker-{key}-{cluster_spec()[2]}"
     shutil.rmtree(path, ignore_errors=True)
