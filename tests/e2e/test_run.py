@@ -222,8 +222,8 @@ def test_the_quickstart_console_is_one_screen_that_ends_with_where_things_are(qu
     native = re.compile(r"^[IWEF]\d{4} |absl|oneDNN|cuInit|cuda|TF-TRT|rebuild TensorFlow")
     assert not [l for l in lines if native.search(l)]
     assert "warning" not in printed["stdout"] + printed["stderr"]
-    xla = " ".join(lines[i] for i, l in enumerate(lines) if l.startswith("[xla] done"))
-    xla += " " + " ".join(l.strip() for l in lines if l.startswith("    ") and "updates)" in l)
+    xla = " ".join(l.strip() for l in lines if l.startswith("[xla] done") or
+                   (l.startswith("    ") and "as fast" in l))
     spent = re.search(r"the probe took ([\d.]+) s, (\d+)% of the", xla)
     skipped = re.search(r"probing would take about ([\d.]+) s, over 10% of the stage's "
                         r"([\d.]+) s of steps", xla)

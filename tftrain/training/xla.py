@@ -119,7 +119,7 @@ def decide(setting, model, strategy, batch, vote=None, refused: str = "",
     except _OverBudget as over:
         decision = Decision(False, f"off, not probed: probing would take about "
                                    f"{over.cost:.1f} s, over {BUDGET:.0%} of the stage's "
-                                   f"{over.planned:.1f} s of steps ({steps} updates)")
+                                   f"{over.planned:.1f} s of steps")
     except (tf.errors.OpError, ValueError, TypeError, NotImplementedError) as err:
         lines = [ln.strip() for ln in str(err).splitlines()
                  if ln.strip() and not ln.strip().startswith(("Graph execution", "Detected at",
