@@ -175,18 +175,21 @@ def test_an_overfit_model_without_batch_norm_is_warned_of_in_one_line(tmp_path, 
 
 
 def test_auto_recalibration_uses_about_2048_examples_at_most_an_epoch():
+    """Micro-batches: 2,048 examples of 32 are 64, fewer when an epoch holds fewer (23
+    updates of 2 replicas: 46; accumulating 3, 5 updates: 30)."""
     from types import SimpleNamespace
+
+    from tftrain.data import BatchPlan
     from tftrain.stages.runner import StageRunner
     runner = StageRunner.__new__(StageRunner)
-    for setting, spe, per_replica, replicas, want in [("auto", 23, 32, 2, 46), ("auto", 500, 32, 2, 64),
-                                                       ("off", 23, 32, 2, 0), ("true", 23, 32, 2, 46),
-                                                       (5, 23, 32, 2, 5)]:
+    for setting, spe, accumulation, want in [("auto", 23, 1, 46), ("auto", 500, 1, 64),
+                                             ("off", 23, 1, 0), ("true", 23, 1, 46),
+                                             (5, 23, 1, 5), ("auto", 23, 3, 64),
+                                             ("auto", 5, 3, 30)]:
         runner.cfg = load_config(None, [f"train.recalibrate_batch_norm={setting}"])
         runner.steps_per_epoch = spe
-        runner.plan = SimpleNamespace(batches=SimpleNamespace(global_batch=per_replica * replicas,
-                                                              replica_batch=per_replica,
-                                                              replicas=replicas))
-        assert runner.recalibration_batches() == want
+        runner.plan = SimpleNamespace(batches=BatchPlan(32, 2, accumulation))
+        assert runner.recalibration_batches() == want, (setting, spe, accumulation)
 
 
 def test_batch_norm_re_estimation_sees_the_normalized_inputs_training_sees():
