@@ -14,7 +14,7 @@ Freezing the statistics is the usual practice of quantization-aware fine-tuning 
 int8 file computes with the statistics the QAT model ends with): the moving mean and
 variance stop updating, the per-channel scale and shift still learn. The recipe
 therefore wants statistics that fit the data before QAT (tftrain re-estimates them at
-the end of training, `train.bn_reestimate`).
+the end of each stage, `train.recalibrate_batch_norm`).
 """
 from __future__ import annotations
 
