@@ -100,3 +100,34 @@ def test_a_preactivation_network_quantizes_to_int8_ops_xnnpack_runs(tmp_path):
     assert {f"quant_{n}" for n in ("bn_shared", "bn_concat", "bn_sum")}.isdisjoint(
         row["layer"] for row in rows)
     assert min(row["local_sqnr_db"] for row in rows) >= 15, rows
+
+
+def test_a_densenet_converts_to_int8_with_each_pool_sharing_its_input_scale(tmp_path):
+    """A small tf_keras DenseNet (one layer a dense block) after QAT calibration: every
+    transition's average pooling keeps its input's range, since TFLite's int8
+    AVERAGE_POOL_2D needs one scale in and out (a range of its own failed every
+    DenseNet's conversion after QAT: "violate the same scale constraint"), and the file
+    converts with its pools' input and output at one scale."""
+    from ai_edge_litert.interpreter import Interpreter
+    from tf_keras.src.applications import densenet
+
+    from tftrain.export import artifacts
+    keras.utils.set_random_seed(0)
+    backbone = densenet.DenseNet([1, 1, 1, 1], include_top=False, weights=None,
+                                 input_shape=(32, 32, 3), pooling="avg")
+    net = keras.Model(backbone.input, keras.layers.Dense(10, name="logits")(backbone.output))
+    x = np.random.default_rng(0).uniform(0, 1, (32, 32, 32, 3)).astype("float32")
+    q = quantization.quantize_model(net, load_config(None, []).compression.quantization, True)
+    quantization.calibrate_ranges(q, [x])
+    q.compile(keras.optimizers.SGD(0.01),                     # the ranges move as in QAT
+              keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    q.fit(x, np.arange(32) % 10, batch_size=8, epochs=1, verbose=0)
+    blob = artifacts.convert_tflite(artifacts.save_saved_model(q, tmp_path / "sm"), "int8", x, qat=True)
+    interpreter = Interpreter(model_content=blob)
+    interpreter.allocate_tensors()
+    pools = [op for op in interpreter._get_ops_details() if op["op_name"] == "AVERAGE_POOL_2D"]
+    assert len(pools) == 3
+    for pool in pools:
+        scales = [interpreter._get_tensor_details(int(i), 0)["quantization"][0]
+                  for i in (pool["inputs"][0], pool["outputs"][0])]
+        assert scales[0] == scales[1] != 0, scales

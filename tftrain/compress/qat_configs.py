@@ -272,9 +272,13 @@ def config_for(layer, preserve_sparsity: bool) -> Optional[object]:
         return EmbeddingQuantizeConfig(preserve_sparsity)
     if preserve_sparsity and isinstance(layer, keras.layers.DepthwiseConv2D):
         return DepthwisePrunePreserveConfig()
+    # pooling passes its input's range on: TFLite's int8 AVERAGE_POOL_2D needs its input's
+    # scale at its output (a range of its own, tfmot's default, failed the conversion of
+    # every DenseNet after QAT); a hard sigmoid's ranges are fixed
     if isinstance(layer, (keras.layers.MaxPooling1D, keras.layers.GlobalMaxPooling1D,
+                          keras.layers.AveragePooling1D, keras.layers.AveragePooling2D,
                           HardSigmoid)):
-        return configs.NoOpQuantizeConfig()        # (a hard sigmoid's ranges are fixed)
+        return configs.NoOpQuantizeConfig()
     # an elementwise product (squeeze-excite's, ConvNeXt's layer scale) and an affine map
     # (input rescaling) are int8 MUL and ADD in TFLite: their output range is learned
     if isinstance(layer, (HardSwish, keras.layers.Multiply, keras.layers.Rescaling,
