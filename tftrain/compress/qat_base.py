@@ -4,9 +4,17 @@ prune-preserving on request."""
 from tensorflow_model_optimization.python.core.quantization.keras.collab_opts.prune_preserve import (  # noqa: E501
     prune_preserve_quantize_registry as pqat_registry,
 )
+from tensorflow_model_optimization.python.core.keras.utils import smart_cond
 from tensorflow_model_optimization.python.core.quantization.keras.default_8bit import (
     default_8bit_quantize_registry as registry,
 )
+
+
+def fake_quant(quantizer, x, ranges, training):
+    """`x` through a tfmot activation quantizer holding its range in `ranges`, learning
+    it when `training` (a tensor or a bool)."""
+    return smart_cond(training, lambda: quantizer(x, True, weights=ranges),
+                      lambda: quantizer(x, False, weights=ranges))
 
 
 class PrunePreservingConfig(registry.Default8BitQuantizeConfig):

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
-from tensorflow_model_optimization.python.core.keras.utils import smart_cond
 from tensorflow_model_optimization.python.core.quantization.keras import quantizers
 from tensorflow_model_optimization.python.core.quantization.keras.default_8bit import (
     default_8bit_quantize_configs as configs,
 )
 
+from tftrain.compress.qat_base import fake_quant
 from tftrain.core.keras import keras
 
 
@@ -104,8 +104,7 @@ class ChannelAffine(keras.layers.Layer):
     def call(self, inputs, training=None):
         product = inputs * tf.cast(self.scale, inputs.dtype)
         training = False if training is None else training
-        product = smart_cond(training, lambda: self._quantizer(product, True, self._range),
-                             lambda: self._quantizer(product, False, self._range))
+        product = fake_quant(self._quantizer, product, self._range, training)
         return product + tf.cast(self.offset, inputs.dtype)
 
     def get_config(self):

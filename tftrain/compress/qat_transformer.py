@@ -30,7 +30,7 @@ import tensorflow as tf
 from tensorflow_model_optimization.python.core.keras.utils import smart_cond
 from tensorflow_model_optimization.python.core.quantization.keras import quantizers
 
-from tftrain.compress.qat_base import PrunePreservingConfig
+from tftrain.compress.qat_base import PrunePreservingConfig, fake_quant
 from tftrain.core import internals
 from tftrain.core.keras import keras
 
@@ -100,9 +100,7 @@ class QuantizableAttention(keras.layers.Layer):
         return y if bias is None else y + tf.cast(bias, y.dtype)
 
     def _fake_quant(self, x, name, training):
-        ranges = self._ranges[name]
-        return smart_cond(training, lambda: self._quantizer(x, True, weights=ranges),
-                          lambda: self._quantizer(x, False, weights=ranges))
+        return fake_quant(self._quantizer, x, self._ranges[name], training)
 
     def _heads(self, x, size):
         # [B, T, heads * size] -> [B, heads, T, size]
