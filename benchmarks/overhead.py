@@ -40,7 +40,7 @@ MODELS = {
     "MLP 128-64 on digits": (["model={name: mlp, params: {hidden: [128, 64]}}"], 1.0),
     "ResNet-20 on 32x32x3": (["data.name=synthetic",
                               "data.params={shape: [32, 32, 3], num_examples: 4096}",
-                              "model={name: resnet, params: {depth: 20, width: 16}}"], 0.15),
+                              "model={name: resnet, params: {depth: 20, width: 16}}"], 0.4),
 }
 
 
@@ -62,11 +62,12 @@ def plain_side(strat, name: str, steps_per_execution: str):
                        steps_per_execution=int(steps_per_execution)), plan.global_batch)
 
 
-def fit_overhead(rounds: int, steps: int, seconds: float = 2.0) -> list[dict]:
+def fit_overhead(rounds: int, steps: int, seconds: float = 2.0, only=None) -> list[dict]:
     """tftrain / plain fit for each model, without and with `jit_compile: auto`; each
     timed epoch lasts about `seconds` on the slowest side. The plain sides run in a process
     of their own with TensorFlow's default threads, as a user's script does; each side's
-    epoch is timed while the other process waits."""
+    epoch is timed while the other process waits. `only`: the models whose names contain
+    one of these words (all when None)."""
     import sys
     rows = []
     cfg0 = load_config("configs/quickstart.yaml")
@@ -74,10 +75,15 @@ def fit_overhead(rounds: int, steps: int, seconds: float = 2.0) -> list[dict]:
     strat = strategy.build_strategy(cfg0)
     server = Server([sys.executable, __file__, "--plain-server"])
     for name, (sets, share) in MODELS.items():
+        if only and not any(word.lower() in name.lower() for word in only):
+            continue
         cfg = load_config("configs/quickstart.yaml", sets)
         source = data.load_source(cfg.data, cfg.run.seed)
         plan = data.plan_batches(cfg, strat.num_replicas_in_sync)
-        n = max(6, int(steps * share))     # ResNet-20's step is ~20x the CNN's here
+        # steps of each timed epoch: ResNet-20's step is ~20x the CNN's, and 24 of them (2 s)
+        # leave auto sizing room for several steps per call (a run's bound is its checkpoint
+        # interval; here a sixth of the epoch, so each timed epoch has several calls)
+        n = max(6, int(steps * share))
         print(f"{name}:", flush=True)
         key = name.replace(" ", "_")
         server.ask(f"side plain {key} 1")
@@ -155,14 +161,19 @@ def main():
     p.add_argument("--seconds", type=float, default=2.0,
                    help="length of each timed epoch on the slowest side")
     p.add_argument("--skip-precision", action="store_true")
+    p.add_argument("--models", nargs="+", metavar="WORD",
+                   help="only the models whose names contain one of these words (CNN, MLP, "
+                        "ResNet); nothing is recorded then")
     p.add_argument("--json", help="write the figures to this file")
     args = p.parse_args()
-    out = {"fit_overhead": fit_overhead(args.rounds, args.steps, args.seconds)}
+    out = {"fit_overhead": fit_overhead(args.rounds, args.steps, args.seconds, args.models)}
     if not args.skip_precision:
         out["precision"] = precision_ratios(args.rounds, args.steps)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)
+    if args.models:
+        return
     figures = []
     for r in out["fit_overhead"]:
         figures.append((
