@@ -2,7 +2,8 @@
 the same run: spoken digits (held-out voices) vs MFCC statistics + logistic regression
 (the recipe and the microcontroller-sized keyword model, `configs/keywords_micro.yaml`),
 fortunes by category vs TF-IDF + logistic regression (scikit-learn; C chosen by
-cross-validation on the training split), MobileNetV2 on upscaled digits with and
+cross-validation on the training split; of words, and of words and character 2- to 5-grams
+as the recipe's bag has them; with `--seeds`, over several seeded splits), MobileNetV2 on upscaled digits with and
 without batch-norm recalibration, and the token transformer with QAT. Each recipe runs as
 `python -m tftrain.run` (its data is made first when missing); the table reports the
 baseline, the float model (end of training), each stage, the int8 TFLite file (its label,
@@ -11,6 +12,7 @@ into the float front end and the network), its tensor arena estimate, and its la
 against the float file's at batch 1 on 1 thread (with the CPU's int8 instructions).
 
     python benchmarks/applications.py [--recipes speech micro text image transformer]
+                                      [--seeds 42 43 44]
 """
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ def ensure_data(recipe: str) -> None:
 
 
 def train(recipe: str, runs: Path, *overrides: str) -> dict:
-    name = recipe + "".join("-" + o.split("=")[0].split(".")[-1] for o in overrides)
+    name = recipe + "".join("-" + o.replace("=", "").split(".")[-1] for o in overrides)
     overrides = (*SETTINGS.get(recipe, ()), *overrides)
     cmd = [sys.executable, "-m", "tftrain.run", str(ROOT / RECIPES[recipe]), "--run-dir", str(runs),
            "--set", f"run.name={name}", *[a for o in overrides for a in ("--set", o)]]
@@ -95,18 +97,28 @@ def speech_baseline() -> float:
     return float(np.mean(model.predict(np.concatenate(xv)) == np.concatenate(yv)))
 
 
-def text_baseline() -> float:
-    """Sublinear TF-IDF of words + logistic regression on the recipe's split."""
+def text_baselines(seed: int) -> dict:
+    """Sublinear TF-IDF + logistic regression on the recipe's split for `seed`: of words
+    (`words`), and of words and character 2- to 5-grams within word boundaries
+    (`words_chars`, the features the recipe's bag has)."""
+    from scipy.sparse import hstack
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegressionCV
 
     from tftrain.data.text import split
     cfg = _config("text")
     (train, y), (val, yv), _ = split(ROOT / cfg.data.params["path"], cfg.data.validation_fraction,
-                                     cfg.run.seed)
-    vectorizer = TfidfVectorizer(sublinear_tf=True)
-    model = LogisticRegressionCV(max_iter=5000).fit(vectorizer.fit_transform(train), y)
-    return float(np.mean(model.predict(vectorizer.transform(val)) == yv))
+                                     seed)
+    out = {}
+    words = TfidfVectorizer(sublinear_tf=True)
+    chars = TfidfVectorizer(sublinear_tf=True, analyzer="char_wb", ngram_range=(2, 5),
+                            max_features=30000)
+    for name, vectorizers in (("words", [words]), ("words_chars", [words, chars])):
+        x = hstack([v.fit_transform(train) for v in vectorizers]).tocsr()
+        xv = hstack([v.transform(val) for v in vectorizers]).tocsr()
+        model = LogisticRegressionCV(max_iter=5000).fit(x, y)
+        out[name] = float(np.mean(model.predict(xv) == yv))
+    return out
 
 
 def row(name: str, summary: dict, baseline) -> dict:
@@ -131,6 +143,9 @@ def row(name: str, summary: dict, baseline) -> dict:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipes", nargs="+", default=list(RECIPES), choices=list(RECIPES))
+    parser.add_argument("--seeds", nargs="+", type=int, default=None,
+                        help="text: run the recipe and its baselines on the split of each of "
+                             "these seeds (run.seed) and report the spread of the differences")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     import tftrain  # noqa: F401
@@ -139,13 +154,19 @@ def main(argv=None) -> None:
         runs = Path(tmp)
         for recipe in args.recipes:
             ensure_data(recipe)
-            summary = train(recipe, runs)
+            summary = None if recipe == "text" and args.seeds else train(recipe, runs)
             if recipe == "speech":
                 rows.append(row("speech digits (held-out voices)", summary, speech_baseline()))
             elif recipe == "micro":     # the same split (data, fraction and seed)
                 rows.append(row("keywords micro (held-out voices)", summary, speech_baseline()))
             elif recipe == "text":
-                rows.append(row("fortunes by category", summary, text_baseline()))
+                seeds = args.seeds or [_config("text").run.seed]
+                for seed in seeds:
+                    run = summary if seed == seeds[0] and not args.seeds else train(
+                        recipe, runs, f"run.seed={seed}")
+                    base = text_baselines(seed)
+                    rows.append(row(f"fortunes by category, seed {seed}", run, base["words"]))
+                    rows[-1]["baseline_words_chars"] = base["words_chars"]
             elif recipe == "transformer":
                 rows.append(row("token transformer, QAT", summary, None))
             else:
@@ -163,7 +184,7 @@ def main(argv=None) -> None:
               f"({r['int8_tflite_gzip']:,} B) | {r['latency_ms']:.2f} ms |")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
-    record.rows([(f"application: {r['recipe']}: baseline / tftrain float / each stage / int8 "
+    record.rows([*text_spread(rows), *[(f"application: {r['recipe']}: baseline / tftrain float / each stage / int8 "
                   "TFLite validation accuracy (its gap to the last stage); int8 TFLite bytes "
                   "(gzip), its label, share of weight bytes int8; noisiest layers",
                   f"{'-' if r['baseline'] is None else format(r['baseline'], '.4f')} / "
@@ -172,7 +193,30 @@ def main(argv=None) -> None:
                   + f" / {r['int8_tflite']:.4f} ({gap(r)}); {r['int8_tflite_bytes']:,} B "
                   f"({r['int8_tflite_gzip']:,} B), {r['label']}, "
                   f"{r['int8_weight_share']:.4f} int8; {', '.join(r['worst_layers']) or '-'}"
-                  + file_needs(r)) for r in rows])
+                  + file_needs(r) + words_chars(r)) for r in rows]])
+
+
+def words_chars(r: dict) -> str:
+    return (f"; TF-IDF of words and character 2-5-grams + LR {r['baseline_words_chars']:.4f}"
+            if r.get("baseline_words_chars") is not None else "")
+
+
+def text_spread(rows: list[dict]) -> list[tuple[str, str]]:
+    """One row over the text recipe's seeds: float and int8 minus each baseline, per seed."""
+    text = [r for r in rows if r["recipe"].startswith("fortunes") and "seed" in r["recipe"]]
+    if len(text) < 2:
+        return []
+
+    def spread(key: str, base: str) -> str:
+        d = [100 * (r[key] - r[base]) for r in text]
+        return f"{np.median(d):+.2f} pt (seeds {', '.join(f'{x:+.2f}' for x in d)})"
+    seeds = ", ".join(r["recipe"].rsplit(" ", 1)[-1] for r in text)
+    return [(f"application: fortunes by category over seeded splits ({seeds}): tftrain float / "
+             "int8 TFLite minus TF-IDF of words + LR; minus TF-IDF of words and character "
+             "2-5-grams + LR (median, each seed)",
+             f"float {spread('float', 'baseline')}, int8 {spread('int8_tflite', 'baseline')}; "
+             f"float {spread('float', 'baseline_words_chars')}, int8 "
+             f"{spread('int8_tflite', 'baseline_words_chars')}")]
 
 
 def file_needs(r: dict) -> str:
