@@ -15,6 +15,10 @@ source on 2 cores (ResNet50V2 from tf_keras: 12 minutes).
 
     python scripts/keras_applications.py [--only MobileNetV3Small ConvNeXtTiny] [--runs DIR]
     python scripts/keras_applications.py --compress [--only DenseNet121 ResNet50V2]
+                                         [--keras3-epochs 10] [--out rows.jsonl]
+
+`--out`: each row is appended to this file as it is made, and rows already in it are not
+made again, so a sweep of many hours can stop and go on where it stopped.
 """
 from __future__ import annotations
 
@@ -34,26 +38,43 @@ def names() -> list[str]:
     return sorted(n for n in dir(keras.applications) if n[:1].isupper())
 
 
-def save(name: str, size: int, out: Path) -> Path:
+def save(name: str, size: int, out: Path, epochs: int = 0) -> Path:
+    """The application `name` at `size` with a 10-class head, saved by Keras 3; trained
+    first by Keras 3 for `epochs` on the digits' training split as tftrain reads it."""
     path = out / f"{name}.keras"
     code = f"""
+import sys
+import numpy as np
 import keras
 inputs = keras.Input(({size}, {size}, 3))
 backbone = getattr(keras.applications, {name!r})(include_top=False, weights=None,
                                                  input_tensor=inputs, pooling="avg")
-keras.Model(inputs, keras.layers.Dense(10, name="logits")(backbone.output)).save({str(path)!r})
+model = keras.Model(inputs, keras.layers.Dense(10, name="logits")(backbone.output))
+if {epochs}:
+    import tensorflow as tf
+    from tftrain import data
+    from tftrain.config import load_config
+    cfg = load_config({str(ROOT / "configs/image_transfer.yaml")!r},
+                      ["data.params={{image_size: {size}, channels: 3}}"])
+    source = data.load_source(cfg.data, cfg.run.seed)
+    x, y = (np.asarray(t) for t in source.load(tf.range(source.num_train, dtype=tf.int32)))
+    model.compile(keras.optimizers.Adam(1e-3),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True), ["accuracy"])
+    model.fit(x, y, batch_size=32, epochs={epochs}, verbose=0)
+    print("keras 3 training accuracy", model.evaluate(x, y, verbose=0)[1], file=sys.stderr)
+model.save({str(path)!r})
 """
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
     return path
 
 
-def saved(name: str, runs: Path) -> tuple[int, Path | None, str]:
+def saved(name: str, runs: Path, epochs: int = 0) -> tuple[int, Path | None, str]:
     """(size, path, "") of the model saved at the first size it builds at, or (size,
     None, why) when it builds at none."""
     why = ""
     for size in SIZES:
         try:
-            return size, save(name, size, runs), ""
+            return size, save(name, size, runs, epochs), ""
         except subprocess.CalledProcessError as err:
             why = err.stderr.decode().strip().splitlines()[-1][-300:]
     return SIZES[-1], None, why
@@ -97,18 +118,22 @@ COMPRESS = ["train.epochs=1", "compression.pruning={enabled: true, epochs: 1, fi
             "train.accumulation_steps=1", "data.name=digits"]
 
 
-def compress_trial(name: str, source: str, runs: Path, timeout: int) -> dict:
+def compress_trial(name: str, source: str, runs: Path, timeout: int,
+                   keras3_epochs: int = 0) -> dict:
     """`name` from `source` ("keras3": a saved file; "tf_keras": tftrain's builder)
-    through pruning, QAT and int8 (`COMPRESS`), as a row."""
+    through pruning, QAT and int8 (`COMPRESS`), as a row. `keras3_epochs`: the Keras 3
+    file is trained that long by Keras 3 first, and tftrain trains it no further
+    (`train.epochs: 0`)."""
     size, path = SIZES[0], None
     if source == "keras3":
-        size, path, why = saved(name, runs)
+        size, path, why = saved(name, runs, keras3_epochs)
         if path is None:
             return {"name": name, "source": source, "outcome": "does not build", "why": why}
     model = f"model.name=file:{path}" if path else f"model.name=keras_applications:{name}"
     run_name = f"{name}-{source}"
     overrides = [f"run.name={run_name}", model, "model.params={}",
-                 f"data.params={{image_size: {size}, channels: 3}}", *COMPRESS]
+                 f"data.params={{image_size: {size}, channels: 3}}", *COMPRESS,
+                 *(["train.epochs=0"] if path and keras3_epochs else [])]
     cmd = [sys.executable, "-m", "tftrain.run", "configs/image_transfer.yaml", "--run-dir",
            str(runs), *[a for o in overrides for a in ("--set", o)]]
     row = {"name": name, "source": source, "size": size}
@@ -153,17 +178,35 @@ def main() -> None:
     parser.add_argument("--timeout", type=int, default=1800)
     parser.add_argument("--compress", action="store_true",
                         help="prune, QAT and int8 each model from both sources")
+    parser.add_argument("--sources", nargs="+", choices=("keras3", "tf_keras"),
+                        default=("keras3", "tf_keras"), help="--compress: where models come from")
+    parser.add_argument("--keras3-epochs", type=int, default=0,
+                        help="train each Keras 3 file this many epochs by Keras 3 first, "
+                             "then run it with train.epochs: 0")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="append each row here; rows already here are not made again")
     args = parser.parse_args()
+    done = {}
+    if args.out and args.out.exists():
+        for line in args.out.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                done[(row["name"], row.get("source"))] = row
     runs = args.runs or Path(tempfile.mkdtemp(prefix="tftrain-applications-"))
     runs.mkdir(parents=True, exist_ok=True)
     for name in args.only or names():
-        if not args.compress:
-            print(json.dumps(trial(name, runs, args.timeout)), flush=True)
-            continue
-        for source in ("keras3", "tf_keras"):
-            row = compress_trial(name, source, runs, args.timeout)
+        for source in args.sources if args.compress else (None,):
+            row = done.get((name, source))
+            if row is None:
+                row = (compress_trial(name, source, runs, args.timeout, args.keras3_epochs)
+                       if args.compress
+                       else trial(name, runs, args.timeout))
+                if args.out:
+                    with args.out.open("a") as f:
+                        f.write(json.dumps(row) + "\n")
             print(json.dumps(row), flush=True)
-            print(table_row(row), flush=True)
+            if args.compress:
+                print(table_row(row), flush=True)
 
 
 if __name__ == "__main__":

@@ -283,7 +283,8 @@ def test_a_depthwise_batch_norm_relu_chain_is_rounded_once_as_in_the_int8_file(t
     assert row["op"] == "DEPTHWISE_CONV_2D" and row["local_sqnr_db"] > 50, row
 
 
-def test_calibrated_ranges_are_the_min_and_max_each_quantizer_sees():
+@pytest.mark.parametrize("batch", [32, 6])     # 3 batches eager; 16, most of them traced
+def test_calibrated_ranges_are_the_min_and_max_each_quantizer_sees(batch):
     """Before the first QAT update every activation range (the input's, each layer's
     output) is the min and max, 0 included, of what the float model computes there on the
     calibration batches: not tfmot's [-6, 6], which would clip inputs scaled by 20.
@@ -296,7 +297,7 @@ def test_calibrated_ranges_are_the_min_and_max_each_quantizer_sees():
     cfg = load_config(None, ["compression.quantization.enabled=true"]).compression.quantization
     q = quantization.quantize_model(net, cfg, preserve_sparsity=False)
     x = data(96)[0] * 20.0
-    assert quantization.calibrate_ranges(q, [x[i:i + 32] for i in range(0, 96, 32)]) == 3
+    assert quantization.calibrate_ranges(q, [x[i:i + batch] for i in range(0, 96, batch)]) == 96 // batch
     conv, logits = keras.Model(net.inputs, [net.get_layer("conv").output,
                                             net.get_layer("logits").output]).predict(x, verbose=0)
     expected = [(min(x.min(), 0), max(x.max(), 0)),          # the input (tfmot's QuantizeLayer)
@@ -309,7 +310,8 @@ def test_calibrated_ranges_are_the_min_and_max_each_quantizer_sees():
         np.testing.assert_allclose(found, [low, high], rtol=1e-5, atol=1e-6, err_msg=layer.name)
 
 
-def test_a_training_mode_pass_with_ranges_held_moves_batch_norm_statistics_and_no_range():
+@pytest.mark.parametrize("batches", [2, 16])     # eager; past `EAGER_BATCHES`, traced
+def test_a_training_mode_pass_with_ranges_held_moves_batch_norm_statistics_and_no_range(batches):
     """Batch-norm re-estimation at the end of QAT, under MirroredStrategy: the statistics
     are those of the QAT model's own batch-norm inputs (fake-quantized as in inference)
     and every other variable, each range among them, stays as trained."""
@@ -327,7 +329,8 @@ def test_a_training_mode_pass_with_ranges_held_moves_batch_norm_statistics_and_n
     quantization.calibrate_ranges(q, [x])
     before = {v.name: v.numpy() for v in q.weights if "moving" not in v.name}
     with quantization.ranges_held():
-        assert recalibrate_batch_norm(q, [x[:32], x[32:]]) == 2
+        size = 64 // batches
+        assert recalibrate_batch_norm(q, [x[i:i + size] for i in range(0, 64, size)]) == batches
     bn = [layer for layer in q._flatten_layers() if isinstance(layer, keras.layers.BatchNormalization)]
     seen = keras.Model(q.inputs, q.get_layer("quant_conv").output).predict(x, verbose=0)
     np.testing.assert_allclose(bn[0].moving_mean.numpy(), seen.mean(axis=(0, 1, 2)), rtol=0, atol=1e-5)

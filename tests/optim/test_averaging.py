@@ -95,8 +95,10 @@ def test_decay_must_be_between_0_and_1(decay):
         load_config(None, [f"train.ema={{decay: {decay}}}"])
 
 
-@pytest.mark.parametrize("mirrored", [False, True])
-def test_batch_norm_statistics_are_re_estimated_for_the_averaged_weights(mirrored):
+@pytest.mark.parametrize("mirrored,count", [(False, 4), (True, 4), (True, 12)])
+def test_batch_norm_statistics_are_re_estimated_for_the_averaged_weights(mirrored, count):
+    """The plain mean of each batch's statistics, over 4 batches (run eagerly) and 12 (past
+    `EAGER_BATCHES`, through one traced function)."""
     from tftrain.optim.averaging import recalibrate_batch_norm
     strategy = tf.distribute.MirroredStrategy(
         ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()) \
@@ -106,8 +108,9 @@ def test_batch_norm_statistics_are_re_estimated_for_the_averaged_weights(mirrore
         bn = keras.layers.BatchNormalization(momentum=0.99)
         model = keras.Model(inputs, bn(inputs))
     rng = np.random.default_rng(0)
-    batches = [rng.normal(loc=i, scale=1 + i, size=(16, 3)).astype(np.float32) for i in range(4)]
-    assert recalibrate_batch_norm(model, [(b, None) for b in batches]) == 4
+    batches = [rng.normal(loc=i, scale=1 + i, size=(16, 3)).astype(np.float32)
+               for i in range(count)]
+    assert recalibrate_batch_norm(model, [(b, None) for b in batches]) == count
     means = np.mean([b.mean(0) for b in batches], axis=0)
     variances = np.mean([b.var(0) for b in batches], axis=0)     # as Keras keeps them
     for variable in ([bn.moving_mean] if not mirrored else bn.moving_mean.values):

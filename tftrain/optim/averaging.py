@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tftrain.core.traced import traced_after
+
 from tftrain.core import internals
 from tftrain.core.keras import keras
 
@@ -89,10 +91,10 @@ def recalibrate_batch_norm(model, batches) -> int:
     does: averaged weights are not the weights the running statistics were gathered
     with. Returns the batches used (0 without batch norm).
 
-    One traced function runs the model on each batch with momentum 0 (so each batch
-    leaves its own statistics) and adds them to running sums: the model called eagerly
-    batch by batch, its momentum moved each time, took 12.8 s of a MobileNetV3's stage end
-    for 64 batches."""
+    The model runs on each batch with momentum 0 (so each batch leaves its own
+    statistics), which are added to running sums; past the first few batches through one
+    traced function (`traced_after`): the model called eagerly batch by batch took 12.8 s
+    of a MobileNetV3's stage end for 64 batches."""
     layers = batch_norm_layers(model)
     if not layers:
         return 0
@@ -102,9 +104,8 @@ def recalibrate_batch_norm(model, batches) -> int:
     def add(x, sums):
         model(x, training=True)
         return [s + tf.cast(v, tf.float32) for s, v in zip(sums, stats)]
-    step = tf.function(add, reduce_retracing=True, autograph=False)
     sums = [tf.zeros(v.shape, tf.float32) for v in stats]
-    used = 0
+    used, step = 0, traced_after(add)
     try:
         for layer in layers:
             layer.momentum = 0.0
