@@ -31,6 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = (32, 75)          # the first each builds at without pretrained weights
+TRAINED: dict[Path, float] = {}     # a file's Keras 3 accuracy on the training split
 
 
 def names() -> list[str]:
@@ -58,14 +59,18 @@ if {epochs}:
                       ["data.params={{image_size: {size}, channels: 3}}"])
     source = data.load_source(cfg.data, cfg.run.seed)
     x, y = (np.asarray(t) for t in source.load(tf.range(source.num_train, dtype=tf.int32)))
-    model.compile(keras.optimizers.Adam(1e-3),
-                  keras.losses.SparseCategoricalCrossentropy(from_logits=True), ["accuracy"])
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), metrics=["accuracy"],
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     model.fit(x, y, batch_size=32, epochs={epochs}, verbose=0)
     print("keras 3 training accuracy", model.evaluate(x, y, verbose=0)[1], file=sys.stderr)
 model.save({str(path)!r})
 """
-    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+    done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+    for line in done.stderr.decode().splitlines():
+        if line.startswith("keras 3 training accuracy"):
+            TRAINED[path] = float(line.split()[-1])
     return path
+
 
 
 def saved(name: str, runs: Path, epochs: int = 0) -> tuple[int, Path | None, str]:
@@ -136,7 +141,8 @@ def compress_trial(name: str, source: str, runs: Path, timeout: int,
                  *(["train.epochs=0"] if path and keras3_epochs else [])]
     cmd = [sys.executable, "-m", "tftrain.run", "configs/image_transfer.yaml", "--run-dir",
            str(runs), *[a for o in overrides for a in ("--set", o)]]
-    row = {"name": name, "source": source, "size": size}
+    row = {"name": name, "source": source, "size": size,
+           **({"keras3_train_accuracy": TRAINED[path]} if path in TRAINED else {})}
     try:
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
