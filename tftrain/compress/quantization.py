@@ -17,7 +17,7 @@ from tftrain.compress import qat_configs, qat_norms
 from tftrain.compress.unquantizable import FOLDED_INTO, quantizable, unquantizable  # noqa: F401
 from tftrain.config import QuantizationConfig
 from tftrain.core import internals
-from tftrain.core.traced import traced_after
+from tftrain.optim.batch_loops import traced_after
 from tftrain.core.keras import keras
 
 def quantize_configured(model, cfg):

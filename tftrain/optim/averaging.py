@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tftrain.core.traced import traced_after
+from tftrain.optim.batch_loops import traced_after
 
 from tftrain.core import internals
 from tftrain.core.keras import keras

@@ -1,7 +1,7 @@
 """Loops over batches: eager for the first few calls, then one traced function."""
 import tensorflow as tf
 
-from tftrain.core.traced import EAGER_BATCHES, traced_after
+from tftrain.optim.batch_loops import EAGER_BATCHES, traced_after
 
 
 def test_the_first_calls_run_eagerly_and_the_rest_through_one_trace():
