@@ -17,8 +17,8 @@ from tftrain.compress import qat_configs, qat_norms
 from tftrain.compress.unquantizable import FOLDED_INTO, quantizable, unquantizable  # noqa: F401
 from tftrain.config import QuantizationConfig
 from tftrain.core import internals
-from tftrain.optim.batch_loops import traced_after
 from tftrain.core.keras import keras
+from tftrain.optim.batch_loops import traced_after
 
 def quantize_configured(model, cfg):
     """`quantize_model` as the run's config asks: prune-preserving after pruning (not
