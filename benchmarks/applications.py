@@ -162,8 +162,7 @@ def main(argv=None) -> None:
             elif recipe == "text":
                 seeds = args.seeds or [_config("text").run.seed]
                 for seed in seeds:
-                    run = summary if seed == seeds[0] and not args.seeds else train(
-                        recipe, runs, f"run.seed={seed}")
+                    run = summary or train(recipe, runs, f"run.seed={seed}")
                     base = text_baselines(seed)
                     rows.append(row(f"fortunes by category, seed {seed}", run, base["words"]))
                     rows[-1]["baseline_words_chars"] = base["words_chars"]

@@ -31,9 +31,9 @@ def quantize_model(model, cfg: QuantizationConfig, preserve_sparsity: bool):
     """8-bit QAT copy of a float32 functional model (tfmot default scheme, or the
     prune-preserving one so that zeros stay zeros). Call inside the strategy scope."""
     q = tfmot.quantization.keras
-    skipped = set(unquantizable(model, cfg))
-    configs = qat_configs.configs_for(model, preserve_sparsity)
     loose = qat_norms.standalone_norms(model, FOLDED_INTO)
+    skipped = set(unquantizable(model, cfg, loose))
+    configs = qat_configs.configs_for(model, preserve_sparsity)
 
     def annotate(layer):
         if layer.name in skipped or isinstance(layer, keras.layers.InputLayer):

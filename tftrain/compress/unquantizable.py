@@ -28,10 +28,13 @@ def quantizable(layer, parents: list[str], loose: frozenset | set = frozenset())
     return registry.Default8BitQuantizeRegistry().supports(layer) or qat_configs.supported(layer)
 
 
-def unquantizable(model, cfg: QuantizationConfig) -> list[str]:
+def unquantizable(model, cfg: QuantizationConfig, loose: set[str] | None = None) -> list[str]:
     """Layers tfmot cannot quantize: an error naming them, or (skip_unsupported) the
-    names to leave in float."""
-    parents, loose = layer_parents(model), qat_norms.standalone_norms(model, FOLDED_INTO)
+    names to leave in float. `loose`: the model's `standalone_norms`, when the caller
+    has them."""
+    parents = layer_parents(model)
+    if loose is None:
+        loose = qat_norms.standalone_norms(model, FOLDED_INTO)
     unsupported = [layer for layer in model.layers
                    if not quantizable(layer, parents[layer.name], loose)]
     if unsupported and not cfg.skip_unsupported:
