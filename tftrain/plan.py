@@ -139,6 +139,10 @@ class RunPlan:
             lines.append("note: batch norm computes statistics per micro-batch of "
                          f"{b.per_replica} examples, not over the whole global batch")
         lines.append(data.describe(source, self.layout, self.cfg.data, self.feed))
+        if (how := self.stages[0].recompute(self)) is not None:
+            from tftrain.runtime import segments
+            lines.append(f"recompute: {segments.describe(segments.segments(model, *how), *how)}"
+                         "; each recomputed in the backward pass")
         lines.append(kinds.exports_line(self.cfg, self.qat))
         lines.append(self.training_line())
         if self.preflight is not None:

@@ -8,6 +8,10 @@ from tftrain.core.exit_codes import BUDGET_MISSED, COMPLETED, EXPORT_FAILED
 from tftrain.export import kinds
 
 
+def _recompute(how) -> str:
+    return "none" if how is None else how[0] if how[1] is None else f"every {how[1]} layers"
+
+
 def summary(plan, results: dict, artifacts: dict, net) -> dict:
     """The run's summary; `net` is the model the last stage finished with."""
     from tftrain.export.verification import best_within_budget, failures, only_budget_missed
@@ -38,6 +42,10 @@ def summary(plan, results: dict, artifacts: dict, net) -> dict:
                        "others_cores": first.get("others_cores"),
                        "host": first.get("host")},
         **plan.parallel.summary(net, lambda: _one_batch(plan), plan.stages[-1].loss()),
+        # the training stage's allocator peak beside the planner's estimate (each stage's
+        # under "stages"), and how it recomputed activations
+        "memory": first.get("memory"),
+        "recompute": _recompute(plan.stages[0].recompute(plan)),
         "stages": results, "sparsity": _sparsity(results),
         "artifacts": artifacts, "smoke": plan.smoke,
     }

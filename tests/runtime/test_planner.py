@@ -103,3 +103,49 @@ def test_auto_chooses_model_parallel_when_memory_is_short(tmp_path):
     assert impossible.returncode == 2
     assert "tftrain: config error: distribute.device_memory: the model needs" in impossible.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_step_that_does_not_fit_takes_the_fastest_way_that_fits():
+    """Micro-batches of 128 do not fit without recompute; recompute at 128 and
+    accumulation at 32 x 4 both fit: the estimates decide, and the plan lists each way."""
+    c = costs()
+    every = sum(x.activation_bytes for x in c)
+    at_128 = planner.estimate(c, 128, 2, "float32").total
+    limit = int((at_128 + planner.estimate(c, 64, 2, "float32").total) / 2)
+    sets = ["train.global_batch_size=256", f"distribute.device_memory={limit}",
+            "distribute.strategy=mirrored"]
+    plan = planner.choose(cfg(*sets, "train.recompute=auto"), c, ["/cpu:0", "/cpu:1"],
+                          "float32", 128, 1, replicas=2, kept=every / 4)
+    ways = {(w.recompute, w.per_replica, w.accumulation): w for w in plan.considered}
+    assert (True, 128, 1) in ways and (False, 64, 2) in ways
+    assert all(w.bytes <= limit for w in ways.values())
+    fastest = min(ways.values(), key=lambda w: w.seconds)
+    assert (plan.recompute, plan.per_replica, plan.accumulation) == \
+        (fastest.recompute, fastest.per_replica, fastest.accumulation)
+    # the estimates: recomputation adds a forward pass (4 passes for 3), accumulation the
+    # launches of a second micro-batch
+    flops = sum(x.flops for x in c)
+    peak = planner._peak("/cpu:0", "float32")
+    launch = len(c) * planner.LAUNCH_SECONDS
+    assert ways[(True, 128, 1)].seconds == pytest.approx(4 * (launch + flops * 128 / peak))
+    assert ways[(False, 64, 2)].seconds == pytest.approx(2 * 3 * (launch + flops * 64 / peak))
+    text = plan.describe()
+    assert "the configured step does not fit; the ways compared:" in text
+    assert text.count("chosen, the fastest that fits") == 1
+    # without auto, recomputation is not a way
+    plain = planner.choose(cfg(*sets), c, ["/cpu:0", "/cpu:1"], "float32", 128, 1,
+                           replicas=2, kept=every / 4)
+    assert not plain.recompute and (plain.per_replica, plain.accumulation) == (64, 2)
+
+
+def test_explicit_recompute_is_planned_with_what_it_keeps():
+    c = costs()
+    every = sum(x.activation_bytes for x in c)
+    plan = planner.choose(cfg("train.recompute=blocks", "distribute.device_memory=16GB"), c,
+                          ["/cpu:0"], "float32", 32, 1, replicas=1, kept=every / 4)
+    assert plan.recompute and plan.per_device[0].activations == every / 4 * 32
+
+
+def test_recompute_with_placement_is_refused_at_plan_time():
+    with pytest.raises(ConfigError, match="train.recompute: a placed model"):
+        cfg("train.recompute={every: 4}", "model.placement={devices: ['/cpu:0', '/cpu:1']}")

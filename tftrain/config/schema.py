@@ -151,6 +151,11 @@ class EMAConfig(Strict):
     recalibrate_batches: int = Field(20, ge=0)   # batch-norm statistics for the averages
 
 
+class RecomputeEvery(Strict):
+    """Activations recomputed over segments of `every` layers each."""
+    every: int = Field(ge=1)
+
+
 class FreezeConfig(Strict):
     """A frozen-backbone phase before training (fine-tuning a pretrained model)."""
     layers: list[str] = []            # name / regex rules; empty: all but the output layer
@@ -192,6 +197,11 @@ class TrainConfig(Strict):
     # auto (about 2,000 examples, at most an epoch), a number of batches, or off (YAML's
     # bare off/on read as false/true)
     recalibrate_batch_norm: Union[Literal["auto", "off"], bool, Annotated[int, Field(ge=1)]] = "auto"
+    # activations recomputed in the backward pass (tftrain/training/recompute.py): none,
+    # blocks (segments between single tensors: residual blocks, transformer layers), every
+    # K layers ({every: K}), or auto (the planner adds blocks where the step would not fit
+    # distribute.device_memory otherwise and recomputing is the fastest way that fits)
+    recompute: Union[Literal["none", "blocks", "auto"], RecomputeEvery] = "none"
 
     @field_validator("schedule", mode="before")
     @classmethod
@@ -276,6 +286,11 @@ class Config(Strict):
             raise ValueError(f"distribute.strategy: model.placement places one model copy over "
                              f"its devices and cannot be combined with "
                              f"'{self.distribute.strategy}'; set distribute.strategy: auto")
+        if placement is not None and self.train.recompute not in ("none", "auto"):
+            raise ValueError("train.recompute: a placed model's stages run on devices of their "
+                             "own, and a segment recomputed in the backward pass would not "
+                             "stay on its stage's device; set train.recompute: none (or auto) "
+                             "or remove model.placement")
         if placement is not None and (self.compression.pruning.enabled
                                       or self.compression.quantization.enabled):
             raise ValueError("model.placement: compression stages run on one device or data "

@@ -18,6 +18,7 @@ from tftrain.core import internals
 from tftrain.runtime.strategy import describe
 from tftrain.runtime import placement
 from tftrain.runtime import planner
+from tftrain.runtime import segments
 from tftrain.runtime import strategy
 from tftrain.config import PlacementConfig
 from tftrain.runtime.strategy import local_devices
@@ -102,6 +103,7 @@ class Parallelism:
         plan = self.memory_plan
         return {"placement": None, "memory_plan": None if plan is None else {
             "kind": plan.kind, "stages": plan.stages, "device_memory": plan.memory,
+            "recompute": plan.recompute,
             "bytes_per_device": [e.total for e in plan.per_device]}}
 
 
@@ -228,6 +230,17 @@ def of_strategy(strategy, memory_plan=None) -> Parallelism:
     return Parallelism(strategy=strategy, memory_plan=memory_plan)
 
 
+def recompute_kept(cfg: Config, base, costs) -> float | None:
+    """Activation bytes per example a step of `base` keeps with `train.recompute` (auto:
+    blocks), None where it is none."""
+    setting = cfg.train.recompute
+    if setting == "none":
+        return None
+    mode, every = ("every", setting.every) if hasattr(setting, "every") else ("blocks", None)
+    found = segments.segments(base, mode, every)
+    return segments.kept_bytes(base, found, {c.name: c.activation_bytes for c in costs})
+
+
 def choose(cfg: Config, policy: str, builder) -> Parallelism:
     """On one machine: the configured placement, else the planner's choice for
     `distribute.strategy: auto` (data parallel when the model fits one device, else the
@@ -247,7 +260,8 @@ def choose(cfg: Config, policy: str, builder) -> Parallelism:
                                      force_stages=len(wanted))
         return placed(builder, base, cfg.model.placement, batch, memory_plan)
     copies = len(devices) if strategy.resolve_kind(cfg.distribute, devices) == "mirrored" else 1
-    memory_plan = planner.choose(cfg, costs, devices, policy, batch, acc, replicas=copies)
+    memory_plan = planner.choose(cfg, costs, devices, policy, batch, acc, replicas=copies,
+                                 kept=recompute_kept(cfg, base, costs))
     if memory_plan.kind == "model":
         if cfg.distribute.strategy != "auto":
             raise ConfigError(

@@ -55,10 +55,14 @@ class Estimate:
                 f"activations {self.activations / mib:,.1f}")
 
 
-def estimate(costs: list[LayerCost], micro_batch: int, slots: int, policy: str) -> Estimate:
-    """Training bytes of `costs` (a whole model or one stage) at `micro_batch` examples."""
+def estimate(costs: list[LayerCost], micro_batch: int, slots: int, policy: str,
+             kept: float | None = None) -> Estimate:
+    """Training bytes of `costs` (a whole model or one stage) at `micro_batch` examples;
+    `kept`: the activation bytes per example kept with recomputation (float32), else all
+    the layers' outputs."""
     params = sum(c.params for c in costs) * 4.0
-    acts = sum(c.activation_bytes for c in costs) / 4 * compute_bytes(policy)
+    acts = (sum(c.activation_bytes for c in costs) if kept is None else kept) / 4 * \
+        compute_bytes(policy)
     return Estimate(params, params, params * slots, acts * micro_batch * ACTIVATION_FACTOR)
 
 
@@ -97,6 +101,60 @@ def _read_available_ram() -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
+# What a step costs besides its FLOPs, per layer and pass (forward, or each half of the
+# backward): an op's dispatch and a kernel's launch, about 20 microseconds on both a CPU
+# (TensorFlow's executor) and a GPU (a launch and its synchronisation); what makes many
+# small micro-batches slower than few large ones at the same FLOPs.
+LAUNCH_SECONDS = 2e-5
+# the micro-batches a pipeline of `model.placement.microbatches: auto` is timed at
+PIPELINE_MICROBATCHES = 4
+
+
+@dataclass(frozen=True)
+class Way:
+    """One way to run the update's step: its layout, the largest bytes one device holds,
+    and the estimated seconds per optimizer update (`update_seconds`)."""
+    stages: int
+    per_replica: int
+    accumulation: int
+    recompute: bool
+    per_device: tuple[Estimate, ...]
+    seconds: float
+
+    @property
+    def bytes(self) -> float:
+        return max(e.total for e in self.per_device)
+
+    def name(self) -> str:
+        what = (f"model parallel over {self.stages} stages" if self.stages > 1
+                else "recompute" if self.recompute else "data parallel")
+        return f"{what}, micro-batch {self.per_replica} x {self.accumulation} accumulated"
+
+    def line(self, memory: float) -> str:
+        fits = "fits" if self.bytes <= memory else "does not fit"
+        return (f"{self.name()}: {_bytes(self.bytes)} per device ({fits}), "
+                f"{self.seconds * 1e3:,.1f} ms per update (estimate)")
+
+
+def update_seconds(costs: list[LayerCost], micro: int, accumulation: int, recompute: bool,
+                   stages: int, peak: float, overlap: bool) -> float:
+    """Estimated seconds per update on one device (or pipeline): forward and backward (the
+    backward twice the forward's FLOPs), a second forward with recomputation, at `peak`
+    FLOP/s, plus `LAUNCH_SECONDS` per layer and pass for each micro-batch. A pipeline runs
+    each micro-batch as M smaller ones (`PIPELINE_MICROBATCHES`: M times the launches);
+    K stages overlapping them take (M + K - 1) / (M K) of that (GPipe); where stages
+    cannot overlap (logical CPU devices share the processor: docs/performance.md), all
+    of it."""
+    passes = 4 if recompute else 3
+    launch = len(costs) * LAUNCH_SECONDS * passes
+    compute = sum(c.flops for c in costs) * micro * passes / peak
+    if stages == 1:
+        return accumulation * (launch + compute)
+    m = PIPELINE_MICROBATCHES
+    serial = accumulation * (m * launch + compute)
+    return serial * (m + stages - 1) / (m * stages) if overlap else serial
+
+
 @dataclass(frozen=True)
 class Plan:
     kind: str                       # "data" or "model"
@@ -108,11 +166,16 @@ class Plan:
     flops_per_example: float
     configured: bool = False        # model.placement chose the stages, not the planner
     host: bool = False              # the devices are CPUs: `memory` is the host's RAM
+    recompute: bool = False         # activations recomputed in the backward pass
+    # the ways compared when the configured one did not fit (the chosen one among them)
+    considered: tuple[Way, ...] = ()
 
     def describe(self) -> str:
         why = "as model.placement says" if self.configured else "the model does not fit one device"
         what = ("data parallel (the model fits one device)" if self.kind == "data"
                 else f"model parallel over {self.stages} stages ({why})")
+        if self.recompute:
+            what += ", activations recomputed in the backward pass"
         memory = (f"host memory {_bytes(self.memory)} available" if self.host
                   else f"device memory {_bytes(self.memory)}")
         lines = [f"planner: {what}; {memory}; forward FLOPs per example "
@@ -121,36 +184,94 @@ class Plan:
             lines.append(f"  device {i}: {e.describe()}")
             if self.kind == "data":
                 break          # every replica holds the same
+        if self.considered:
+            lines.append("  the configured step does not fit; the ways compared:")
+            chosen = min((w for w in self.considered if w.bytes <= self.memory),
+                         key=lambda w: w.seconds)
+            for way in self.considered:
+                mark = "chosen, the fastest that fits" if way is chosen else ""
+                lines.append(f"    {way.line(self.memory)}" + (f": {mark}" if mark else ""))
         return "\n".join(lines)
 
 
 def choose(cfg: Config, costs: list[LayerCost], devices: list[str], policy: str,
            micro_batch: int, accumulation: int, replicas: int | None = None,
-           force_stages: int | None = None) -> Plan:
-    """Data parallel if the model fits one device, else the fewest stages that fit. With
-    `train.global_batch_size`, the largest micro-batch per replica that fits, starting
-    from the configured accumulation steps (more accumulation, smaller micro-batches)."""
+           force_stages: int | None = None, kept: float | None = None) -> Plan:
+    """The configured step if it fits a device (`train.recompute` as set), else the
+    fastest way that fits by `update_seconds`: smaller micro-batches with more
+    accumulation (with `train.global_batch_size`), recomputation (`train.recompute:
+    auto`, where `kept` gives what it keeps per example), or model parallelism over the
+    fewest stages that fit (`distribute.strategy: auto`)."""
     slots = optimizer_slots(cfg)
     memory = device_memory(devices[0], cfg.distribute.device_memory)
     flops = sum(c.flops for c in costs)
-    tried = []
+    host = not cfg.distribute.device_memory and "GPU" not in devices[0].upper()
+    setting = cfg.train.recompute
+    explicit = setting not in ("none", "auto")
+    recomputes = [True] if explicit else [False, True] if setting == "auto" and kept else [False]
+    if force_stages:
+        recomputes = [explicit]
+    peak = None
+
+    def way(stages, micro, acc, recompute):
+        nonlocal peak
+        if peak is None:
+            peak = _peak(devices[0], policy)
+        per_stage = (_stage_estimates(costs, stages, micro, slots, policy,
+                                      kept if recompute else None))
+        return Way(stages, micro, acc, recompute, tuple(per_stage), update_seconds(
+            costs, micro, acc, recompute, stages, peak, overlap="GPU" in devices[0].upper()))
+
+    def plan(w: Way, considered=()) -> Plan:
+        return Plan("data" if w.stages == 1 and not force_stages else "model", w.stages,
+                    w.per_replica, w.accumulation, w.per_device, memory, flops,
+                    bool(force_stages), host=host, recompute=w.recompute, considered=considered)
+
+    options = _batch_options(cfg, micro_batch, accumulation,
+                             (replicas or len(devices)) if not force_stages else 1)
+    first_stages = force_stages or 1
+    per_stage = _stage_estimates(costs, first_stages, options[0][0], slots, policy,
+                                 kept if recomputes[0] else None)
+    configured = max(per_stage, key=lambda e: e.total)
+    if configured.total <= memory:
+        return Plan("data" if first_stages == 1 and not force_stages else "model", first_stages,
+                    options[0][0], options[0][1], tuple(per_stage), memory, flops,
+                    bool(force_stages), host=host, recompute=recomputes[0])
+    ways = []
     for stages in ([force_stages] if force_stages else range(1, len(devices) + 1)):
         copies = (replicas or len(devices)) if stages == 1 else 1
-        for micro, acc in _batch_options(cfg, micro_batch, accumulation, copies):
-            per_stage = _stage_estimates(costs, stages, micro, slots, policy)
-            tried.append((stages, micro, max(e.total for e in per_stage)))
-            if tried[-1][2] <= memory:
-                return Plan("data" if stages == 1 and not force_stages else "model", stages,
-                            micro, acc, tuple(per_stage), memory, flops, bool(force_stages),
-                            host=not cfg.distribute.device_memory and "GPU" not in devices[0].upper())
-    one = min(t[2] for t in tried if t[0] == tried[0][0])
-    split = min(t[2] for t in tried)
+        for recompute in (recomputes if stages == 1 else [explicit]):
+            family = [way(stages, micro, acc, recompute)
+                      for micro, acc in _batch_options(cfg, micro_batch, accumulation, copies)]
+            fitting = [w for w in family if w.bytes <= memory]
+            # the family's best: its largest micro-batch that fits (else its configured one)
+            ways.append(fitting[0] if fitting else family[0])
+    allowed = [w for w in ways if w.bytes <= memory and (
+        w.stages == 1 or force_stages or cfg.distribute.strategy == "auto")]
+    fitting = allowed or [w for w in ways if w.bytes <= memory]
+    if fitting:
+        best = min(fitting, key=lambda w: w.seconds)
+        return plan(best, tuple(ways) if len(ways) > 1 else ())
+    one = min(w.bytes for w in ways if w.stages == ways[0].stages)
+    split = min(w.bytes for w in ways)
     raise ConfigError(
         f"distribute.device_memory: the model needs {_bytes(one)} on one device and "
         f"{_bytes(split)} per device at best over {len(devices)} devices, which have "
         f"{_bytes(memory)} each; lower data.per_replica_batch_size (or set "
         "train.global_batch_size with more train.accumulation_steps), use precision.policy: "
-        "mixed_bfloat16, a smaller model, or more devices")
+        "mixed_bfloat16, train.recompute: blocks, a smaller model, or more devices")
+
+
+def _peak(device: str, policy: str) -> float:
+    """FLOP/s the estimates are made at: a CPU's vector units times its clock, else a
+    matmul measured on the device."""
+    dtype = compute_dtype(policy)
+    if "GPU" not in device.upper():
+        theoretical = theoretical_peak(dtype)
+        if theoretical:
+            return theoretical
+    return matmul_peak_flops(device, n=1024 if "GPU" not in device.upper() else 4096,
+                             dtype=dtype)
 
 
 def _bytes(n: float) -> str:
@@ -167,9 +288,9 @@ def _batch_options(cfg: Config, micro: int, accumulation: int, copies: int):
             if total % (copies * a) == 0]
 
 
-def _stage_estimates(costs, stages, micro, slots, policy) -> list[Estimate]:
+def _stage_estimates(costs, stages, micro, slots, policy, kept=None) -> list[Estimate]:
     if stages == 1:
-        return [estimate(costs, micro, slots, policy)]
+        return [estimate(costs, micro, slots, policy, kept)]
     weights = [c.memory(micro, slots, compute_bytes(policy)) for c in costs]
     assignment = partition(weights, stages)
     return [estimate([c for c, s in zip(costs, assignment) if s == k], micro, slots, policy)

@@ -147,6 +147,22 @@ class Stage:
         from tftrain.training.train_step import TrainModel
         return TrainModel
 
+    def recompute(self, ctx):
+        """How the stage's forward pass recomputes activations (`train.recompute`, or the
+        planner's choice for `auto`): None, ("blocks", None) or ("every", K)."""
+        setting = self.cfg.train.recompute
+        if setting == "auto":
+            plan = ctx.parallel.memory_plan
+            return ("blocks", None) if plan is not None and plan.recompute else None
+        if setting == "none":
+            return None
+        return ("blocks", None) if setting == "blocks" else ("every", setting.every)
+
+    def recomputing(self):
+        """A context the recomputation of a segment is traced in (what a second forward
+        pass must leave as the first left it, beyond batch norm and dropout)."""
+        return contextlib.nullcontext()
+
     def checkpoint_dir(self, root: Path) -> Path:
         return root / self.name
 
@@ -178,7 +194,8 @@ class Stage:
         model = self.train_model().wrap(
             built.net, ctx.batches.accumulation * ctx.parallel.microbatches,
             update_hooks=built.hooks, unroll=self.unroll,
-            parallel=ctx.parallel, precision=precision)
+            parallel=ctx.parallel, precision=precision, recompute=self.recompute(ctx),
+            recomputing=self.recomputing)
         optimizer = precision.wrap_optimizer(
             optimizers.build_optimizer(self.cfg.train.optimizer, self.schedule()))
         ctx.parallel.pin(optimizer)

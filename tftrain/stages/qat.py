@@ -51,6 +51,13 @@ class QAT(Stage):
             return quantization.activation_ranges_held()
         return super().training()
 
+    def recomputing(self):
+        """A recomputed segment's activation quantizers use the ranges the first forward
+        pass moved them to, and move them no further (its weight quantizers take the same
+        weights' range again)."""
+        from tftrain.compress import quantization
+        return quantization.activation_ranges_held()
+
     def recalibrating(self):
         """Batch norm re-estimated with every quantizer held at its range: the statistics
         follow the QAT weights, the ranges stay as trained."""

@@ -28,7 +28,7 @@ from tftrain.training.tracking import Tracker
 from tftrain.training import callbacks as cb
 from tftrain.optim import rates
 from tftrain.training.rundir import atomic_write
-from tftrain.training import epoch_logs, input_wait, progress
+from tftrain.training import epoch_logs, input_wait, memory, progress
 from tftrain.core.keras import keras
 from tftrain.training.profiling import ProfileWindow
 from tftrain.optim.averaging import has_batch_norm, recalibrate_batch_norm
@@ -246,6 +246,8 @@ class StageRunner:
             callbacks.append(progress.EpochLine(stage.name, stage.epochs, spe))
         if cfg.train.on_nan == "rollback" and start == 0:
             manager.save(checkpoint_number=0)            # something to roll back to
+        peaks = memory.Peaks(self.plan.parallel.training_devices())
+        peaks.start()
         began = time.perf_counter()
         for attempt in range(cfg.train.nan_retries + 1):
             try:
@@ -286,6 +288,7 @@ class StageRunner:
                   "input_wait": waiting.fraction(), **waiting.figures(),
                   "host": epoch_logs.host_figures(model, checkpointer, sizer),
                   "jit_compile": self.jit.get(stage.name),
+                  "memory": peaks.read(self._estimate()),
                   "seconds": time.perf_counter() - began}    # of this session of the stage
         settled = self._settle(stage, built)
         if settled:               # evaluated again, beside the weights as trained
@@ -295,6 +298,11 @@ class StageRunner:
         if gap:
             console.warn(f"stage {stage.name}: {gap}")
         return result
+
+    def _estimate(self) -> float | None:
+        """The planner's bytes for the device that holds most (None: no plan was made)."""
+        plan = self.plan.parallel.memory_plan
+        return max(e.total for e in plan.per_device) if plan is not None else None
 
     def _training_input(self, model, start: int):
         """What `fit` trains on from update `start`: the host pipeline, or a device feed's

@@ -7,6 +7,7 @@ import textwrap
 from collections import Counter
 
 from tftrain.core import console
+from tftrain.training import memory
 
 
 def grouped(values: dict[str, float]) -> str:
@@ -43,6 +44,10 @@ def report_table(summary: dict) -> str:
                       f"({t.get('mfu', 0.0):.1%} of the peak of {t.get('peak_device', 'the devices')})")
         rows.append(("throughput", speed))
         rows.append(("input", _input_row(t)))
+        peak = memory.describe(summary.get("memory"), "training")
+        if peak:
+            rows.append(("memory", peak + ("" if summary.get("recompute", "none") == "none"
+                                           else f"; recompute: {summary['recompute']}")))
     headline = summary.get("accuracy")
     if headline:
         rows.append(("accuracy (as deployed)",

@@ -30,6 +30,7 @@ from tftrain.training.micro_batches import add as _add, size as _size, slice_of 
 from tftrain.core import internals
 from tftrain.runtime.parallelism import Parallelism
 from tftrain.runtime.precision import AllReduce, Precision, pack, unpack
+from tftrain.training.recompute import Recompute
 
 
 def op_determinism() -> bool:
@@ -42,7 +43,7 @@ class TrainModel(keras.Model):
 
     def __init__(self, *args, accumulation_steps: int = 1, all_reduce_dtype: str | None = None,
                  update_hooks=(), unroll: bool = False, parallel=None, precision=None,
-                 **kwargs):
+                 recompute=None, recomputing=None, **kwargs):
 
         super().__init__(*args, **kwargs)
         self.time_steps = True     # (`wrap`) not under op determinism: TensorFlow refuses clocks
@@ -70,11 +71,15 @@ class TrainModel(keras.Model):
         self.__dict__["input_seconds"] = tf.Variable(
             0.0, dtype=tf.float64, trainable=False, name="input_seconds")
         self.__dict__["input_measured"] = False
+        # `train.recompute`: the forward pass in segments recomputed in the backward pass
+        # (`recompute.Recompute`), or None
+        self.__dict__["recompute"] = None if recompute is None else Recompute(
+            self, *recompute, held=recomputing)
 
     @classmethod
     def wrap(cls, model, accumulation_steps: int = 1, all_reduce_dtype: str | None = None,
              update_hooks=(), unroll: bool = False, parallel=None, precision=None,
-             time_steps: bool = True) -> "TrainModel":
+             time_steps: bool = True, recompute=None, recomputing=None) -> "TrainModel":
         """The same layers and weights as `model`, trained by this step.
 
         `update_hooks`: objects with `before_update(iterations)` and
@@ -85,11 +90,14 @@ class TrainModel(keras.Model):
         current strategy). `precision` (`tftrain.runtime.precision.Precision`): loss scaling and
         the all-reduce dtype (default: the global policy, no loss scaling).
         `time_steps`: measure the time inside steps for the input-wait figure (not under
-        op determinism, where TensorFlow refuses clocks)."""
+        op determinism, where TensorFlow refuses clocks). `recompute`: None, ("blocks",
+        None) or ("every", K): activations recomputed in the backward pass over segments
+        of the model (`tftrain.training.recompute`); `recomputing`: a context factory
+        the recomputation is traced in (QAT's: activation ranges held)."""
         net = cls(inputs=model.inputs, outputs=model.outputs, name=model.name,
                   accumulation_steps=accumulation_steps, all_reduce_dtype=all_reduce_dtype,
                   update_hooks=update_hooks, unroll=unroll, parallel=parallel,
-                  precision=precision)
+                  precision=precision, recompute=recompute, recomputing=recomputing)
         net.time_steps = time_steps
         return net
 
@@ -257,7 +265,7 @@ class TrainModel(keras.Model):
     def _gradients(self, x, y, sample_weight, variables):
         """Gradients of one micro-batch's share of the update's loss."""
         def forward():
-            y_pred = self(x, training=True)
+            y_pred = self.recompute(x) if self.recompute else self(x, training=True)
             return y_pred, self._micro_loss(x, y, y_pred, sample_weight)
 
         y_pred, _, grads = self.parallel.gradients(forward, variables)

@@ -1,0 +1,104 @@
+"""A functional model's layers cut into segments for activation recomputation
+(`train.recompute`; the recomputing forward pass is `tftrain.training.recompute`).
+
+The layers are taken in the order Keras runs them (its nodes by depth). Between two
+layers, the tensors that are live (made before, read after) are what a segment boundary
+keeps for the backward pass. `blocks` cuts where one tensor is live (between residual
+blocks, transformer layers, the layers of a plain stack) and merges the pieces into
+segments of about the square root of the layer count each (Chen et al. 2016); `every: K`
+cuts every K layers, keeping whatever is live there. `kept_bytes` estimates what a step
+keeps then, for the planner.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tftrain.config import ConfigError
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Layers `start` to `stop` (exclusive) of the model's order: the ids of the tensors
+    they read from before (`inputs`) and those read after them (`outputs`)."""
+    start: int
+    stop: int
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+def layer_calls(model) -> list:
+    """The model's layer calls in the order Keras runs them (`Functional._run_internal_graph`)."""
+    order = []
+    for depth in sorted(model._nodes_by_depth, reverse=True):
+        order += [n for n in model._nodes_by_depth[depth] if not n.is_input]
+    return order
+
+
+def _live(model, nodes) -> list[tuple[str, ...]]:
+    """For each boundary i (before node i, and after the last), the tensor ids made before
+    it and read at or after it (or returned by the model)."""
+    made_at = {str(id(x)): -1 for x in model.inputs}
+    for i, node in enumerate(nodes):
+        for t in node.flat_output_ids:
+            made_at[t] = i
+    last_read = {t: -1 for t in made_at}
+    for i, node in enumerate(nodes):
+        for t in node.flat_input_ids:
+            last_read[t] = max(last_read[t], i)
+    for x in model.outputs:
+        last_read[str(id(x))] = len(nodes)
+    return [tuple(t for t in made_at if made_at[t] < i <= last_read[t])
+            for i in range(len(nodes) + 1)]
+
+
+def segments(model, mode: str, every: int | None = None) -> list[Segment]:
+    """The model's segments for `mode`: "blocks" or "every" (`every` layers each)."""
+    if not getattr(model, "_is_graph_network", False):
+        raise ConfigError(
+            f"train.recompute: model '{model.name}' is not a functional model (a subclassed "
+            "model's layers cannot be segmented); use train.recompute: none")
+    nodes = layer_calls(model)
+    live = _live(model, nodes)
+    n = len(nodes)
+    if mode == "every":
+        cuts = list(range(every, n, every))
+    else:
+        single = [i for i in range(1, n) if len(live[i]) == 1]
+        target = max(1, round(math.sqrt(n)))
+        cuts, last = [], 0
+        for i in single:
+            if i - last >= target:
+                cuts.append(i)
+                last = i
+        if cuts and n - cuts[-1] < target:       # a short tail joins the segment before it
+            cuts.pop()
+    bounds = [0, *cuts, n]
+    return [Segment(a, b, live[a], live[b]) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def describe(found: list[Segment], mode: str, every: int | None = None) -> str:
+    sizes = [s.stop - s.start for s in found]
+    how = "cut between single tensors" if mode == "blocks" else f"every {every} layers"
+    return (f"{len(found)} segments of {min(sizes)}-{max(sizes)} layers ({how}), "
+            f"{sum(len(s.inputs) for s in found)} tensors kept between them")
+
+
+def kept_bytes(model, found: list[Segment], activation_bytes: dict[str, float]) -> float:
+    """Activation bytes per example a step keeps with recomputation: the tensors at the
+    segments' boundaries, and the largest segment's own activations twice (recomputed in
+    its backward pass, beside their gradients), at most what every layer's outputs take
+    (a model of few segments). `activation_bytes`: per layer name, what the layer's
+    outputs take per example (`tftrain.runtime.placement.LayerCost`)."""
+    nodes = layer_calls(model)
+    made_by = {t: node.layer.name for node in nodes for t in node.flat_output_ids}
+    boundaries = {t for s in found for t in s.inputs if t in made_by}
+    kept = sum(activation_bytes.get(made_by[t], 0.0) / max(1, _outputs(nodes, made_by[t]))
+               for t in boundaries)
+    inside = max(sum(activation_bytes.get(n.layer.name, 0.0) for n in nodes[s.start:s.stop])
+                 for s in found)
+    return min(kept + 2 * inside, sum(activation_bytes.get(n.layer.name, 0.0) for n in nodes))
+
+
+def _outputs(nodes, name: str) -> int:
+    return next(len(n.flat_output_ids) for n in nodes if n.layer.name == name)

@@ -1,0 +1,145 @@
+"""Activation recomputation (`train.recompute`): the forward pass run in segments, each
+keeping only its inputs for the backward pass and running again inside it (Chen et al.
+2016, "Training Deep Nets with Sublinear Memory Cost").
+
+The segments are `tftrain.runtime.segments`'. What a segment computes is kept nowhere:
+its backward pass runs it again from its inputs, after the gradient of its outputs has
+arrived (a data dependency, which XLA keeps too), and differentiates that.
+
+The second run is the same computation as the first:
+- batch normalization's moving statistics update once per step: the recomputation runs
+  with a momentum of 1 (the moving mean and variance assigned their own value);
+- layers with randomness (dropout) draw the same masks: their `tf.random.Generator`s
+  are set back to the state they had before the segment's first run, and forward again
+  after it (`keras.backend.experimental.enable_tf_random_generator()` before the
+  model is built, as `tftrain.plan` does).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import tensorflow as tf
+
+from tftrain.core import internals
+from tftrain.core.keras import keras
+from tftrain.config import ConfigError
+from tftrain.runtime.segments import layer_calls, segments
+
+
+class Recompute:
+    """The forward pass of `model` in segments that recompute in the backward pass."""
+
+    def __init__(self, model, mode: str, every: int | None = None, held=None):
+        self.model = model
+        self.held = held or contextlib.nullcontext
+        self.nodes = layer_calls(model)
+        self.segments = segments(model, mode, every)
+        self.mode, self.every = mode, every
+        for segment in self.segments:
+            for layer in self._layers(segment):
+                _check_randomness(layer)
+
+    def __call__(self, x):
+        model = self.model
+        flat = tf.nest.flatten(x)
+        values = {}
+        for ref, value in zip(model.inputs, flat):
+            values[str(id(ref))] = model._conform_to_reference_input(value, ref_input=ref)
+        for segment in self.segments:
+            outputs = self._run(segment, [values[t] for t in segment.inputs])
+            values.update(zip(segment.outputs, outputs))
+        result = [values[str(id(o))] for o in model.outputs]
+        return tf.nest.pack_sequence_as(model._nested_outputs, result)
+
+    def _layers(self, segment):
+        """The segment's layers and every layer inside them (an attention layer's dropout)."""
+        return [inner for node in self.nodes[segment.start:segment.stop]
+                for inner in [node.layer, *internals.all_layers(node.layer)]]
+
+    def _compute(self, segment, inputs):
+        values = dict(zip(segment.inputs, inputs))
+        for node in self.nodes[segment.start:segment.stop]:
+            ids = node.flat_input_ids           # (a tensor read twice is popped twice)
+            args, kwargs = node.map_arguments({t: [values[t]] * ids.count(t) for t in ids})
+            if getattr(node.layer, "_expects_training_arg", False):
+                kwargs = {**kwargs, "training": True}
+            outputs = node.layer(*args, **kwargs)
+            values.update(zip(node.flat_output_ids, tf.nest.flatten(outputs)))
+        return [values[t] for t in segment.outputs]
+
+    def _run(self, segment, inputs):
+        layers = self._layers(segment)
+        generators = [g for g in map(internals.random_generator, layers) if g is not None]
+        differentiable = [i for i, v in enumerate(inputs) if v.dtype.is_floating]
+        fixed = {i: v for i, v in enumerate(inputs) if i not in differentiable}
+
+        @tf.custom_gradient
+        def run(*floats):
+            before = [g.state.read_value() for g in generators]
+            with tf.control_dependencies(before):
+                args = _merge(floats, fixed, differentiable)
+                outputs = self._compute(segment, args)
+            after = [g.state.read_value() for g in generators]
+
+            def grad(*d_outputs, variables=None):
+                # the recomputation waits for its outputs' gradient (data, not control: XLA
+                # drops control dependencies), so it runs where the backward pass needs it
+                first = tf.reshape(d_outputs[0], [-1])[:1]
+                gate = tf.reduce_sum(tf.cast(tf.math.is_nan(first), tf.float32)) * 0.0
+                restore = [g.state.assign(s) for g, s in zip(generators, before)]
+                with tf.control_dependencies(restore):
+                    again = [tf.identity(f) + tf.cast(gate, f.dtype) for f in floats]
+                with tf.GradientTape() as tape:
+                    tape.watch(again)
+                    if variables:
+                        tape.watch(variables)
+                    with _statistics_held(layers), self.held():
+                        recomputed = self._compute(segment, _merge(again, fixed, differentiable))
+                grads = tape.gradient(recomputed, [*again, *(variables or [])],
+                                      output_gradients=list(d_outputs),
+                                      unconnected_gradients=tf.UnconnectedGradients.ZERO)
+                forward = [g.state.assign(s) for g, s in zip(generators, after)]
+                with tf.control_dependencies(forward):
+                    grads = [tf.identity(g) if g is not None and not isinstance(
+                        g, tf.IndexedSlices) else g for g in grads]
+                return grads[:len(again)], grads[len(again):]
+            return outputs, grad
+
+        outputs = run(*[inputs[i] for i in differentiable])
+        return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+
+
+def _merge(floats, fixed: dict, differentiable: list[int]) -> list:
+    args = dict(fixed)
+    args.update(zip(differentiable, floats))
+    return [args[i] for i in range(len(args))]
+
+
+class _statistics_held:
+    """Batch normalization's moving statistics left as they are (momentum 1) while the
+    layers run again."""
+
+    def __init__(self, layers):
+        self.norms = [layer for layer in layers if isinstance(
+            layer, keras.layers.BatchNormalization)]
+
+    def __enter__(self):
+        self.momenta = [layer.momentum for layer in self.norms]
+        for layer in self.norms:
+            layer.momentum = 1.0
+
+    def __exit__(self, *exc):
+        for layer, momentum in zip(self.norms, self.momenta):
+            layer.momentum = momentum
+
+
+def _check_randomness(layer) -> None:
+    random = getattr(layer, "_random_generator", None)
+    if random is None or not hasattr(random, "_maybe_init"):
+        return
+    if internals.random_generator(layer) is None:
+        raise ConfigError(
+            f"train.recompute: layer '{layer.name}' draws random numbers without a "
+            "tf.random.Generator, so its recomputation would draw other ones; call "
+            "keras.backend.experimental.enable_tf_random_generator() before building the "
+            "model (tftrain.plan does)")
