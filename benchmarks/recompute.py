@@ -12,7 +12,10 @@ dropout 0.1). Each in two settings: one device in float32, and 2 mirrored replic
 - the step's time with / without, as the median of per-round ratios over interleaved
   rounds (the spread printed): the target is at most 1.35;
 - the weights after 20 updates from the same start on the same batches: equal within
-  1e-6 relative (the largest difference over a tensor's largest value).
+  1e-6 relative (the largest over the tensors of |a - b| / |b|, Frobenius norms).
+
+Each comparison runs in a process of its own with its devices as a run of that setting
+configures them: one device gets every core for each op, 2 mirrored replicas a core each.
 
 Then a run that does not fit `distribute.device_memory` at its batch without recompute
 (`python -m tftrain.run`, the ResNet at a global batch of 128): with `train.recompute:
@@ -20,7 +23,7 @@ auto` the plan picks recomputation at the whole micro-batch; with `none`, accumu
 the micro-batch that fits. Each run's allocator peak must stay under the limit, and the
 recomputing run's throughput is compared with the accumulating run's.
 
-    python benchmarks/recompute.py --rounds 5
+    python benchmarks/recompute.py --rounds 9
 """
 import argparse
 import json
@@ -43,7 +46,7 @@ from tftrain.core.keras import keras
 from tftrain.data import InputSpec
 from tftrain.models import MODELS
 from tftrain.runtime import precision
-from tftrain.runtime.strategy import configure_devices
+from tftrain.runtime.strategy import build_strategy, configure_devices
 from tftrain.training.losses import build_loss
 from tftrain.training.train_step import TrainModel
 
@@ -60,6 +63,11 @@ CASES = {
 }
 SETTINGS = {"one device, float32": ("one", "float32", 1),
             "2 mirrored replicas, mixed_bfloat16, accumulation 2": ("mirrored", "mixed_bfloat16", 2)}
+# each setting's devices as a run of it configures them (a process of its own: logical
+# devices and threads are set once per process): one device gets every core for each op;
+# 2 mirrored replicas on the 2 logical CPUs get a core each (`strategy.share_cores`)
+DEVICES = {"one": ["distribute.strategy=one_device", "distribute.virtual_cpus=1"],
+           "mirrored": ["distribute.strategy=mirrored", "distribute.virtual_cpus=2"]}
 UPDATES = 20
 
 
@@ -79,8 +87,7 @@ class Side:
     def __init__(self, case, setting, recompute):
         _, name, params, spec, batch = CASES[case]
         kind, policy, accumulation = SETTINGS[setting]
-        self.strategy = (tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]) if kind == "mirrored"
-                         else tf.distribute.OneDeviceStrategy("/cpu:0"))
+        self.strategy = build_strategy(load_config(None, DEVICES[kind]))
         precision.apply_policy(policy)
         keras.utils.set_random_seed(1)
         with self.strategy.scope():
@@ -90,21 +97,30 @@ class Side:
                                build_loss("sparse_categorical_crossentropy"))
         precision.apply_policy("float32")
         self.data = batches(spec, batch, UPDATES)
+        self.repeated = self.data.repeat()
 
     def train(self, updates):
+        """`updates` updates on the first batches (a fresh pass over them)."""
         self.model.fit(self.data.take(updates), epochs=1, verbose=0)
+
+    def timed(self, steps) -> float:
+        """Seconds per update over `steps` updates on batches already traced."""
+        start = time.perf_counter()
+        self.model.fit(self.repeated, steps_per_epoch=steps, epochs=1, verbose=0)
+        return (time.perf_counter() - start) / steps
 
     def weights(self):
         return [w.numpy().astype(np.float64) for w in self.model.weights]
 
 
-def compare(case, setting, rounds):
+def compare(case, setting, rounds, steps):
     keras.backend.experimental.enable_tf_random_generator()
     plain, again = Side(case, setting, None), Side(case, setting, ("blocks", None))
     # the weights after UPDATES updates (the first also traces each side's step)
     plain.train(UPDATES)
     again.train(UPDATES)
-    worst = max(float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 1e-30))
+    # the largest relative difference of a weight tensor (its norm's)
+    worst = max(float(np.linalg.norm(a - b) / max(float(np.linalg.norm(b)), 1e-30))
                 for a, b in zip(again.weights(), plain.weights()))
     peaks = {}
     for side in (plain, again):
@@ -113,13 +129,11 @@ def compare(case, setting, rounds):
         side.train(1)
         peaks[side] = tf.config.experimental.get_memory_info("CPU:0")["peak"] - base
     ratios = []
-    steps = 3
+    for side in (plain, again):
+        side.timed(1)                     # the repeated input's first pass (traced)
     for r in range(rounds):
-        seconds = {}
-        for side in ((plain, again) if r % 2 == 0 else (again, plain)):
-            start = time.perf_counter()
-            side.train(steps)
-            seconds[side] = (time.perf_counter() - start) / steps
+        order = (plain, again) if r % 2 == 0 else (again, plain)
+        seconds = {side: side.timed(steps) for side in order}
         ratios.append(seconds[again] / seconds[plain])
     return {"peak_ratio": peaks[again] / peaks[plain], "peak_plain": peaks[plain],
             "peak_recompute": peaks[again], "time_ratio": statistics.median(ratios),
@@ -142,61 +156,77 @@ def run_cli(directory, sets):
 
 
 def does_not_fit(limit_mib):
-    """The ResNet at global batch 128 under `distribute.device_memory`: recompute (auto)
-    against accumulation (none)."""
-    base = ["model={name: resnet, params: {depth: 50, width: 16}}", "data.params={image_size: 32, channels: 3}",
+    """The ResNet at global batch 128 under `distribute.device_memory`: the planner's
+    choice (`auto`), recomputation forced (`blocks`, the whole batch in one micro-batch)
+    and accumulation (`none`: the largest micro-batch that fits without)."""
+    base = ["model={name: resnet, params: {depth: 50, width: 16}}",
+            "data.params={image_size: 32, channels: 3}",
             "train.global_batch_size=128", "data.per_replica_batch_size=128",
             "distribute.strategy=one_device", f"distribute.device_memory={limit_mib * 2**20}",
-            "train.epochs=2", "export.tflite=none", "export.saved_model=false",
+            "train.epochs=3", "export.tflite=none", "export.saved_model=false",
             "train.recalibrate_batch_norm=off", "train.verbose=0"]
     found = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for how in ("auto", "none"):
+        for how in ("auto", "blocks", "none"):
             summary, plan = run_cli(Path(tmp) / how, base + [f"train.recompute={how}"])
             found[how] = summary
-            print(f"train.recompute: {how}:", *plan, sep="\n  ")
+            print(f"train.recompute: {how}:", *plan, sep="\n  ", flush=True)
     return found
+
+
+def child(case, setting, rounds, steps, out):
+    """One comparison in this process, its devices configured as the setting's run would."""
+    configure_devices(load_config(None, DEVICES[SETTINGS[setting][0]]))
+    r = compare(case, setting, rounds, steps)
+    Path(out).write_text(json.dumps(r))
 
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--child", nargs=3, metavar=("CASE", "SETTING", "JSON"), help=argparse.SUPPRESS)
+    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--steps", type=int, default=4, help="updates per side and round")
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     p.add_argument("--limit-mib", type=int, default=450,
                    help="distribute.device_memory of the run that does not fit")
     args = p.parse_args()
-    configure_devices(load_config(None, ["distribute.virtual_cpus=2"]))
+    if args.child:
+        return child(args.child[0], args.child[1], args.rounds, args.steps, args.child[2])
     print(f"CPU: {record.cpu_features()}")
     figures = []
     for case in args.cases:
         for setting in SETTINGS:
-            r = compare(case, setting, args.rounds)
+            with tempfile.TemporaryDirectory() as tmp:
+                out = Path(tmp) / "result.json"
+                subprocess.run([sys.executable, __file__, "--rounds", str(args.rounds),
+                                "--steps", str(args.steps), "--child", case, setting, str(out)],
+                               check=True, cwd=ROOT)
+                r = json.loads(out.read_text())
             label = f"recompute (blocks) / none, {CASES[case][0]}, {setting}"
             lo, hi = r["time_spread"]
             figures.append((label, (
                 f"allocator peak {r['peak_ratio']:.2f} ({r['peak_recompute'] / 2**20:,.0f} / "
                 f"{r['peak_plain'] / 2**20:,.0f} MiB); step time {r['time_ratio']:.2f} "
                 f"(median of {args.rounds} interleaved rounds, {lo:.2f}-{hi:.2f}); weights "
-                f"after {UPDATES} updates {r['weights_rel']:.1e} relative; {r['segments']} "
+                f"after {UPDATES} updates {r['weights_rel']:.1e} relative (norm); {r['segments']} "
                 f"segments; CPU {record.cpu_features()}")))
             print(figures[-1][0], figures[-1][1], sep=": ", flush=True)
     runs = does_not_fit(args.limit_mib)
-    auto, none = runs["auto"], runs["none"]
     limit = args.limit_mib * 2**20
 
-    def peak(s):
-        return max(s["memory"]["peak_bytes"].values())
+    def way(s):
+        peak = max(s["memory"]["peak_bytes"].values())
+        return (f"recompute {s['recompute']}, micro-batch {s['per_replica_batch_size']} x "
+                f"{s['accumulation_steps']}, allocator peak {peak / 2**20:,.0f} MiB"
+                f"{'' if peak <= limit else ' (OVER the limit)'}, "
+                f"{s['throughput']['examples_per_sec']:.1f} ex/s")
+    rate = {k: s["throughput"]["examples_per_sec"] for k, s in runs.items()}
     figures.append((
         f"a ResNet-50-depth step that does not fit distribute.device_memory {args.limit_mib} MiB "
-        "at global batch 128: recompute (auto) / accumulation (none)",
-        f"plan: recompute {auto['recompute']}, micro-batch {auto['per_replica_batch_size']} x "
-        f"{auto['accumulation_steps']} against micro-batch {none['per_replica_batch_size']} x "
-        f"{none['accumulation_steps']}; allocator peak {peak(auto) / 2**20:,.0f} and "
-        f"{peak(none) / 2**20:,.0f} MiB (under the limit: {peak(auto) <= limit} and "
-        f"{peak(none) <= limit}); throughput {auto['throughput']['examples_per_sec']:.1f} / "
-        f"{none['throughput']['examples_per_sec']:.1f} ex/s = "
-        f"{auto['throughput']['examples_per_sec'] / none['throughput']['examples_per_sec']:.2f}; "
-        f"CPU {record.cpu_features()}"))
+        "at global batch 128 (python -m tftrain.run, 3 epochs of digits at 32x32x3)",
+        f"auto chose {way(runs['auto'])}; blocks: {way(runs['blocks'])}; none: "
+        f"{way(runs['none'])}; recompute / accumulation throughput "
+        f"{rate['blocks'] / rate['none']:.2f}; CPU {record.cpu_features()}"))
     record.rows(figures)
 
 

@@ -142,7 +142,7 @@ class RunPlan:
         if (how := self.stages[0].recompute(self)) is not None:
             from tftrain.runtime import segments
             lines.append(f"recompute: {segments.describe(segments.segments(model, *how), *how)}"
-                         "; each recomputed in the backward pass")
+                         "; all but the last recomputed in the backward pass")
         lines.append(kinds.exports_line(self.cfg, self.qat))
         lines.append(self.training_line())
         if self.preflight is not None:

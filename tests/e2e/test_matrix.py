@@ -78,6 +78,8 @@ DIMENSIONS = {
     "export": ["saved_model", "tflite_dynamic", "tflite_float16", "tflite_int8",
                "saved_model_int8", "onnx", "tflite_sparse"],
     "preflight": ["on", "off"],
+    # activations recomputed in the backward pass (`train.recompute`)
+    "recompute": ["none", "blocks", "every"],
 }
 
 
@@ -131,7 +133,8 @@ COST = {"strategy": {"mirrored": 1.76, "multi_worker": 2.0},
                    "prune+qat": 2.01, "channels+qat": 2.14},
         "export": {"tflite_dynamic": 1.27, "tflite_float16": 1.25, "tflite_int8": 1.21,
                    "onnx": 1.12},
-        "preflight": {"off": 0.85}}
+        "preflight": {"off": 0.85},
+        "recompute": {"blocks": 1.1, "every": 1.1}}
 APPLICATIONS = [name for name in DIMENSIONS["model"] if name.startswith("keras_applications:")]
 # MobileNetV2's pairs fitted; MobileNetV3Small's (not yet in a fitted run) taken alike
 PAIR_COST = {(("model", name), pair): factor for name in APPLICATIONS
@@ -276,7 +279,8 @@ REFUSED = [{**ROWS[i], "model": model, "augment": augment} for i, (model, augmen
             "augment": "none" if model in TEXT else DIMENSIONS["augment"][i % 3],
             "remainder": DIMENSIONS["remainder"][i % 2],
             "stages": DIMENSIONS["stages"][i % len(DIMENSIONS["stages"])],
-            "export": "tflite_sparse", "preflight": DIMENSIONS["preflight"][i % 2]}
+            "export": "tflite_sparse", "preflight": DIMENSIONS["preflight"][i % 2],
+            "recompute": DIMENSIONS["recompute"][i % 3]}
            for i, model in enumerate(DIMENSIONS["model"])]
 
 
@@ -355,6 +359,8 @@ def overrides(row: dict, speech, text) -> list[str]:
              "saved_model_int8": ["export.tflite=none", "export.saved_model_int8=true"],
              "onnx": ["export.tflite=none", "export.onnx=true"],
              "tflite_sparse": ["export.tflite=none", "export.tflite_sparse=true"]}[row["export"]]
+    sets += {"none": [], "blocks": ["train.recompute=blocks"],
+             "every": ["train.recompute={every: 3}"]}[row["recompute"]]
     return sets
 
 

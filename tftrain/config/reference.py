@@ -139,6 +139,12 @@ DESCRIPTIONS = {
     "train.freeze.learning_rate": "its constant learning rate (default: training's)",
     "train.recalibrate_batch_norm": "re-estimate batch-norm statistics at a stage's end: `auto` "
                                     "(about 2,048 examples), N micro-batches, or `off`",
+    "train.recompute": "activations recomputed in the backward pass: `none`, `blocks` (segments "
+                       "between single tensors, about sqrt(layers) each), `{every: K}` layers, or "
+                       "`auto` (the planner adds it where the step would not fit otherwise and it "
+                       "is the fastest way that fits; see [Activation recomputation]"
+                       "(training.md#activation-recomputation))",
+    "train.recompute.every": "layers per recomputed segment",
     # compression
     "compression.pruning": "pruning as a stage after training (see [Compression](compression.md))",
     "compression.pruning.enabled": "run the pruning stage",

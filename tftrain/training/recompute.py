@@ -4,7 +4,9 @@ keeping only its inputs for the backward pass and running again inside it (Chen 
 
 The segments are `tftrain.runtime.segments`'. What a segment computes is kept nowhere:
 its backward pass runs it again from its inputs, after the gradient of its outputs has
-arrived (a data dependency, which XLA keeps too), and differentiates that.
+arrived (a data dependency, which XLA keeps too), and differentiates that. The last
+segment runs once: the backward pass starts from its activations at once, so keeping
+them costs no more memory than recomputing them would.
 
 The second run is the same computation as the first:
 - batch normalization's moving statistics update once per step: the recomputation runs
@@ -46,7 +48,11 @@ class Recompute:
         for ref, value in zip(model.inputs, flat):
             values[str(id(ref))] = model._conform_to_reference_input(value, ref_input=ref)
         for segment in self.segments:
-            outputs = self._run(segment, [values[t] for t in segment.inputs])
+            inputs = [values[t] for t in segment.inputs]
+            # the last segment's activations are what its backward pass starts from at
+            # once: kept, they cost no more memory than recomputed, and no second pass
+            last = segment is self.segments[-1]
+            outputs = self._compute(segment, inputs) if last else self._run(segment, inputs)
             values.update(zip(segment.outputs, outputs))
         result = [values[str(id(o))] for o in model.outputs]
         return tf.nest.pack_sequence_as(model._nested_outputs, result)
