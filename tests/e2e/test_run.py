@@ -657,6 +657,13 @@ def test_every_strategy_and_policy_trains(tmp_path, strategy, policy):
     assert summary["metrics"]["val_accuracy"] > 0.9
     assert summary["strategy"] == {"auto": "mirrored"}.get(strategy, strategy)
     assert summary["steps"] == 3 * summary["steps_per_epoch"]
+    # the allocator's peak during training, beside the planner's estimate (the logical CPU
+    # devices share one allocator: one figure), in summary.json and per stage
+    memory = summary["memory"]
+    (peak,) = memory["peak_bytes"].values()
+    assert peak > 0 and memory["estimate_bytes"] > 0
+    assert memory["peak_over_estimate"] == round(peak / memory["estimate_bytes"], 3)
+    assert summary["stages"]["train"]["memory"] == memory and summary["recompute"] == "none"
 
 
 @pytest.mark.slow

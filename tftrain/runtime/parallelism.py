@@ -98,6 +98,11 @@ class Parallelism:
     def describe(self) -> list[str]:
         return [self.memory_plan.describe()] if self.memory_plan is not None else []
 
+    def estimated_bytes(self) -> float | None:
+        """The planner's bytes for the device that holds most (None: no plan was made)."""
+        plan = self.memory_plan
+        return max(e.total for e in plan.per_device) if plan is not None else None
+
     def summary(self, net, batch, loss) -> dict:
         """What summary.json says of the layout (`batch()`: a batch to measure on)."""
         plan = self.memory_plan

@@ -16,10 +16,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from tftrain.config import ConfigError
-from tftrain.core import console
-from tftrain.training import xla
+from tftrain.core import console, internals
 from tftrain.training.preemption import Preempted, Preemption  # noqa: F401  (Preempted: re-exported)
-from tftrain.core import internals
 from tftrain.training.callbacks import ResumePoint
 from tftrain.runtime.strategy import cluster_spec
 import tensorflow as tf
@@ -28,7 +26,7 @@ from tftrain.training.tracking import Tracker
 from tftrain.training import callbacks as cb
 from tftrain.optim import rates
 from tftrain.training.rundir import atomic_write
-from tftrain.training import epoch_logs, input_wait, memory, progress
+from tftrain.training import epoch_logs, input_wait, memory, progress, xla
 from tftrain.core.keras import keras
 from tftrain.training.profiling import ProfileWindow
 from tftrain.optim.averaging import has_batch_norm, recalibrate_batch_norm
@@ -246,8 +244,7 @@ class StageRunner:
             callbacks.append(progress.EpochLine(stage.name, stage.epochs, spe))
         if cfg.train.on_nan == "rollback" and start == 0:
             manager.save(checkpoint_number=0)            # something to roll back to
-        peaks = memory.Peaks(self.plan.parallel.training_devices())
-        peaks.start()
+        peaks = memory.Peaks(self.plan.parallel.training_devices()).started()
         began = time.perf_counter()
         for attempt in range(cfg.train.nan_retries + 1):
             try:
@@ -288,7 +285,7 @@ class StageRunner:
                   "input_wait": waiting.fraction(), **waiting.figures(),
                   "host": epoch_logs.host_figures(model, checkpointer, sizer),
                   "jit_compile": self.jit.get(stage.name),
-                  "memory": peaks.read(self._estimate()),
+                  "memory": peaks.read(self.plan.parallel.estimated_bytes()),
                   "seconds": time.perf_counter() - began}    # of this session of the stage
         settled = self._settle(stage, built)
         if settled:               # evaluated again, beside the weights as trained
@@ -298,11 +295,6 @@ class StageRunner:
         if gap:
             console.warn(f"stage {stage.name}: {gap}")
         return result
-
-    def _estimate(self) -> float | None:
-        """The planner's bytes for the device that holds most (None: no plan was made)."""
-        plan = self.plan.parallel.memory_plan
-        return max(e.total for e in plan.per_device) if plan is not None else None
 
     def _training_input(self, model, start: int):
         """What `fit` trains on from update `start`: the host pipeline, or a device feed's

@@ -20,17 +20,19 @@ def _name(device: str) -> str:
 
 
 class Peaks:
-    """Reset at `start`, read at `read`: the allocator peak of each training device."""
+    """Reset at `started`, read at `read`: the allocator peak of each training device."""
 
     def __init__(self, devices: list[str]):
         names = [_name(d) for d in devices]
         gpus = sorted({n for n in names if n.startswith("GPU")})
         self.devices = gpus or (["CPU:0"] if names else [])
 
-    def start(self) -> None:
+    def started(self) -> "Peaks":
+        """Counting from now."""
         import tensorflow as tf
         for device in self.devices:
             tf.config.experimental.reset_memory_stats(device)
+        return self
 
     def read(self, estimate: float | None) -> dict | None:
         """{"peak_bytes": {device: bytes}, "estimate_bytes", "peak_over_estimate"}; None
