@@ -48,7 +48,7 @@ SCRIPTS = {
     "search": ["--recipe", "image_transfer", "--repeat", "3", "--target", "max_latency_ratio=0.5",
                "--target", "fine_tune_epochs=6", "--target", "qat_epochs=3"],
     "backbones": [],
-    "recompute": ["--rounds", "9"],
+    "recompute": ["--rounds", "31"],
 }
 
 

@@ -127,7 +127,8 @@ class Way:
 
     def name(self) -> str:
         what = (f"model parallel over {self.stages} stages" if self.stages > 1
-                else "recompute" if self.recompute else "data parallel")
+                else "recompute" if self.recompute
+                else "accumulation" if self.accumulation > 1 else "data parallel")
         return f"{what}, micro-batch {self.per_replica} x {self.accumulation} accumulated"
 
     def line(self, memory: float) -> str:
