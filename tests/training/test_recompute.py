@@ -1,9 +1,14 @@
 """Activation recomputation: the same training as without it (weights, batch-norm
 statistics, dropout masks), on one device and on mirrored replicas, in float32 and
 mixed precision with accumulation; less memory kept."""
+import contextlib
+
 import numpy as np
 import pytest
 import tensorflow as tf
+
+from tftrain.config import load_config
+from tftrain.runtime.strategy import build_strategy
 
 from tftrain.core import internals
 from tftrain.core.keras import keras
@@ -54,9 +59,8 @@ def train(model, recompute, strategy=None, accumulation=1, policy="float32", ste
     """(weights, non-trainable weights, generator states) after `steps` SGD updates from
     the same initial weights."""
     strategy = strategy or tf.distribute.OneDeviceStrategy("/cpu:0")
-    keras.backend.experimental.enable_tf_random_generator()     # as tftrain.plan does
     precision.apply_policy(policy)
-    try:
+    with tf_random_generators():
         builder, spec = BUILDERS[model]
         x, y = _data(spec, batch * steps)
         keras.utils.set_random_seed(1)
@@ -70,10 +74,24 @@ def train(model, recompute, strategy=None, accumulation=1, policy="float32", ste
         generators = [g.state.numpy() for g in (internals.random_generator(layer)
                                                 for layer in internals.all_layers(net))
                       if g is not None]
+        precision.apply_policy("float32")
         return ([w.numpy() for w in net.trainable_weights],
                 [w.numpy() for w in net.non_trainable_weights], generators, net)
+
+
+@contextlib.contextmanager
+def tf_random_generators():
+    """Dropout drawing from `tf.random.Generator`s (as `tftrain.plan` sets for a run),
+    for this test only: the switch is the process's, and the tests sharing this process
+    build models without it."""
+    before = keras.backend.experimental.is_tf_random_generator_enabled()
+    keras.backend.experimental.enable_tf_random_generator()
+    try:
+        yield
     finally:
         precision.apply_policy("float32")
+        if not before:
+            keras.backend.experimental.disable_tf_random_generator()
 
 
 def assert_same(a, b, rtol):
@@ -100,7 +118,8 @@ def test_recomputed_training_ends_at_the_same_weights_statistics_and_masks(model
 
 
 def test_recompute_on_mirrored_replicas_with_bfloat16_and_accumulation():
-    mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    # the replicas' strategy as a run builds it on CPU devices
+    mirrored = build_strategy(load_config(None, ["distribute.strategy=mirrored"]))
     plain, plain_stats, _, _ = train("resnet", None, mirrored, accumulation=2,
                                      policy="mixed_bfloat16")
     again, stats, _, _ = train("resnet", ("blocks", None), mirrored, accumulation=2,
@@ -135,9 +154,9 @@ def test_a_different_mask_would_be_seen():
 def test_recompute_keeps_less_memory():
     builder, spec = BUILDERS["dropout_resnet"]
     x, y = (tf.constant(a) for a in _data(spec, 64))
-    keras.backend.experimental.enable_tf_random_generator()
     keras.utils.set_random_seed(1)
-    model = builder(spec)
+    with tf_random_generators():
+        model = builder(spec)
     loss = build_loss("sparse_categorical_crossentropy")
     peaks = {}
     for how in (None, ("blocks", None)):

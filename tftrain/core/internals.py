@@ -102,6 +102,22 @@ def attention(layer) -> dict:
             "query_shape": getattr(layer, "_query_shape", None)}
 
 
+def conform_input(model, value, reference):
+    """`value` as a functional model conforms an input for `reference` (its Input)."""
+    return model._conform_to_reference_input(value, ref_input=reference)
+
+
+def nested_outputs(model):
+    """A functional model's outputs in the structure it returns them."""
+    return model._nested_outputs
+
+
+def draws_random(layer) -> bool:
+    """Whether a layer has a Keras random generator (dropout and the like)."""
+    random = getattr(layer, "_random_generator", None)
+    return random is not None and hasattr(random, "_maybe_init")
+
+
 def random_generator(layer):
     """The `tf.random.Generator` behind a layer's randomness (dropout's masks), created
     if it is not yet; None for a layer without one."""

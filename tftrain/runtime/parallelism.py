@@ -108,7 +108,7 @@ class Parallelism:
         plan = self.memory_plan
         return {"placement": None, "memory_plan": None if plan is None else {
             "kind": plan.kind, "stages": plan.stages, "device_memory": plan.memory,
-            "recompute": plan.recompute,
+            "recompute": plan.recompute, "host": plan.host,
             "bytes_per_device": [e.total for e in plan.per_device]}}
 
 

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 from tftrain.config import ConfigError
+from tftrain.core import internals
 
 
 @dataclass(frozen=True)
@@ -29,10 +30,7 @@ class Segment:
 
 def layer_calls(model) -> list:
     """The model's layer calls in the order Keras runs them (`Functional._run_internal_graph`)."""
-    order = []
-    for depth in sorted(model._nodes_by_depth, reverse=True):
-        order += [n for n in model._nodes_by_depth[depth] if not n.is_input]
-    return order
+    return [n for n in internals.nodes_in_order(model) if not n.is_input]
 
 
 def _live(model, nodes) -> list[tuple[str, ...]]:
@@ -54,7 +52,7 @@ def _live(model, nodes) -> list[tuple[str, ...]]:
 
 def segments(model, mode: str, every: int | None = None) -> list[Segment]:
     """The model's segments for `mode`: "blocks" or "every" (`every` layers each)."""
-    if not getattr(model, "_is_graph_network", False):
+    if not internals.is_graph_network(model):
         raise ConfigError(
             f"train.recompute: model '{model.name}' is not a functional model (a subclassed "
             "model's layers cannot be segmented); use train.recompute: none")

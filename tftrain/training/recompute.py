@@ -46,7 +46,7 @@ class Recompute:
         flat = tf.nest.flatten(x)
         values = {}
         for ref, value in zip(model.inputs, flat):
-            values[str(id(ref))] = model._conform_to_reference_input(value, ref_input=ref)
+            values[str(id(ref))] = internals.conform_input(model, value, ref)
         for segment in self.segments:
             inputs = [values[t] for t in segment.inputs]
             # the last segment's activations are what its backward pass starts from at
@@ -55,7 +55,7 @@ class Recompute:
             outputs = self._compute(segment, inputs) if last else self._run(segment, inputs)
             values.update(zip(segment.outputs, outputs))
         result = [values[str(id(o))] for o in model.outputs]
-        return tf.nest.pack_sequence_as(model._nested_outputs, result)
+        return tf.nest.pack_sequence_as(internals.nested_outputs(model), result)
 
     def _layers(self, segment):
         """The segment's layers and every layer inside them (an attention layer's dropout)."""
@@ -67,7 +67,7 @@ class Recompute:
         for node in self.nodes[segment.start:segment.stop]:
             ids = node.flat_input_ids           # (a tensor read twice is popped twice)
             args, kwargs = node.map_arguments({t: [values[t]] * ids.count(t) for t in ids})
-            if getattr(node.layer, "_expects_training_arg", False):
+            if internals.takes_training(node.layer):
                 kwargs = {**kwargs, "training": True}
             outputs = node.layer(*args, **kwargs)
             values.update(zip(node.flat_output_ids, tf.nest.flatten(outputs)))
@@ -140,10 +140,7 @@ class _statistics_held:
 
 
 def _check_randomness(layer) -> None:
-    random = getattr(layer, "_random_generator", None)
-    if random is None or not hasattr(random, "_maybe_init"):
-        return
-    if internals.random_generator(layer) is None:
+    if internals.draws_random(layer) and internals.random_generator(layer) is None:
         raise ConfigError(
             f"train.recompute: layer '{layer.name}' draws random numbers without a "
             "tf.random.Generator, so its recomputation would draw other ones; call "

@@ -44,8 +44,11 @@ def report_table(summary: dict) -> str:
                       f"({t.get('mfu', 0.0):.1%} of the peak of {t.get('peak_device', 'the devices')})")
         rows.append(("throughput", speed))
         rows.append(("input", _input_row(t)))
+        # where a device's memory bounds the plan (a GPU, distribute.device_memory) or
+        # activations are recomputed; summary.json holds it always
+        bounded = not (summary.get("memory_plan") or {}).get("host", True)
         peak = memory.describe(summary.get("memory"), "training")
-        if peak:
+        if peak and (bounded or summary.get("recompute", "none") != "none"):
             rows.append(("memory", peak + ("" if summary.get("recompute", "none") == "none"
                                            else f"; recompute: {summary['recompute']}")))
     headline = summary.get("accuracy")
