@@ -58,7 +58,7 @@ from collections import Counter
 
 import pytest
 
-from helpers import QUICKSTART, start_run
+from helpers import QUICKSTART, ROOT, start_run
 
 SEED, MIN_CONFIGS = 2026, 60
 
@@ -67,7 +67,9 @@ DIMENSIONS = {
     "precision": ["float32", "mixed_bfloat16", "mixed_float16"],
     "accumulation": [1, 3],
     "optimizer": ["adam", "sgd"],
-    "model": ["cnn", "resnet", "ds_cnn", "conv1d", "embedding_bag", "transformer",
+    # resnet_v2: the pre-activation form (batch norm -> ReLU -> convolution, norms that no
+    # convolution precedes: QAT quantizes them standalone)
+    "model": ["cnn", "resnet", "resnet_v2", "ds_cnn", "conv1d", "embedding_bag", "transformer",
               "keras_applications:MobileNetV2", "keras_applications:MobileNetV3Small"],
     # the model from its builder, or from a file the model was saved to: by tf_keras, or
     # by Keras 3 (converted layer by layer; Keras 3's own application of that name)
@@ -125,7 +127,7 @@ def _pairs(row: dict) -> set:
 # MobileNetV2 row six cnn rows, QAT two plain stages and on MobileNetV2 three and a half
 COST = {"strategy": {"mirrored": 1.76, "multi_worker": 2.0},
         "precision": {"mixed_bfloat16": 1.07},
-        "model": {"resnet": 1.9, "ds_cnn": 2.93, "conv1d": 1.56, "transformer": 1.88,
+        "model": {"resnet": 1.9, "resnet_v2": 1.9, "ds_cnn": 2.93, "conv1d": 1.56, "transformer": 1.88,
                   "keras_applications:MobileNetV2": 5.68,
                   "keras_applications:MobileNetV3Small": 6.0},
         "augment": {"normalize+crop": 1.1, "mixup": 1.07},
@@ -330,6 +332,8 @@ def overrides(row: dict, speech, text) -> list[str]:
         sets += ["data.params={image_size: 32, channels: 3}",
                  f"model={{name: '{model}', params: {{weights: null, alpha: {alpha}, "
                  "dropout: 0.0}}"]
+    elif model == "resnet_v2":
+        sets += ["model={name: resnet, params: {depth: 8, width: 8, preact: true}}"]
     else:
         sets += [f"model={{name: {model}, params: {{}}}}" if model == "cnn" else
                  f"model={{name: {model}, params: {{depth: 8, width: 8}}}}"]
@@ -482,13 +486,26 @@ def _run(row: dict, index: int, sets: list[str], tmp_path, capsys) -> tuple[int,
         return code, out, err
     cpus = "distribute.virtual_cpus=" + ("1" if n == 2 else "2")    # 2 replicas either way
     proc = start_run("--workers", str(n), *args, "--set", cpus, module="tftrain.launch",
-                     session=True, stderr=subprocess.STDOUT)
+                     session=True, stderr=subprocess.STDOUT, env=replica_threads(n))
     try:
         out, _ = proc.communicate(timeout=900)
     except subprocess.TimeoutExpired:
         proc.kill()
         raise
     return proc.returncode, out, out
+
+
+def replica_threads(n: int) -> dict | None:
+    """The environment of a row's worker processes: 2 workers of one replica each run
+    their ops on one thread, as this process's replicas do and its one-device reference
+    (`strategy.share_cores`: 2 logical CPUs on 2 cores); a worker process of its own
+    would otherwise give each op both cores. The thread count is not only speed: oneDNN's
+    bfloat16 batch norm in training mode sums in another order on 2 threads (about one
+    bfloat16 step on a pre-activation net's first norm, 1.6% of the loss three updates
+    later), which the reference could not agree with."""
+    import os
+    return {**os.environ, "PYTHONPATH": str(ROOT),
+            "TF_NUM_INTRAOP_THREADS": "1"} if n == 2 else None
 
 
 # refusals that need the model or the data read (a layer of the model's, the data's
