@@ -203,6 +203,15 @@ class TrainConfig(Strict):
     # distribute.device_memory otherwise and recomputing is the fastest way that fits)
     recompute: Union[Literal["none", "blocks", "auto"], RecomputeEvery] = "none"
 
+    def segmenting(self) -> tuple[str, int | None] | None:
+        """How `recompute` cuts the model (`tftrain.runtime.segments`): ("blocks", None)
+        (also for auto, where the planner adds it), ("every", K), or None for none."""
+        if self.recompute == "none":
+            return None
+        if isinstance(self.recompute, RecomputeEvery):
+            return "every", self.recompute.every
+        return "blocks", None
+
     @field_validator("schedule", mode="before")
     @classmethod
     def _constant_by_default(cls, v):

@@ -16,6 +16,8 @@ next stage and the export.
 """
 from __future__ import annotations
 
+import contextlib
+
 import tensorflow as tf
 
 from tftrain.optim.batch_loops import traced_after
@@ -85,6 +87,20 @@ def has_batch_norm(model) -> bool:
     return bool(batch_norm_layers(model))
 
 
+@contextlib.contextmanager
+def momentum_held(layers, momentum: float):
+    """Batch-norm `layers` at `momentum` inside (read when a call is traced), as they
+    were after: 0 leaves each batch's statistics, 1 leaves the moving ones unchanged."""
+    before = [layer.momentum for layer in layers]
+    try:
+        for layer in layers:
+            layer.momentum = momentum
+        yield
+    finally:
+        for layer, m in zip(layers, before):
+            layer.momentum = m
+
+
 def recalibrate_batch_norm(model, batches) -> int:
     """Batch-norm moving statistics re-estimated as the plain mean over `batches` of
     inputs (or `(x, y, ...)` tuples), in training mode, as torch's `swa_utils.update_bn`
@@ -98,7 +114,6 @@ def recalibrate_batch_norm(model, batches) -> int:
     layers = batch_norm_layers(model)
     if not layers:
         return 0
-    momentum = [layer.momentum for layer in layers]
     stats = [v for layer in layers for v in (layer.moving_mean, layer.moving_variance)]
 
     def add(x, sums):
@@ -106,14 +121,9 @@ def recalibrate_batch_norm(model, batches) -> int:
         return [s + tf.cast(v, tf.float32) for s, v in zip(sums, stats)]
     sums = [tf.zeros(v.shape, tf.float32) for v in stats]
     used, step = 0, traced_after(add)
-    try:
-        for layer in layers:
-            layer.momentum = 0.0
+    with momentum_held(layers, 0.0):
         for used, batch in enumerate(batches, start=1):
             sums = step(batch[0] if isinstance(batch, tuple) else batch, sums)
-    finally:
-        for layer, m in zip(layers, momentum):
-            layer.momentum = m
     if used:
         for v, total in zip(stats, sums):
             v.assign(tf.cast(total / used, v.dtype))

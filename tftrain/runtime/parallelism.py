@@ -238,11 +238,10 @@ def of_strategy(strategy, memory_plan=None) -> Parallelism:
 def recompute_kept(cfg: Config, base, costs) -> float | None:
     """Activation bytes per example a step of `base` keeps with `train.recompute` (auto:
     blocks), None where it is none."""
-    setting = cfg.train.recompute
-    if setting == "none":
+    how = cfg.train.segmenting()
+    if how is None:
         return None
-    mode, every = ("every", setting.every) if hasattr(setting, "every") else ("blocks", None)
-    found = segments.segments(base, mode, every)
+    found = segments.segments(base, *how)
     return segments.kept_bytes(base, found, {c.name: c.activation_bytes for c in costs})
 
 

@@ -10,6 +10,7 @@ TensorFlow; CPUs: available RAM), to plan for hardware you are not on.
 """
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
@@ -209,35 +210,29 @@ def choose(cfg: Config, costs: list[LayerCost], devices: list[str], policy: str,
     host = not cfg.distribute.device_memory and "GPU" not in devices[0].upper()
     setting = cfg.train.recompute
     explicit = setting not in ("none", "auto")
-    recomputes = [True] if explicit else [False, True] if setting == "auto" and kept else [False]
-    if force_stages:
-        recomputes = [explicit]
-    peak = None
+    recomputes = ([explicit] if force_stages else [True] if explicit
+                  else [False, True] if setting == "auto" and kept else [False])
+
+    def sized(stages, micro, recompute) -> tuple[Estimate, ...]:
+        return tuple(_stage_estimates(costs, stages, micro, slots, policy,
+                                      kept if recompute else None))
 
     def way(stages, micro, acc, recompute):
-        nonlocal peak
-        if peak is None:
-            peak = _peak(devices[0], policy)
-        per_stage = (_stage_estimates(costs, stages, micro, slots, policy,
-                                      kept if recompute else None))
-        return Way(stages, micro, acc, recompute, tuple(per_stage), update_seconds(
-            costs, micro, acc, recompute, stages, peak, overlap="GPU" in devices[0].upper()))
+        return Way(stages, micro, acc, recompute, sized(stages, micro, recompute), update_seconds(
+            costs, micro, acc, recompute, stages, _peak(devices[0], policy),
+            overlap="GPU" in devices[0].upper()))
 
-    def plan(w: Way, considered=()) -> Plan:
-        return Plan("data" if w.stages == 1 and not force_stages else "model", w.stages,
-                    w.per_replica, w.accumulation, w.per_device, memory, flops,
-                    bool(force_stages), host=host, recompute=w.recompute, considered=considered)
+    def plan(stages, micro, acc, recompute, per_device, considered=()) -> Plan:
+        return Plan("data" if stages == 1 and not force_stages else "model", stages, micro, acc,
+                    per_device, memory, flops, bool(force_stages), host=host,
+                    recompute=recompute, considered=considered)
 
-    options = _batch_options(cfg, micro_batch, accumulation,
-                             (replicas or len(devices)) if not force_stages else 1)
     first_stages = force_stages or 1
-    per_stage = _stage_estimates(costs, first_stages, options[0][0], slots, policy,
-                                 kept if recomputes[0] else None)
-    configured = max(per_stage, key=lambda e: e.total)
-    if configured.total <= memory:
-        return Plan("data" if first_stages == 1 and not force_stages else "model", first_stages,
-                    options[0][0], options[0][1], tuple(per_stage), memory, flops,
-                    bool(force_stages), host=host, recompute=recomputes[0])
+    first_micro, first_acc = _batch_options(
+        cfg, micro_batch, accumulation, (replicas or len(devices)) if not force_stages else 1)[0]
+    configured = sized(first_stages, first_micro, recomputes[0])
+    if max(e.total for e in configured) <= memory:
+        return plan(first_stages, first_micro, first_acc, recomputes[0], configured)
     ways = []
     for stages in ([force_stages] if force_stages else range(1, len(devices) + 1)):
         copies = (replicas or len(devices)) if stages == 1 else 1
@@ -252,7 +247,8 @@ def choose(cfg: Config, costs: list[LayerCost], devices: list[str], policy: str,
     fitting = allowed or [w for w in ways if w.bytes <= memory]
     if fitting:
         best = min(fitting, key=lambda w: w.seconds)
-        return plan(best, tuple(ways) if len(ways) > 1 else ())
+        return plan(best.stages, best.per_replica, best.accumulation, best.recompute,
+                    best.per_device, tuple(ways) if len(ways) > 1 else ())
     one = min(w.bytes for w in ways if w.stages == ways[0].stages)
     split = min(w.bytes for w in ways)
     raise ConfigError(
@@ -263,9 +259,10 @@ def choose(cfg: Config, costs: list[LayerCost], devices: list[str], policy: str,
         "mixed_bfloat16, train.recompute: blocks, a smaller model, or more devices")
 
 
+@functools.lru_cache(maxsize=None)
 def _peak(device: str, policy: str) -> float:
     """FLOP/s the estimates are made at: a CPU's vector units times its clock, else a
-    matmul measured on the device."""
+    matmul measured on the device (once per process)."""
     dtype = compute_dtype(policy)
     if "GPU" not in device.upper():
         theoretical = theoretical_peak(dtype)

@@ -150,13 +150,11 @@ class Stage:
     def recompute(self, ctx):
         """How the stage's forward pass recomputes activations (`train.recompute`, or the
         planner's choice for `auto`): None, ("blocks", None) or ("every", K)."""
-        setting = self.cfg.train.recompute
-        if setting == "auto":
+        if self.cfg.train.recompute == "auto":
             plan = ctx.parallel.memory_plan
-            return ("blocks", None) if plan is not None and plan.recompute else None
-        if setting == "none":
-            return None
-        return ("blocks", None) if setting == "blocks" else ("every", setting.every)
+            if plan is None or not plan.recompute:
+                return None
+        return self.cfg.train.segmenting()
 
     def recomputing(self):
         """A context the recomputation of a segment is traced in (what a second forward

@@ -15,8 +15,9 @@ HOST = "CPU (one allocator for the logical CPU devices)"
 
 def _name(device: str) -> str:
     """`/job:.../device:GPU:1` or `/gpu:1` -> `GPU:1`."""
-    kind, index = device.rsplit("/", 1)[-1].replace("device:", "").split(":")[-2:]
-    return f"{kind.upper()}:{index}"
+    import tensorflow as tf
+    spec = tf.DeviceSpec.from_string(device)
+    return f"{spec.device_type.upper()}:{spec.device_index or 0}"
 
 
 class Peaks:

@@ -25,6 +25,7 @@ import tensorflow as tf
 from tftrain.core import internals
 from tftrain.core.keras import keras
 from tftrain.config import ConfigError
+from tftrain.optim.averaging import momentum_held
 from tftrain.runtime.segments import layer_calls, segments
 
 
@@ -99,7 +100,8 @@ class Recompute:
                     tape.watch(again)
                     if variables:
                         tape.watch(variables)
-                    with _statistics_held(layers), self.held():
+                    # moving statistics assigned their own value: updated once a step
+                    with momentum_held(_batch_norms(layers), 1.0), self.held():
                         recomputed = self._compute(segment, _merge(again, fixed, differentiable))
                 grads = tape.gradient(recomputed, [*again, *(variables or [])],
                                       output_gradients=list(d_outputs),
@@ -121,22 +123,8 @@ def _merge(floats, fixed: dict, differentiable: list[int]) -> list:
     return [args[i] for i in range(len(args))]
 
 
-class _statistics_held:
-    """Batch normalization's moving statistics left as they are (momentum 1) while the
-    layers run again."""
-
-    def __init__(self, layers):
-        self.norms = [layer for layer in layers if isinstance(
-            layer, keras.layers.BatchNormalization)]
-
-    def __enter__(self):
-        self.momenta = [layer.momentum for layer in self.norms]
-        for layer in self.norms:
-            layer.momentum = 1.0
-
-    def __exit__(self, *exc):
-        for layer, momentum in zip(self.norms, self.momenta):
-            layer.momentum = momentum
+def _batch_norms(layers) -> list:
+    return [layer for layer in layers if isinstance(layer, keras.layers.BatchNormalization)]
 
 
 def _check_randomness(layer) -> None:
