@@ -20,7 +20,9 @@ def test_features_are_tf_signal_mfccs_and_litert_computes_the_same():
     x = np.random.default_rng(0).normal(size=(3, rate)).astype(np.float32) * 0.1
     layer = AudioFeatures(rate, frame_ms=40, step_ms=20, num_mel_bins=40, num_mfcc=10)
     got = layer(x).numpy()
-    stft = tf.signal.stft(x, 640, 320, 1024)
+    frames = tf.signal.frame(x, 640, 320)
+    frames -= tf.reduce_mean(frames, axis=-1, keepdims=True)      # each frame's DC removed
+    stft = tf.signal.rfft(frames * tf.signal.hann_window(640), [1024])
     mel = tf.signal.linear_to_mel_weight_matrix(40, 513, rate, 20.0, 8000.0)
     logmel = tf.math.log(tf.tensordot(tf.abs(stft) ** 2, mel, 1) + 1e-6)
     want = tf.signal.mfccs_from_log_mel_spectrograms(logmel)[..., :10].numpy()
@@ -31,6 +33,25 @@ def test_features_are_tf_signal_mfccs_and_litert_computes_the_same():
     blob = tf.lite.TFLiteConverter.from_keras_model(model).convert()
     lite, _ = tflite_logits(blob, x)
     np.testing.assert_allclose(lite.reshape(got.shape), got, rtol=1e-3, atol=2e-2)
+
+
+def test_an_offset_waveform_has_the_same_features_and_float16_keeps_them():
+    """A waveform's DC offset (a `normalize` of its mean) leaves the features as they were,
+    and a float16 file, whose window is rounded to 11 bits, computes them 50 dB above its
+    difference (with the offset leaking through the window: 22 dB)."""
+    rate = 16000
+    x = np.zeros((3, rate), np.float32)
+    x[:, 4000:9000] = np.random.default_rng(2).normal(size=(3, 5000)) * 0.1   # speech, silence
+    inputs = keras.Input((rate,))
+    model = keras.Model(inputs, AudioFeatures(rate, frame_ms=30, step_ms=20)(inputs))
+    plain, offset = model(x).numpy(), model(x - 0.25).numpy()
+    np.testing.assert_allclose(offset, plain, rtol=0, atol=1e-3)
+    converter = tf.lite.TFLiteConverter.from_keras_model(model)
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.target_spec.supported_types = [tf.float16]
+    lite, _ = tflite_logits(converter.convert(), x - 0.25)
+    sqnr = 10 * np.log10(np.sum(offset ** 2) / np.sum((lite.reshape(offset.shape) - offset) ** 2))
+    assert sqnr >= 50, sqnr
 
 
 @pytest.mark.parametrize("frame_ms, step_ms, samples", [(40, 20, 16000), (30, 20, 16000),

@@ -2,8 +2,8 @@
 computed with `tf.signal` inside the model, so the SavedModel and the TFLite file take
 the waveform) and keyword-spotting networks after it.
 
-The features are the short-time power spectrum of `tf.signal.stft` (Hann window, |.|²):
-each frame's real FFT (`tf.signal.rfft`) and its magnitude squared, then a mel matrix
+The features are the short-time power spectrum of `tf.signal.stft` (Hann window, |.|²)
+of each frame less its mean (its DC offset): each frame's real FFT (`tf.signal.rfft`) and its magnitude squared, then a mel matrix
 product over only the FFT bins the mel filters use, a log and (MFCC) a DCT matrix
 product. TFLite runs them as builtins (framing by GATHER of sub-frames, RFFT2D,
 COMPLEX_ABS, FULLY_CONNECTED, LOG) in float before the int8 layers, holding only the
@@ -79,6 +79,10 @@ class AudioFeatures(keras.layers.Layer):
 
     def call(self, waveform):
         frames = self.frames(tf.cast(waveform, tf.float32))
+        # each frame less its mean (Kaldi's remove_dc_offset): a waveform's offset (a
+        # `normalize` of its mean) would otherwise leak through the window into every bin,
+        # and a float16 file's rounded window makes that leak 70 dB above silence's power
+        frames = frames - tf.reduce_mean(frames, axis=-1, keepdims=True)
         spectrum = tf.signal.rfft(frames * tf.constant(self._window), [self.fft_length])
         # |.|² through ComplexAbs, the one consumer of an FFT ONNX conversion knows
         power = tf.square(tf.abs(spectrum))[..., :self._bins]
