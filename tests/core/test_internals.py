@@ -229,6 +229,23 @@ def test_a_dropouts_generator_is_created_and_reproducible():
     assert internals.random_generator(keras.layers.Dense(2)) is None
 
 
+def test_a_dropouts_draws_replaced_and_given_back():
+    keras.backend.experimental.enable_tf_random_generator()
+    layer = keras.layers.Dropout(0.5, seed=3)
+    x = tf.ones((2, 6))
+    layer(x, training=True)                      # the generator made
+    seen = []
+    undo = internals.sampled_dropout(
+        layer, lambda rate, uniform: lambda shape, dtype: seen.append((rate, uniform)) or
+        tf.constant([[1.0, 0.0] * 3] * 2, dtype))
+    assert undo is not None and internals.sampled_dropout(layer, None) is None   # once
+    np.testing.assert_array_equal(layer(x, training=True).numpy(), [[2.0, 0.0] * 3] * 2)
+    assert seen[0][0] == 0.5 and seen[0][1] == internals.random_generator(layer).uniform
+    undo()
+    assert internals.sampled_dropout(keras.layers.Dense(2), None) is None
+    assert not (layer(x, training=True).numpy() == [[2.0, 0.0] * 3] * 2).all()
+
+
 def test_the_learning_rate_as_given_and_the_loss_scale():
     schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5)
     assert internals.learning_rate(keras.optimizers.SGD(schedule)) is schedule

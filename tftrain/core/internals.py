@@ -128,6 +128,29 @@ def random_generator(layer):
     return getattr(random, "_generator", None)
 
 
+def sampled_dropout(layer, sampler_for):
+    """Replaces, until the returned undo is called, the uniform draws of a layer's
+    dropout (tf_keras' `RandomGenerator.dropout` on a `tf.random.Generator`) by
+    `sampler_for(rate, uniform)`, a `uniform_sampler` for
+    `tf.nn.experimental.general_dropout` (with which the generator's own dropout calls
+    its generator's `uniform`, given as `uniform`); None (nothing replaced) for a layer
+    whose dropout draws otherwise."""
+    import tensorflow as tf
+    random = getattr(layer, "_random_generator", None)
+    if random is None or not hasattr(random, "_maybe_init") or "dropout" in vars(random):
+        return None
+    random._maybe_init()
+    if random._rng_type != random.RNG_STATEFUL:
+        return None
+
+    def dropout(inputs, rate, noise_shape=None):
+        return tf.nn.experimental.general_dropout(
+            inputs, rate=rate, noise_shape=noise_shape,
+            uniform_sampler=sampler_for(rate, random._generator.uniform))
+    random.dropout = dropout
+    return lambda: vars(random).pop("dropout", None)
+
+
 def loss_scale(optimizer):
     """A `LossScaleOptimizer`'s dynamic loss scale (`current_loss_scale`, `counter`), or
     None for any other optimizer."""

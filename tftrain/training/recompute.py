@@ -11,10 +11,13 @@ them costs no more memory than recomputing them would.
 The second run is the same computation as the first:
 - batch normalization's moving statistics update once per step: the recomputation runs
   with a momentum of 1 (the moving mean and variance assigned their own value);
-- layers with randomness (dropout) draw the same masks: their `tf.random.Generator`s
-  are set back to the state they had before the segment's first run, and forward again
-  after it (`keras.backend.experimental.enable_tf_random_generator()` before the
-  model is built, as `tftrain.plan` does).
+- dropout drops the same elements: the first run keeps each dropout's keep-mask (one
+  byte an element, a quarter of a float32 activation) and the recomputation uses it in
+  place of a draw (drawing again costs as much as the rest of an attention layer's
+  element-wise work); other layers with randomness draw the same numbers again, their
+  `tf.random.Generator`s set back to the state they had before the segment's first run,
+  and forward again after it (`keras.backend.experimental.enable_tf_random_generator()`
+  before the model is built, as `tftrain.plan` does).
 """
 from __future__ import annotations
 
@@ -83,7 +86,8 @@ class Recompute:
         @tf.custom_gradient
         def run(*floats):
             before = [g.state.read_value() for g in generators]
-            with tf.control_dependencies(before):
+            masks = {}
+            with tf.control_dependencies(before), _dropouts(layers, _recording(masks)):
                 args = _merge(floats, fixed, differentiable)
                 outputs = self._compute(segment, args)
             after = [g.state.read_value() for g in generators]
@@ -101,7 +105,8 @@ class Recompute:
                     if variables:
                         tape.watch(variables)
                     # moving statistics assigned their own value: updated once a step
-                    with momentum_held(_batch_norms(layers), 1.0), self.held():
+                    with momentum_held(_batch_norms(layers), 1.0), self.held(), \
+                            _dropouts(layers, _replaying(masks)):
                         recomputed = self._compute(segment, _merge(again, fixed, differentiable))
                 grads = tape.gradient(recomputed, [*again, *(variables or [])],
                                       output_gradients=list(d_outputs),
@@ -121,6 +126,48 @@ def _merge(floats, fixed: dict, differentiable: list[int]) -> list:
     args = dict(fixed)
     args.update(zip(differentiable, floats))
     return [args[i] for i in range(len(args))]
+
+
+@contextlib.contextmanager
+def _dropouts(layers, sampler_for):
+    """Each dropout layer of `layers` drawing through `sampler_for(layer)(rate,
+    uniform)` (`internals.sampled_dropout`) inside the block."""
+    undo = [internals.sampled_dropout(layer, sampler_for(layer)) for layer in layers]
+    try:
+        yield
+    finally:
+        for step in reversed(undo):
+            if step is not None:
+                step()
+
+
+def _recording(masks: dict):
+    """Samplers that draw from the layer's generator and keep each draw's keep-mask
+    (one byte an element) in `masks`, by layer, in the order drawn."""
+    def sampler_for(layer):
+        def with_rate(rate, uniform):
+            def sample(shape, dtype):
+                drawn = uniform(shape=shape, dtype=dtype)
+                masks.setdefault(id(layer), []).append(drawn >= rate)
+                return drawn
+            return sample
+        return with_rate
+    return sampler_for
+
+
+def _replaying(masks: dict):
+    """Samplers that give the recorded keep-masks back, in their order, as draws that
+    keep and drop the same elements (1 >= rate, 0 < rate): the recomputation draws
+    nothing and drops what the first run dropped."""
+    def sampler_for(layer):
+        queue = iter(masks.get(id(layer), []))
+
+        def with_rate(rate, uniform):
+            def sample(shape, dtype):
+                return tf.cast(next(queue), dtype)
+            return sample
+        return with_rate
+    return sampler_for
 
 
 def _batch_norms(layers) -> list:
