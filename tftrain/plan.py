@@ -278,7 +278,7 @@ def make(cfg: Config, *, smoke: bool, stop) -> RunPlan:
     if planned_here:        # one machine: the planner chooses data or model parallelism
         draft = Precision(policy=policy, config=cfg.precision)
         parallel = parallelism.choose(cfg, policy, lambda: draft.build(
-            lambda: build_model(cfg.model, source.spec)))
+            lambda: build_model(cfg.model, source.spec)), resident=fed_copy(cfg, source))
     else:
         parallel = parallelism.of_strategy(strat)
     memory = parallel.memory_plan
@@ -316,6 +316,21 @@ def make(cfg: Config, *, smoke: bool, stop) -> RunPlan:
         planning, model=first, flops_per_example=sum(c.flops for c in layer_costs(first)), feed=feed,
         # every export converted once from the model the last stage hands on, before any update
         preflight=preflight.run(cfg, net, source, qat=planning.qat))
+
+
+def fed_copy(cfg: Config, source) -> float:
+    """Bytes of a training device the training set's copy will hold (a device feed on
+    the devices the run trains on; what `plan_feed` decides, before the planner sizes
+    the step on the rest), 0 where the host feeds."""
+    from tftrain.data import feed as feeding
+    from tftrain.runtime import planner, strategy
+
+    devices = strategy.resolve_devices(cfg.distribute)
+    sized = cfg.distribute.device_memory or "GPU" in devices[0].upper()
+    memory = planner.device_memory(devices[0], cfg.distribute.device_memory) if sized else None
+    if not sized or not feeding.choose(source, cfg.data, memory, len(devices)).device:
+        return 0.0
+    return float(feeding.decoded_bytes(source))
 
 
 def plan_feed(cfg: Config, source, parallel) -> FeedChoice:

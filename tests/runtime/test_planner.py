@@ -73,6 +73,20 @@ def test_global_batch_takes_more_accumulation_when_the_micro_batch_does_not_fit(
     assert (roomy.per_replica, roomy.accumulation) == (128, 1)
 
 
+def test_the_training_sets_copy_on_the_device_leaves_less_room_for_the_step():
+    c = costs()
+    at_64 = planner.estimate(c, 64, 2, "float32").total
+    sets = ("train.global_batch_size=256", f"distribute.device_memory={int(at_64)}",
+            "distribute.strategy=mirrored")
+    free = planner.choose(cfg(*sets), c, ["/cpu:0", "/cpu:1"], "float32", 32, 1, replicas=2)
+    held = planner.choose(cfg(*sets), c, ["/cpu:0", "/cpu:1"], "float32", 32, 1, replicas=2,
+                          resident=at_64 * 0.01)      # 0.99 of the 64-example step is left
+    assert (free.per_replica, free.accumulation) == (64, 2)
+    assert (held.per_replica, held.accumulation) == (32, 4)
+    assert held.room == int(at_64) - at_64 * 0.01 >= held.per_device[0].total
+    assert "of it the training set's copy" in held.describe()
+
+
 def test_impossible_plan_says_what_to_change():
     with pytest.raises(ConfigError, match=r"distribute\.device_memory: the model needs .* MiB on one "
                                           r"device .* lower data\.per_replica_batch_size"):

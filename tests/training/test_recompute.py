@@ -136,7 +136,7 @@ def test_a_different_mask_would_be_seen(monkeypatch):
     replaying = module._replaying
 
     def inverted(masks):
-        flipped = {key: [tf.logical_not(m) for m in kept] for key, kept in masks.items()}
+        flipped = {key: [tf.bitwise.invert(m) for m in kept] for key, kept in masks.items()}
         return replaying(flipped)
     plain, _, _, _ = train("dropout_resnet", None)
     monkeypatch.setattr(module, "_replaying", inverted)
@@ -168,3 +168,12 @@ def test_recompute_keeps_less_memory():
         step()
         peaks[how] = tf.config.experimental.get_memory_info("CPU:0")["peak"] - base
     assert peaks[("blocks", None)] < 0.7 * peaks[None], peaks
+
+
+@pytest.mark.parametrize("shape", [(3, 5, 7), (16,), (2, 4, 8, 8)])
+def test_a_mask_packed_to_bits_unpacks_to_itself(shape):
+    from tftrain.training.recompute import _packed, _unpacked
+    mask = tf.constant(np.random.default_rng(0).random(shape) < 0.3)
+    packed = _packed(mask)
+    assert packed.dtype == tf.uint8 and packed.shape == (-(-int(np.prod(shape)) // 8),)
+    np.testing.assert_array_equal(_unpacked(packed, tf.constant(shape)).numpy(), mask.numpy())

@@ -99,9 +99,10 @@ class Parallelism:
         return [self.memory_plan.describe()] if self.memory_plan is not None else []
 
     def estimated_bytes(self) -> float | None:
-        """The planner's bytes for the device that holds most (None: no plan was made)."""
+        """The planner's bytes for the device that holds most, the training set's copy
+        on it included (None: no plan was made)."""
         plan = self.memory_plan
-        return max(e.total for e in plan.per_device) if plan is not None else None
+        return max(e.total for e in plan.per_device) + plan.resident if plan is not None else None
 
     def summary(self, net, batch, loss) -> dict:
         """What summary.json says of the layout (`batch()`: a batch to measure on)."""
@@ -245,10 +246,11 @@ def recompute_kept(cfg: Config, base, costs) -> float | None:
     return segments.kept_bytes(base, found, {c.name: c.activation_bytes for c in costs})
 
 
-def choose(cfg: Config, policy: str, builder) -> Parallelism:
+def choose(cfg: Config, policy: str, builder, resident: float = 0.0) -> Parallelism:
     """On one machine: the configured placement, else the planner's choice for
     `distribute.strategy: auto` (data parallel when the model fits one device, else the
-    fewest stages that fit). `builder()` builds the model (for its sizes)."""
+    fewest stages that fit). `builder()` builds the model (for its sizes); `resident`:
+    bytes each training device holds before any step (a device feed's training set)."""
 
     devices = strategy.resolve_devices(cfg.distribute)
     base = placement.build(builder)
@@ -261,11 +263,11 @@ def choose(cfg: Config, policy: str, builder) -> Parallelism:
             raise ConfigError(f"model.placement.devices: {', '.join(missing)} does not exist; set "
                               "distribute.virtual_cpus to split the CPU into more devices")
         memory_plan = planner.choose(cfg, costs, wanted, policy, batch, acc,
-                                     force_stages=len(wanted))
+                                     force_stages=len(wanted), resident=resident)
         return placed(builder, base, cfg.model.placement, batch, memory_plan)
     copies = len(devices) if strategy.resolve_kind(cfg.distribute, devices) == "mirrored" else 1
     memory_plan = planner.choose(cfg, costs, devices, policy, batch, acc, replicas=copies,
-                                 kept=recompute_kept(cfg, base, costs))
+                                 kept=recompute_kept(cfg, base, costs), resident=resident)
     if memory_plan.kind == "model":
         if cfg.distribute.strategy != "auto":
             raise ConfigError(

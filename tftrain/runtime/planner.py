@@ -171,6 +171,12 @@ class Plan:
     recompute: bool = False         # activations recomputed in the backward pass
     # the ways compared when the configured one did not fit (the chosen one among them)
     considered: tuple[Way, ...] = ()
+    resident: float = 0.0           # bytes of the device the training set's copy holds
+
+    @property
+    def room(self) -> float:
+        """The bytes a step may take: the device's, less the training set's copy."""
+        return self.memory - self.resident
 
     def describe(self) -> str:
         why = "as model.placement says" if self.configured else "the model does not fit one device"
@@ -180,6 +186,8 @@ class Plan:
             what += ", activations recomputed in the backward pass"
         memory = (f"host memory {_bytes(self.memory)} available" if self.host
                   else f"device memory {_bytes(self.memory)}")
+        if self.resident:
+            memory += f" ({_bytes(self.resident)} of it the training set's copy)"
         lines = [f"planner: {what}; {memory}; forward FLOPs per example "
                  f"{self.flops_per_example:,.0f}"]
         for i, e in enumerate(self.per_device):
@@ -188,24 +196,27 @@ class Plan:
                 break          # every replica holds the same
         if self.considered:
             lines.append("  the configured step does not fit; the ways compared:")
-            chosen = min((w for w in self.considered if w.bytes <= self.memory),
+            chosen = min((w for w in self.considered if w.bytes <= self.room),
                          key=lambda w: w.seconds)
             for way in self.considered:
                 mark = "chosen, the fastest that fits" if way is chosen else ""
-                lines.append(f"    {way.line(self.memory)}" + (f": {mark}" if mark else ""))
+                lines.append(f"    {way.line(self.room)}" + (f": {mark}" if mark else ""))
         return "\n".join(lines)
 
 
 def choose(cfg: Config, costs: list[LayerCost], devices: list[str], policy: str,
            micro_batch: int, accumulation: int, replicas: int | None = None,
-           force_stages: int | None = None, kept: float | None = None) -> Plan:
+           force_stages: int | None = None, kept: float | None = None,
+           resident: float = 0.0) -> Plan:
     """The configured step if it fits a device (`train.recompute` as set), else the
     fastest way that fits by `update_seconds`: smaller micro-batches with more
     accumulation (with `train.global_batch_size`), recomputation (`train.recompute:
     auto`, where `kept` gives what it keeps per example), or model parallelism over the
-    fewest stages that fit (`distribute.strategy: auto`)."""
+    fewest stages that fit (`distribute.strategy: auto`). `resident`: bytes of each
+    device held before any step (the training set's copy of a device feed)."""
     slots = optimizer_slots(cfg)
     memory = device_memory(devices[0], cfg.distribute.device_memory)
+    room = memory - resident
     flops = sum(c.flops for c in costs)
     host = not cfg.distribute.device_memory and "GPU" not in devices[0].upper()
     setting = cfg.train.recompute
@@ -225,13 +236,13 @@ def choose(cfg: Config, costs: list[LayerCost], devices: list[str], policy: str,
     def plan(stages, micro, acc, recompute, per_device, considered=()) -> Plan:
         return Plan("data" if stages == 1 and not force_stages else "model", stages, micro, acc,
                     per_device, memory, flops, bool(force_stages), host=host,
-                    recompute=recompute, considered=considered)
+                    recompute=recompute, considered=considered, resident=resident)
 
     first_stages = force_stages or 1
     first_micro, first_acc = _batch_options(
         cfg, micro_batch, accumulation, (replicas or len(devices)) if not force_stages else 1)[0]
     configured = sized(first_stages, first_micro, recomputes[0])
-    if max(e.total for e in configured) <= memory:
+    if max(e.total for e in configured) <= room:
         return plan(first_stages, first_micro, first_acc, recomputes[0], configured)
     ways = []
     for stages in ([force_stages] if force_stages else range(1, len(devices) + 1)):
@@ -239,12 +250,12 @@ def choose(cfg: Config, costs: list[LayerCost], devices: list[str], policy: str,
         for recompute in (recomputes if stages == 1 else [explicit]):
             family = [way(stages, micro, acc, recompute)
                       for micro, acc in _batch_options(cfg, micro_batch, accumulation, copies)]
-            fitting = [w for w in family if w.bytes <= memory]
+            fitting = [w for w in family if w.bytes <= room]
             # the family's best: its largest micro-batch that fits (else its configured one)
             ways.append(fitting[0] if fitting else family[0])
-    allowed = [w for w in ways if w.bytes <= memory and (
+    allowed = [w for w in ways if w.bytes <= room and (
         w.stages == 1 or force_stages or cfg.distribute.strategy == "auto")]
-    fitting = allowed or [w for w in ways if w.bytes <= memory]
+    fitting = allowed or [w for w in ways if w.bytes <= room]
     if fitting:
         best = min(fitting, key=lambda w: w.seconds)
         return plan(best.stages, best.per_replica, best.accumulation, best.recompute,
@@ -254,7 +265,9 @@ def choose(cfg: Config, costs: list[LayerCost], devices: list[str], policy: str,
     raise ConfigError(
         f"distribute.device_memory: the model needs {_bytes(one)} on one device and "
         f"{_bytes(split)} per device at best over {len(devices)} devices, which have "
-        f"{_bytes(memory)} each; lower data.per_replica_batch_size (or set "
+        f"{_bytes(memory)} each" + (f" ({_bytes(resident)} of it the training set's copy on "
+                                      "the device: data.feed: host frees it)" if resident else "")
+        + "; lower data.per_replica_batch_size (or set "
         "train.global_batch_size with more train.accumulation_steps), use precision.policy: "
         "mixed_bfloat16, train.recompute: blocks, a smaller model, or more devices")
 
