@@ -129,6 +129,15 @@ def test_recompute_on_mirrored_replicas_with_bfloat16_and_accumulation():
     assert_same(stats, plain_stats, 1e-6)
 
 
+def test_bfloat16_dropout_masks_kept_as_bits_replay_the_same_training():
+    """A 16-bit tensor's keep-masks are kept packed to bits (a byte would be half of it):
+    the same weights as without recompute."""
+    plain, _, _, _ = train("dropout_resnet", None, policy="mixed_bfloat16")
+    again, _, _, net = train("dropout_resnet", ("blocks", None), policy="mixed_bfloat16")
+    assert len(net.recompute.segments) > 2
+    assert_same(again, plain, 1e-6)
+
+
 def test_a_different_mask_would_be_seen(monkeypatch):
     """The check above can fail, and the recomputation drops what the recorded masks say:
     replayed inverted, they move the weights."""
@@ -136,7 +145,8 @@ def test_a_different_mask_would_be_seen(monkeypatch):
     replaying = module._replaying
 
     def inverted(masks):
-        flipped = {key: [tf.bitwise.invert(m) for m in kept] for key, kept in masks.items()}
+        flipped = {key: [tf.logical_not(m) if m.dtype == tf.bool else tf.bitwise.invert(m)
+                         for m in kept] for key, kept in masks.items()}
         return replaying(flipped)
     plain, _, _, _ = train("dropout_resnet", None)
     monkeypatch.setattr(module, "_replaying", inverted)

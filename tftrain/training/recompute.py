@@ -11,8 +11,10 @@ them costs no more memory than recomputing them would.
 The second run is the same computation as the first:
 - batch normalization's moving statistics update once per step: the recomputation runs
   with a momentum of 1 (the moving mean and variance assigned their own value);
-- dropout drops the same elements: the first run keeps each dropout's keep-mask (a bit
-  an element, packed 8 to a byte: 1/32 of a float32 activation) and the recomputation uses it in
+- dropout drops the same elements: the first run keeps each dropout's keep-mask (a
+  byte an element, a quarter of a float32 activation; of a 16-bit activation, a byte
+  would be half, so there a bit, packed 8 to a byte: the packing costs about a third of
+  a draw) and the recomputation uses it in
   place of a draw (drawing again costs as much as the rest of an attention layer's
   element-wise work); other layers with randomness draw the same numbers again, their
   `tf.random.Generator`s set back to the state they had before the segment's first run,
@@ -142,13 +144,16 @@ def _dropouts(layers, sampler_for):
 
 
 def _recording(masks: dict):
-    """Samplers that draw from the layer's generator and keep each draw's keep-mask
-    (`_packed`: a bit an element) in `masks`, by layer, in the order drawn."""
+    """Samplers that draw from the layer's generator and keep each draw's keep-mask in
+    `masks`, by layer, in the order drawn: a byte an element, or a bit (`_packed`) for a
+    16-bit tensor's."""
     def sampler_for(layer):
         def with_rate(rate, uniform):
             def sample(shape, dtype):
                 drawn = uniform(shape=shape, dtype=dtype)
-                masks.setdefault(id(layer), []).append(_packed(drawn >= rate))
+                keep = drawn >= rate
+                masks.setdefault(id(layer), []).append(
+                    _packed(keep) if dtype.size < 4 else keep)
                 return drawn
             return sample
         return with_rate
@@ -164,29 +169,30 @@ def _replaying(masks: dict):
 
         def with_rate(rate, uniform):
             def sample(shape, dtype):
-                return tf.cast(_unpacked(next(queue), shape), dtype)
+                keep = next(queue)
+                return tf.cast(_unpacked(keep, shape) if dtype.size < 4 else keep, dtype)
             return sample
         return with_rate
     return sampler_for
 
 
-# a byte's bits' values (a list: a tensor made at import would start the runtime before
-# the devices are configured)
-_BITS = [1 << i for i in range(8)]
-
-
 def _packed(mask):
     """A bool tensor as its bits, 8 to a byte (uint8, flat, padded to a multiple of 8)."""
-    flat = tf.cast(tf.reshape(mask, [-1]), tf.int32)
+    flat = tf.cast(tf.reshape(mask, [-1]), tf.uint8)
     flat = tf.pad(flat, [[0, tf.math.floormod(-tf.size(flat), 8)]])
-    return tf.cast(tf.reduce_sum(tf.reshape(flat, [-1, 8]) * tf.constant(_BITS), axis=1), tf.uint8)
+    return tf.reduce_sum(tf.reshape(flat, [-1, 8]) * _bits(), axis=1)
 
 
 def _unpacked(packed, shape):
     """The bool tensor of `shape` whose bits `_packed` gave."""
-    bits = tf.bitwise.bitwise_and(tf.cast(packed, tf.int32)[:, None], tf.constant(_BITS)) > 0
-    flat = tf.reshape(bits, [-1])
+    flat = tf.reshape(tf.bitwise.bitwise_and(packed[:, None], _bits()) > 0, [-1])
     return tf.reshape(flat[:tf.reduce_prod(shape)], shape)
+
+
+def _bits():
+    """A byte's bits' values (made at the call: a tensor made at import would start the
+    runtime before the devices are configured)."""
+    return tf.constant([1 << i for i in range(8)], tf.uint8)
 
 
 def _batch_norms(layers) -> list:
