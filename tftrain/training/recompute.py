@@ -11,14 +11,13 @@ them costs no more memory than recomputing them would.
 The second run is the same computation as the first:
 - batch normalization's moving statistics update once per step: the recomputation runs
   with a momentum of 1 (the moving mean and variance assigned their own value);
-- dropout drops the same elements: the first run keeps each dropout's keep-mask (a
-  byte an element, a quarter of a float32 activation; of a 16-bit activation, a byte
-  would be half, so there a bit, packed 8 to a byte: the packing costs about a third of
-  a draw) and the recomputation uses it in
-  place of a draw (drawing again costs as much as the rest of an attention layer's
-  element-wise work); other layers with randomness draw the same numbers again, their
-  `tf.random.Generator`s set back to the state they had before the segment's first run,
-  and forward again after it (`keras.backend.experimental.enable_tf_random_generator()`
+- dropout drops the same elements: the first run keeps each dropout's keep-mask and
+  the recomputation uses it in place of a draw (drawing again was a third of a
+  transformer's recomputation). A 32-bit tensor's mask is kept as bytes (a quarter of
+  it); a 16-bit tensor's, where a byte would be half, packed to bits (packing costs about
+  a third of a draw). Other layers with randomness draw the same numbers again: their
+  `tf.random.Generator`s are set back to the state they had before the segment's first
+  run, and forward again after it (`keras.backend.experimental.enable_tf_random_generator()`
   before the model is built, as `tftrain.plan` does).
 """
 from __future__ import annotations
@@ -177,22 +176,25 @@ def _replaying(masks: dict):
 
 
 def _packed(mask):
-    """A bool tensor as its bits, 8 to a byte (uint8, flat, padded to a multiple of 8)."""
+    """A bool tensor as its bits, 8 to a byte (uint8, flat, padded to a multiple of 8).
+    Eight 0/1 bytes read as one little-endian uint64 hold byte k's flag at bit 8k: shifted
+    right by 7k and or-ed, bit k of the low byte. Bit operations, casts and reshapes only
+    (a GPU has no uint8 or int32 sum kernel on the device)."""
     flat = tf.cast(tf.reshape(mask, [-1]), tf.uint8)
     flat = tf.pad(flat, [[0, tf.math.floormod(-tf.size(flat), 8)]])
-    return tf.reduce_sum(tf.reshape(flat, [-1, 8]) * _bits(), axis=1)
+    words = tf.bitcast(tf.reshape(flat, [-1, 8]), tf.uint64)
+    gathered = words
+    for k in range(1, 8):
+        gathered = tf.bitwise.bitwise_or(
+            gathered, tf.bitwise.right_shift(words, tf.constant(7 * k, tf.uint64)))
+    return tf.cast(tf.bitwise.bitwise_and(gathered, tf.constant(0xFF, tf.uint64)), tf.uint8)
 
 
 def _unpacked(packed, shape):
     """The bool tensor of `shape` whose bits `_packed` gave."""
-    flat = tf.reshape(tf.bitwise.bitwise_and(packed[:, None], _bits()) > 0, [-1])
+    bits = tf.constant([1 << i for i in range(8)], tf.uint8)
+    flat = tf.reshape(tf.cast(tf.bitwise.bitwise_and(packed[:, None], bits), tf.bool), [-1])
     return tf.reshape(flat[:tf.reduce_prod(shape)], shape)
-
-
-def _bits():
-    """A byte's bits' values (made at the call: a tensor made at import would start the
-    runtime before the devices are configured)."""
-    return tf.constant([1 << i for i in range(8)], tf.uint8)
 
 
 def _batch_norms(layers) -> list:
