@@ -292,7 +292,7 @@ def make(cfg: Config, *, smoke: bool, stop) -> RunPlan:
         rundir.recorded_streams(rundir.run_path(cfg, smoke))
     layout = data.epoch_layout(source, batches, cfg.data, parallel.info.workers, streams)
     steps_per_epoch = layout.steps(batches)
-    feed = plan_feed(cfg, source, parallel)
+    feed = plan_feed(cfg, source, parallel.input_devices())
     if smoke:
         steps_per_epoch = min(steps_per_epoch, cfg.train.smoke_steps)
     planning = RunPlan(cfg, smoke, parallel,
@@ -319,28 +319,27 @@ def make(cfg: Config, *, smoke: bool, stop) -> RunPlan:
 
 
 def fed_copy(cfg: Config, source) -> float:
-    """Bytes of a training device the training set's copy will hold (a device feed on
-    the devices the run trains on; what `plan_feed` decides, before the planner sizes
-    the step on the rest), 0 where the host feeds."""
+    """Bytes of a training device the training set's copy will hold (`plan_feed` on the
+    devices the run trains on, before the planner sizes the step on the rest), 0 where
+    the host feeds."""
     from tftrain.data import feed as feeding
-    from tftrain.runtime import planner, strategy
+    from tftrain.runtime import strategy
 
     devices = strategy.resolve_devices(cfg.distribute)
-    sized = cfg.distribute.device_memory or "GPU" in devices[0].upper()
-    memory = planner.device_memory(devices[0], cfg.distribute.device_memory) if sized else None
-    if not sized or not feeding.choose(source, cfg.data, memory, len(devices)).device:
-        return 0.0
-    return float(feeding.decoded_bytes(source))
+    if not (cfg.distribute.device_memory or "GPU" in devices[0].upper()):
+        return 0.0               # host memory: `data.cache_budget` already bounds the copies
+    fed = plan_feed(cfg, source, devices).device
+    return float(feeding.decoded_bytes(source)) if fed else 0.0
 
 
-def plan_feed(cfg: Config, source, parallel) -> FeedChoice:
-    """`data.feed` for this run: from the device (the copies go to each replica's device,
-    judged against 1/8 of a GPU's memory or `distribute.device_memory`; on CPUs against
-    `data.cache_budget`) or from the host pipeline."""
+def plan_feed(cfg: Config, source, devices: list[str]) -> FeedChoice:
+    """`data.feed` for this run on `devices` (where each replica's batch is consumed):
+    from the device (the copies go to each replica's device, judged against 1/8 of a
+    GPU's memory or `distribute.device_memory`; on CPUs against `data.cache_budget`) or
+    from the host pipeline."""
     from tftrain.data import feed as feeding
     from tftrain.runtime import planner
 
-    devices = parallel.input_devices()
     sized = cfg.distribute.device_memory or "GPU" in devices[0].upper()
     memory = planner.device_memory(devices[0], cfg.distribute.device_memory) if sized else None
     return feeding.choose(source, cfg.data, memory, len(devices))

@@ -151,8 +151,7 @@ def _recording(masks: dict):
             def sample(shape, dtype):
                 drawn = uniform(shape=shape, dtype=dtype)
                 keep = drawn >= rate
-                masks.setdefault(id(layer), []).append(
-                    _packed(keep) if dtype.size < 4 else keep)
+                masks.setdefault(id(layer), []).append(_packed(keep) if _packs(dtype) else keep)
                 return drawn
             return sample
         return with_rate
@@ -169,10 +168,16 @@ def _replaying(masks: dict):
         def with_rate(rate, uniform):
             def sample(shape, dtype):
                 keep = next(queue)
-                return tf.cast(_unpacked(keep, shape) if dtype.size < 4 else keep, dtype)
+                return tf.cast(_unpacked(keep, shape) if _packs(dtype) else keep, dtype)
             return sample
         return with_rate
     return sampler_for
+
+
+def _packs(dtype) -> bool:
+    """Whether a dropped tensor of `dtype` keeps its mask packed to bits (16-bit: a byte
+    would be half of it)."""
+    return dtype.size < 4
 
 
 def _packed(mask):
