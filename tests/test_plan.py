@@ -26,3 +26,34 @@ def test_a_caller_who_had_op_determinism_on_keeps_it():
         assert tf_config.is_op_determinism_enabled()
     finally:
         tf_config.disable_op_determinism()
+
+
+def _digits(*sets):
+    from tftrain import data
+    from tftrain.config.loading import load_config
+    cfg = load_config(None, ["data.name=digits", "data.per_replica_batch_size=32",
+                             "distribute.strategy=one_device", "distribute.virtual_cpus=2", *sets])
+    return cfg, data.load_source(cfg.data, 0)
+
+
+def test_a_cpu_planned_with_device_memory_counts_the_hosts_data_in_it():
+    """A CPU's memory is the host's: the source's arrays and the input pipeline's buffers
+    share its allocator, and the plan leaves them out of the step's room."""
+    from tftrain.data.pipeline import decoded_bytes
+    from tftrain.plan import INPUT_BUFFER_BATCHES, resident
+    cfg, source = _digits("distribute.device_memory=64MiB", "data.feed=host")
+    example = decoded_bytes(source) / source.num_train
+    buffers = INPUT_BUFFER_BATCHES * 32 * example
+    arrays = resident(cfg, source)                      # nothing measured: the arrays' bytes
+    assert arrays.bytes == pytest.approx(decoded_bytes(source) + buffers)
+    assert arrays.what == "the host's data: arrays and input buffers"
+    measured = resident(cfg, source, held=3 * decoded_bytes(source))   # the allocator's word
+    assert measured.bytes == pytest.approx(3 * decoded_bytes(source) + buffers)
+    fed = resident(*_digits("distribute.device_memory=64MiB", "data.feed=device"))
+    assert fed.bytes == pytest.approx(2 * decoded_bytes(source))       # arrays and the copy
+    assert fed.what == "the host's data: arrays and the feed's copy"
+
+
+def test_a_cpu_planned_on_its_available_memory_holds_nothing_back():
+    from tftrain.plan import resident
+    assert not resident(*_digits())

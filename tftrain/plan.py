@@ -251,6 +251,7 @@ def make(cfg: Config, *, smoke: bool, stop) -> RunPlan:
     from tftrain.export import preflight
     from tftrain.runtime import strategy
     from tftrain.training import xla
+    from tftrain.training.memory import host_allocated
     from tftrain.data import augment
     from tftrain.core.keras import keras
     from tftrain.models import build_model
@@ -270,7 +271,9 @@ def make(cfg: Config, *, smoke: bool, stop) -> RunPlan:
     if cfg.run.deterministic:
         tf.config.experimental.enable_op_determinism()
     policy = choose_policy(cfg.precision)
+    before = host_allocated()
     source = data.load_source(cfg.data, cfg.run.seed)
+    held = host_allocated() - before        # the source's arrays, in the CPU allocator
     augment.check(augment.build(cfg.data.augment), source.spec.shape, source.spec.dtype)
     if source.num_val == 0:
         raise ConfigError(f"data.validation_fraction: {cfg.data.validation_fraction} leaves no "
@@ -278,7 +281,7 @@ def make(cfg: Config, *, smoke: bool, stop) -> RunPlan:
     if planned_here:        # one machine: the planner chooses data or model parallelism
         draft = Precision(policy=policy, config=cfg.precision)
         parallel = parallelism.choose(cfg, policy, lambda: draft.build(
-            lambda: build_model(cfg.model, source.spec)), resident=fed_copy(cfg, source))
+            lambda: build_model(cfg.model, source.spec)), resident=resident(cfg, source, held))
     else:
         parallel = parallelism.of_strategy(strat)
     memory = parallel.memory_plan
@@ -318,18 +321,39 @@ def make(cfg: Config, *, smoke: bool, stop) -> RunPlan:
         preflight=preflight.run(cfg, net, source, qat=planning.qat))
 
 
-def fed_copy(cfg: Config, source) -> float:
-    """Bytes of a training device the training set's copy will hold (`plan_feed` on the
-    devices the run trains on, before the planner sizes the step on the rest), 0 where
-    the host feeds."""
-    from tftrain.data import feed as feeding
-    from tftrain.runtime import strategy
+# the global batches a host pipeline holds in its buffers (AUTOTUNE prefetch; measured
+# 6.3 and 6.6 on MobileNetV2's batches of 128 and 512 images: benchmarks/recompute.py)
+INPUT_BUFFER_BATCHES = 8
+
+
+def resident(cfg: Config, source, held: float = 0.0):
+    """What each training device holds before any step (`planner.Resident`), where its
+    memory is planned (`distribute.device_memory`, or a GPU's): a device feed's copy of
+    the training set (`plan_feed` on the devices the run trains on). A CPU's memory is
+    the host's, one allocator for everything the process holds, so there it also counts
+    the source's arrays (`held`: measured as they loaded, where the allocator counts), the training set decoded into
+    memory later (`data.cache`) and the host pipeline's buffers."""
+    from tftrain.data import feed as feeding, pipeline
+    from tftrain.runtime import planner, strategy
 
     devices = strategy.resolve_devices(cfg.distribute)
-    if not (cfg.distribute.device_memory or "GPU" in devices[0].upper()):
-        return 0.0               # host memory: `data.cache_budget` already bounds the copies
+    gpu = "GPU" in devices[0].upper()
+    if not (cfg.distribute.device_memory or gpu):
+        return planner.Resident()  # host memory: `data.cache_budget` already bounds the copies
     fed = plan_feed(cfg, source, devices).device
-    return float(feeding.decoded_bytes(source)) if fed else 0.0
+    copy = float(feeding.decoded_bytes(source)) if fed else 0.0
+    if gpu:
+        return planner.Resident(copy, "the training set's copy", "data.feed: host frees it") \
+            if copy else planner.Resident()
+    example = feeding.decoded_bytes(source) / max(1, source.num_train)
+    batch = cfg.train.global_batch_size or (
+        cfg.data.per_replica_batch_size * strategy.local_replicas(cfg.distribute, devices)
+        * cfg.train.accumulation_steps)
+    buffers = 0.0 if fed else INPUT_BUFFER_BATCHES * batch * example
+    arrays = feeding.decoded_bytes(source) if pipeline.holds_arrays(source) else 0
+    host = max(held, arrays) + pipeline.decoded_later(source, cfg.data) + buffers
+    return planner.Resident(copy + host, "the host's data: arrays and "
+                            + ("the feed's copy" if fed else "input buffers"))
 
 
 def plan_feed(cfg: Config, source, devices: list[str]) -> FeedChoice:

@@ -79,8 +79,9 @@ def test_the_training_sets_copy_on_the_device_leaves_less_room_for_the_step():
     sets = ("train.global_batch_size=256", f"distribute.device_memory={int(at_64)}",
             "distribute.strategy=mirrored")
     free = planner.choose(cfg(*sets), c, ["/cpu:0", "/cpu:1"], "float32", 32, 1, replicas=2)
+    copy = planner.Resident(at_64 * 0.01, "the training set's copy")  # 0.99 of 64's step left
     held = planner.choose(cfg(*sets), c, ["/cpu:0", "/cpu:1"], "float32", 32, 1, replicas=2,
-                          resident=at_64 * 0.01)      # 0.99 of the 64-example step is left
+                          resident=copy)
     assert (free.per_replica, free.accumulation) == (64, 2)
     assert (held.per_replica, held.accumulation) == (32, 4)
     assert held.room == int(at_64) - at_64 * 0.01 >= held.per_device[0].total
@@ -109,9 +110,12 @@ def test_auto_chooses_model_parallel_when_memory_is_short(tmp_path):
             "--full", "--set", "distribute.strategy=auto"]
     roomy = cli(*args)
     assert roomy.returncode == 0 and "planner: data parallel" in roomy.stdout
-    short = cli(*args, "--set", "distribute.device_memory=1.5MiB")
+    short = cli(*args, "--set", "distribute.device_memory=1.7MiB")
     assert short.returncode == 0, short.stderr[-2000:]
     assert "planner: model parallel over 2 stages (the model does not fit one device)" in short.stdout
+    # a CPU's memory is the host's: the digits' arrays and the pipeline's buffers hold some
+    assert "MiB of it the host's data: arrays and input buffers)" in " ".join(
+        short.stdout.split())
     assert "strategy: default" in short.stdout and "stage 1 /device:CPU:1" in short.stdout
     impossible = cli(*args, "--set", "distribute.device_memory=100KB")
     assert impossible.returncode == 2

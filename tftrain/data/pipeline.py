@@ -275,11 +275,25 @@ def decoded_bytes(source: Source) -> int:
     return source.num_train * (int(np.prod(source.spec.shape)) * 4 + 4)
 
 
+def holds_arrays(source: Source) -> bool:
+    """Whether the source is its training arrays, held in memory (`array_source`)."""
+    return isinstance(source, IndexedSource) and not source.elementwise
+
+
+def decodes(source: Source, cfg: DataConfig) -> bool:
+    """Whether `cached` decodes the training set into memory (arrays already are)."""
+    return cache_choice(source, cfg) == "memory" and not holds_arrays(source)
+
+
+def decoded_later(source: Source, cfg: DataConfig) -> int:
+    """Bytes `cached` will add to memory once the run starts (0 where it adds none)."""
+    return decoded_bytes(source) if decodes(source, cfg) else 0
+
+
 def cached(source: Source, cfg: DataConfig) -> Source:
     """The source with its decoded training set in memory when `cache_choice` says so
     (one parallel pass in file order; epochs then permute indices of the arrays)."""
-    if cache_choice(source, cfg) != "memory" or (
-            isinstance(source, IndexedSource) and not source.elementwise):
+    if not decodes(source, cfg):
         return source
 
     parts = list(source.calibration(source.num_train).batch(1024).as_numpy_iterator())

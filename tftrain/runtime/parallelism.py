@@ -102,7 +102,7 @@ class Parallelism:
         """The planner's bytes for the device that holds most, the training set's copy
         on it included (None: no plan was made)."""
         plan = self.memory_plan
-        return max(e.total for e in plan.per_device) + plan.resident if plan is not None else None
+        return max(e.total for e in plan.per_device) + plan.resident.bytes if plan is not None else None
 
     def summary(self, net, batch, loss) -> dict:
         """What summary.json says of the layout (`batch()`: a batch to measure on)."""
@@ -246,11 +246,12 @@ def recompute_kept(cfg: Config, base, costs) -> float | None:
     return segments.kept_bytes(base, found, {c.name: c.activation_bytes for c in costs})
 
 
-def choose(cfg: Config, policy: str, builder, resident: float = 0.0) -> Parallelism:
+def choose(cfg: Config, policy: str, builder,
+           resident: planner.Resident = planner.Resident()) -> Parallelism:
     """On one machine: the configured placement, else the planner's choice for
     `distribute.strategy: auto` (data parallel when the model fits one device, else the
     fewest stages that fit). `builder()` builds the model (for its sizes); `resident`:
-    bytes each training device holds before any step (a device feed's training set)."""
+    what each training device holds before any step (`tftrain.plan.resident`)."""
 
     devices = strategy.resolve_devices(cfg.distribute)
     base = placement.build(builder)
@@ -265,7 +266,7 @@ def choose(cfg: Config, policy: str, builder, resident: float = 0.0) -> Parallel
         memory_plan = planner.choose(cfg, costs, wanted, policy, batch, acc,
                                      force_stages=len(wanted), resident=resident)
         return placed(builder, base, cfg.model.placement, batch, memory_plan)
-    copies = len(devices) if strategy.resolve_kind(cfg.distribute, devices) == "mirrored" else 1
+    copies = strategy.local_replicas(cfg.distribute, devices)
     memory_plan = planner.choose(cfg, costs, devices, policy, batch, acc, replicas=copies,
                                  kept=recompute_kept(cfg, base, costs), resident=resident)
     if memory_plan.kind == "model":

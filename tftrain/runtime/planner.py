@@ -158,6 +158,18 @@ def update_seconds(costs: list[LayerCost], micro: int, accumulation: int, recomp
 
 
 @dataclass(frozen=True)
+class Resident:
+    """Bytes of each training device held before any step, and what holds them (a device
+    feed's copy of the training set; on a CPU, the host's data in the same allocator)."""
+    bytes: float = 0.0
+    what: str = ""
+    remedy: str = ""         # how to free it, for the error when nothing fits
+
+    def __bool__(self) -> bool:
+        return self.bytes > 0
+
+
+@dataclass(frozen=True)
 class Plan:
     kind: str                       # "data" or "model"
     stages: int                     # 1 for data parallel
@@ -171,12 +183,12 @@ class Plan:
     recompute: bool = False         # activations recomputed in the backward pass
     # the ways compared when the configured one did not fit (the chosen one among them)
     considered: tuple[Way, ...] = ()
-    resident: float = 0.0           # bytes of the device the training set's copy holds
+    resident: Resident = Resident()  # what each device holds before any step
 
     @property
     def room(self) -> float:
-        """The bytes a step may take: the device's, less the training set's copy."""
-        return self.memory - self.resident
+        """The bytes a step may take: the device's, less what it holds before any step."""
+        return self.memory - self.resident.bytes
 
     def describe(self) -> str:
         why = "as model.placement says" if self.configured else "the model does not fit one device"
@@ -187,7 +199,7 @@ class Plan:
         memory = (f"host memory {_bytes(self.memory)} available" if self.host
                   else f"device memory {_bytes(self.memory)}")
         if self.resident:
-            memory += f" ({_bytes(self.resident)} of it the training set's copy)"
+            memory += f" ({_bytes(self.resident.bytes)} of it {self.resident.what})"
         lines = [f"planner: {what}; {memory}; forward FLOPs per example "
                  f"{self.flops_per_example:,.0f}"]
         for i, e in enumerate(self.per_device):
@@ -207,16 +219,17 @@ class Plan:
 def choose(cfg: Config, costs: list[LayerCost], devices: list[str], policy: str,
            micro_batch: int, accumulation: int, replicas: int | None = None,
            force_stages: int | None = None, kept: float | None = None,
-           resident: float = 0.0) -> Plan:
+           resident: Resident = Resident()) -> Plan:
     """The configured step if it fits a device (`train.recompute` as set), else the
     fastest way that fits by `update_seconds`: smaller micro-batches with more
     accumulation (with `train.global_batch_size`), recomputation (`train.recompute:
     auto`, where `kept` gives what it keeps per example), or model parallelism over the
-    fewest stages that fit (`distribute.strategy: auto`). `resident`: bytes of each
-    device held before any step (the training set's copy of a device feed)."""
+    fewest stages that fit (`distribute.strategy: auto`). `resident`: what each
+    device holds before any step (the training set's copy of a device feed; on a CPU,
+    the host's data)."""
     slots = optimizer_slots(cfg)
     memory = device_memory(devices[0], cfg.distribute.device_memory)
-    room = memory - resident
+    room = memory - resident.bytes
     flops = sum(c.flops for c in costs)
     host = not cfg.distribute.device_memory and "GPU" not in devices[0].upper()
     setting = cfg.train.recompute
@@ -265,8 +278,9 @@ def choose(cfg: Config, costs: list[LayerCost], devices: list[str], policy: str,
     raise ConfigError(
         f"distribute.device_memory: the model needs {_bytes(one)} on one device and "
         f"{_bytes(split)} per device at best over {len(devices)} devices, which have "
-        f"{_bytes(memory)} each" + (f" ({_bytes(resident)} of it the training set's copy on "
-                                      "the device: data.feed: host frees it)" if resident else "")
+        f"{_bytes(memory)} each" + (f" ({_bytes(resident.bytes)} of it {resident.what}"
+                                      f"{': ' + resident.remedy if resident.remedy else ''})"
+                                      if resident else "")
         + "; lower data.per_replica_batch_size (or set "
         "train.global_batch_size with more train.accumulation_steps), use precision.policy: "
         "mixed_bfloat16, train.recompute: blocks, a smaller model, or more devices")

@@ -120,6 +120,11 @@ def resolve_devices(d: DistributeConfig) -> list[str]:
     return list(d.devices)
 
 
+def local_replicas(d: DistributeConfig, devices: list[str]) -> int:
+    """Replicas on this machine's `devices`: one per device when mirrored, else one."""
+    return len(devices) if resolve_kind(d, devices) == "mirrored" else 1
+
+
 def _cross_device_ops(d: DistributeConfig, devices: list[str]):
     choice = d.cross_device_ops
     if choice == "auto":

@@ -13,6 +13,12 @@ from __future__ import annotations
 HOST = "CPU (one allocator for the logical CPU devices)"
 
 
+def host_allocated() -> int:
+    """Bytes the CPU allocator holds now (0 where it keeps no statistics)."""
+    import tensorflow as tf
+    return int(tf.config.experimental.get_memory_info("CPU:0")["current"])
+
+
 def _name(device: str) -> str:
     """`/job:.../device:GPU:1` or `/gpu:1` -> `GPU:1`."""
     import tensorflow as tf
