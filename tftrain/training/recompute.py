@@ -98,8 +98,9 @@ class Recompute:
             def grad(*d_outputs, variables=None):
                 # the recomputation waits for its outputs' gradient (data, not control: XLA
                 # drops control dependencies), so it runs where the backward pass needs it
+                # (a zero the graph cannot fold: x * 0 it would, and the wait with it)
                 first = tf.reshape(d_outputs[0], [-1])[:1]
-                gate = tf.reduce_sum(tf.cast(tf.math.is_nan(first), tf.float32)) * 0.0
+                gate = tf.minimum(tf.reduce_sum(tf.cast(tf.math.is_nan(first), tf.float32)), 0.0)
                 restore = [g.state.assign(s) for g, s in zip(generators, before)]
                 with tf.control_dependencies(restore):
                     again = [tf.identity(f) + tf.cast(gate, f.dtype) for f in floats]
