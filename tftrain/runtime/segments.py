@@ -5,14 +5,17 @@ The layers are taken in the order Keras runs them (its nodes by depth). Between 
 layers, the tensors that are live (made before, read after) are what a segment boundary
 keeps for the backward pass. `blocks` cuts where one tensor is live (between residual
 blocks, transformer layers, the layers of a plain stack) and merges the pieces into
-segments of about the square root of the layer count each (Chen et al. 2016); `every: K`
+segments of the size that keeps least (`kept_bytes`; the square root of the layer count
+of Chen et al. 2016 is one of the sizes tried); `every: K`
 cuts every K layers, keeping whatever is live there. `kept_bytes` estimates what a step
 keeps then, for the planner.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+
+import numpy as np
+import tensorflow as tf
 
 from tftrain.config import ConfigError
 from tftrain.core import internals
@@ -60,18 +63,45 @@ def segments(model, mode: str, every: int | None = None) -> list[Segment]:
     live = _live(model, nodes)
     n = len(nodes)
     if mode == "every":
-        cuts = list(range(every, n, every))
-    else:
-        single = [i for i in range(1, n) if len(live[i]) == 1]
-        target = max(1, round(math.sqrt(n)))
-        cuts, last = [], 0
-        for i in single:
-            if i - last >= target:
-                cuts.append(i)
-                last = i
-        if cuts and n - cuts[-1] < target:       # a short tail joins the segment before it
-            cuts.pop()
-    bounds = [0, *cuts, n]
+        return _cut(live, list(range(every, n, every)))
+    single = [i for i in range(1, n) if len(live[i]) == 1]
+    options = {}
+    for target in range(1, n + 1):       # each size's segments, by the same greedy cut
+        found = _cut(live, _greedy(single, n, target))
+        options.setdefault(tuple(s.start for s in found), found)
+    sizes = {node.layer.name: _output_elements(node) for node in nodes}
+    kept = {key: kept_bytes(model, found, sizes) for key, found in options.items()}
+    least = min(kept.values())
+    # the fewest segments within WITHIN of the least memory: fewer segments leave a longer
+    # last one, which runs once (the square root of the layer count, Chen et al.'s size,
+    # kept a transformer's two layers per segment: 1.8x the memory of one)
+    return min((found for key, found in options.items() if kept[key] <= least * WITHIN),
+               key=len)
+
+
+# how far above the least memory a segmentation with fewer segments may keep
+WITHIN = 1.1
+
+
+def _output_elements(node) -> float:
+    """Elements per example of a layer call's outputs (what the choice of sizes weighs)."""
+    return float(sum(np.prod([d or 1 for d in t.shape[1:]]) for t in tf.nest.flatten(node.outputs)))
+
+
+def _greedy(single: list[int], n: int, target: int) -> list[int]:
+    """Cuts at single-tensor boundaries at least `target` layers apart."""
+    cuts, last = [], 0
+    for i in single:
+        if i - last >= target:
+            cuts.append(i)
+            last = i
+    if cuts and n - cuts[-1] < target:       # a short tail joins the segment before it
+        cuts.pop()
+    return cuts
+
+
+def _cut(live, cuts: list[int]) -> list[Segment]:
+    bounds = [0, *cuts, len(live) - 1]
     return [Segment(a, b, live[a], live[b]) for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
