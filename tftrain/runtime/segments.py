@@ -14,9 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-import tensorflow as tf
-
 from tftrain.config import ConfigError
 from tftrain.core import internals
 
@@ -69,7 +66,7 @@ def segments(model, mode: str, every: int | None = None) -> list[Segment]:
     for target in range(1, n + 1):       # each size's segments, by the same greedy cut
         found = _cut(live, _greedy(single, n, target))
         options.setdefault(tuple(s.start for s in found), found)
-    sizes = {node.layer.name: _output_elements(node) for node in nodes}
+    sizes = _activation_bytes(nodes)
     kept = {key: kept_bytes(model, found, sizes) for key, found in options.items()}
     least = min(kept.values())
     # the fewest segments within WITHIN of the least memory: fewer segments leave a longer
@@ -80,12 +77,17 @@ def segments(model, mode: str, every: int | None = None) -> list[Segment]:
 
 
 # how far above the least memory a segmentation with fewer segments may keep
-WITHIN = 1.1
+WITHIN = 1.25
 
 
-def _output_elements(node) -> float:
-    """Elements per example of a layer call's outputs (what the choice of sizes weighs)."""
-    return float(sum(np.prod([d or 1 for d in t.shape[1:]]) for t in tf.nest.flatten(node.outputs)))
+def _activation_bytes(nodes) -> dict[str, float]:
+    """What each layer call keeps for the backward pass, per example, as the planner counts
+    it (`placement.activation_bytes`: nothing for views and activations fused into the
+    batch norm before them, attention's scores), its parents read from the calls."""
+    from tftrain.runtime.placement import activation_bytes
+    made_by = {t: type(node.layer).__name__ for node in nodes for t in node.flat_output_ids}
+    return {node.layer.name: activation_bytes(
+        node.layer, [made_by[t] for t in node.flat_input_ids if t in made_by]) for node in nodes}
 
 
 def _greedy(single: list[int], n: int, target: int) -> list[int]:
