@@ -109,7 +109,7 @@ def assert_same(a, b, rtol):
 def test_recomputed_training_ends_at_the_same_weights_statistics_and_masks(model, recompute):
     plain, plain_stats, plain_rng, _ = train(model, None)
     again, stats, rng, net = train(model, recompute)
-    assert len(net.recompute.segments) > 2 and again
+    assert len(net.recompute.segments) > 1 and again       # (at least one recomputed)
     assert_same(again, plain, 1e-6)
     assert bool(stats) == (model != "transformer")
     assert_same(stats, plain_stats, 1e-6)       # batch-norm moving statistics: once a step

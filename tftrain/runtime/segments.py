@@ -67,7 +67,10 @@ def segments(model, mode: str, every: int | None = None) -> list[Segment]:
         found = _cut(live, _greedy(single, n, target))
         options.setdefault(tuple(s.start for s in found), found)
     sizes = _activation_bytes(nodes)
-    kept = {key: kept_bytes(model, found, sizes) for key, found in options.items()}
+    # (one segment recomputes nothing: the last runs once; uncapped, so that a small model
+    # whose every choice reaches what all its layers keep is still cut)
+    options = {key: found for key, found in options.items() if len(found) > 1} or options
+    kept = {key: _kept(nodes, found, sizes) for key, found in options.items()}
     least = min(kept.values())
     # the fewest segments within WITHIN of the least memory: fewer segments leave a longer
     # last one, which runs once (the square root of the layer count, Chen et al.'s size,
@@ -121,13 +124,18 @@ def kept_bytes(model, found: list[Segment], activation_bytes: dict[str, float]) 
     (a model of few segments). `activation_bytes`: per layer name, what the layer's
     outputs take per example (`tftrain.runtime.placement.LayerCost`)."""
     nodes = layer_calls(model)
+    return min(_kept(nodes, found, activation_bytes),
+               sum(activation_bytes.get(n.layer.name, 0.0) for n in nodes))
+
+
+def _kept(nodes, found: list[Segment], activation_bytes: dict[str, float]) -> float:
     made_by = {t: node.layer.name for node in nodes for t in node.flat_output_ids}
     boundaries = {t for s in found for t in s.inputs if t in made_by}
     kept = sum(activation_bytes.get(made_by[t], 0.0) / max(1, _outputs(nodes, made_by[t]))
                for t in boundaries)
     inside = max(sum(activation_bytes.get(n.layer.name, 0.0) for n in nodes[s.start:s.stop])
                  for s in found)
-    return min(kept + 2 * inside, sum(activation_bytes.get(n.layer.name, 0.0) for n in nodes))
+    return kept + 2 * inside
 
 
 def _outputs(nodes, name: str) -> int:
