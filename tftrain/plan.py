@@ -331,8 +331,9 @@ def resident(cfg: Config, source, held: float = 0.0):
     memory is planned (`distribute.device_memory`, or a GPU's): a device feed's copy of
     the training set (`plan_feed` on the devices the run trains on). A CPU's memory is
     the host's, one allocator for everything the process holds, so there it also counts
-    the source's arrays (`held`: measured as they loaded, where the allocator counts), the training set decoded into
-    memory later (`data.cache`) and the host pipeline's buffers."""
+    the source's arrays (`held`: measured as they loaded, where the allocator counts),
+    the training set decoded into memory later (`data.cache`) and the host pipeline's
+    buffers."""
     from tftrain.data import feed as feeding, pipeline
     from tftrain.runtime import planner, strategy
 
@@ -341,16 +342,17 @@ def resident(cfg: Config, source, held: float = 0.0):
     if not (cfg.distribute.device_memory or gpu):
         return planner.Resident()  # host memory: `data.cache_budget` already bounds the copies
     fed = plan_feed(cfg, source, devices).device
-    copy = float(feeding.decoded_bytes(source)) if fed else 0.0
+    decoded = float(feeding.decoded_bytes(source))
+    copy = decoded if fed else 0.0
     if gpu:
         return planner.Resident(copy, "the training set's copy", "data.feed: host frees it") \
             if copy else planner.Resident()
-    example = feeding.decoded_bytes(source) / max(1, source.num_train)
+    example = decoded / max(1, source.num_train)
     batch = cfg.train.global_batch_size or (
         cfg.data.per_replica_batch_size * strategy.local_replicas(cfg.distribute, devices)
         * cfg.train.accumulation_steps)
     buffers = 0.0 if fed else INPUT_BUFFER_BATCHES * batch * example
-    arrays = feeding.decoded_bytes(source) if pipeline.holds_arrays(source) else 0
+    arrays = decoded if pipeline.holds_arrays(source) else 0.0
     host = max(held, arrays) + pipeline.decoded_later(source, cfg.data) + buffers
     return planner.Resident(copy + host, "the host's data: arrays and "
                             + ("the feed's copy" if fed else "input buffers"))

@@ -98,9 +98,7 @@ class Recompute:
             def grad(*d_outputs, variables=None):
                 # the recomputation waits for its outputs' gradient (data, not control: XLA
                 # drops control dependencies), so it runs where the backward pass needs it
-                # (a zero the graph cannot fold: x * 0 it would, and the wait with it)
-                first = tf.reshape(d_outputs[0], [-1])[:1]
-                gate = tf.minimum(tf.reduce_sum(tf.cast(tf.math.is_nan(first), tf.float32)), 0.0)
+                gate = _zero_reading(d_outputs[0])
                 restore = [g.state.assign(s) for g, s in zip(generators, before)]
                 with tf.control_dependencies(restore):
                     again = [tf.identity(f) + tf.cast(gate, f.dtype) for f in floats]
@@ -135,9 +133,8 @@ def _statistics_read(layers):
     multiply and an add) into one `_MklLayerNorm` kernel wherever nothing else reads
     the batch norm's outputs, and that kernel rounds otherwise: a segment's first run
     would compute other values than the step without recomputation (2.7e-8 of a
-    transformer's weights after 20 updates in float32, 8.7e-4 in bfloat16). The read is
-    min(min |mean|, 0), zero (a constant the graph cannot fold), added to the first
-    output."""
+    transformer's weights after 20 updates in float32, 8.7e-4 in bfloat16). The reads
+    are `_zero_reading`s, added to the first output."""
     scopes = tuple(f"{layer.name}/" for layer in layers
                    if isinstance(layer, keras.layers.LayerNormalization))
     graph = None if tf.executing_eagerly() or not scopes else tf.compat.v1.get_default_graph()
@@ -151,9 +148,16 @@ def _statistics_read(layers):
                      f"/{scope}" in f"/{op.name}" for scope in scopes)]
         if not means:
             return outputs
-        zero = tf.add_n([tf.minimum(tf.reduce_min(tf.abs(m)), 0.0) for m in means])
+        zero = tf.add_n([_zero_reading(m) for m in means])
         return [outputs[0] + tf.cast(zero, outputs[0].dtype), *outputs[1:]]
     yield reads
+
+
+def _zero_reading(t):
+    """A float32 zero computed from `t`'s first element, which the graph cannot fold to a
+    constant (`x * 0` it would, and the data dependency on `t` with it): min(NaN count, 0)."""
+    first = tf.reshape(t, [-1])[:1]
+    return tf.minimum(tf.reduce_sum(tf.cast(tf.math.is_nan(first), tf.float32)), 0.0)
 
 
 def _merge(floats, fixed: dict, differentiable: list[int]) -> list:
