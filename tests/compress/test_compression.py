@@ -310,6 +310,37 @@ def test_calibrated_ranges_are_the_min_and_max_each_quantizer_sees(batch):
         np.testing.assert_allclose(found, [low, high], rtol=1e-5, atol=1e-6, err_msg=layer.name)
 
 
+def test_calibration_sets_kernel_ranges_to_the_kernels_extent():
+    """Kernel ranges start at tfmot's [-6, 6] too, and until a first update a kernel of
+    small weights rounds to zero in them: calibration sets each to its kernel's extent,
+    per output channel for the convolution, per tensor and symmetric for the dense layer,
+    so the QAT model's logits before any update are the float model's within a step."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8, 8, 1))
+    h = keras.layers.Conv2D(4, 3, activation="relu", name="conv")(inputs)
+    h = keras.layers.Flatten(name="flat")(h)
+    small = keras.initializers.RandomUniform(-0.004, 0.003, seed=1)
+    net = keras.Model(inputs, keras.layers.Dense(10, kernel_initializer=small,
+                                                 name="logits")(h))
+    cfg = load_config(None, ["compression.quantization.enabled=true"]).compression.quantization
+    q = quantization.quantize_model(net, cfg, preserve_sparsity=False)
+    x = data(32)[0]
+    assert not q(x).numpy().any()                          # [-6, 6]: every weight rounds to 0
+    quantization.calibrate_ranges(q, [x])
+    dense = net.get_layer("logits").kernel.numpy()
+    conv = net.get_layer("conv").kernel.numpy()
+    lows = {v.name: v.numpy() for v in q.variables if "kernel_min" in v.name}
+    highs = {v.name: v.numpy() for v in q.variables if "kernel_max" in v.name}
+    assert len(lows) == len(highs) == 2
+    np.testing.assert_allclose(highs["quant_logits/kernel_max:0"], np.abs(dense).max(), rtol=1e-6)
+    np.testing.assert_allclose(lows["quant_logits/kernel_min:0"], -np.abs(dense).max(), rtol=1e-6)
+    extent = np.abs(conv).max(axis=(0, 1, 2))
+    np.testing.assert_allclose(highs["quant_conv/kernel_max:0"], extent, rtol=1e-6)
+    np.testing.assert_allclose(lows["quant_conv/kernel_min:0"], -extent, rtol=1e-6)
+    step = np.abs(net(x).numpy()).max() / 127 * 4
+    np.testing.assert_allclose(q(x).numpy(), net(x).numpy(), atol=step)
+
+
 @pytest.mark.parametrize("batches", [2, 16])     # eager; past `EAGER_BATCHES`, traced
 def test_a_training_mode_pass_with_ranges_held_moves_batch_norm_statistics_and_no_range(batches):
     """Batch-norm re-estimation at the end of QAT, under MirroredStrategy: the statistics

@@ -87,12 +87,41 @@ def test_character_ngrams_come_after_the_words_with_their_own_vocabulary(tmp_pat
     np.testing.assert_array_equal(xv, layer(tf.constant(list(both.spec.serving.validation))).numpy())
 
 
+def test_character_ngrams_within_words_are_scikit_learns_char_wb_and_counted(tmp_path):
+    """`char_analyzer: char_wb`: each training text's n-gram ids are exactly the ids of
+    scikit-learn's `char_wb` n-grams of it; the spec carries each id's document frequency
+    over the training texts and where the n-grams' ids start."""
+    from sklearn.feature_extraction.text import CountVectorizer
+
+    make_texts(tmp_path / "texts")
+    src = load_source(cfg(tmp_path / "texts", "data.validation_fraction=0.25",
+                          "data.params.char_ngrams=4", "data.params.char_analyzer=char_wb",
+                          "data.params.char_vocab_size=null").data, 5)
+    layer, stats = src.spec.serving.layer, src.spec.tokens
+    vocab = layer.get_vocabulary()
+    start = stats.groups[1]
+    assert stats.groups == (0, layer.parts[0].vocabulary_size()) and vocab[start:start + 2] == [
+        "chars:", "chars:[UNK]"]
+    analyzer = CountVectorizer(analyzer="char_wb", ngram_range=(2, 4)).build_analyzer()
+    (train, _), _, _ = split(tmp_path / "texts", 0.25, 5)
+    x, _ = src.load(tf.range(src.num_train))
+    for text, ids in zip(train, x.numpy()):
+        grams = {vocab[i][len("chars:"):] for i in ids if i >= start + 2}
+        assert grams == set(analyzer(re.sub(r"[^\w\s]", "", text.lower())))
+    holding = (x.numpy()[:, :, None] == np.arange(len(vocab))).any(axis=1).sum(axis=0)
+    holding[0] = 0
+    np.testing.assert_array_equal(stats.frequency, holding)
+    assert stats.documents == src.num_train
+
+
 @pytest.mark.parametrize("case,pattern", [
     ("empty_file", r"data: .*space/003\.txt is empty; fix or remove it, or set data\.on_bad_record: skip"),
     ("empty_folder", r"class folder .*sport has no \.txt files"),
     ("no_label_column", r"data\.params\.label_column: column 'label' is not in .*t\.csv \(its columns are: text, category\)"),
     ("no_label", r"data: .*t\.csv:3 has no label"),
     ("char_ngrams", r"data\.params\.char_ngrams: 9; expected 0 \(none\) or 2 to 6"),
+    ("char_analyzer", r"data\.params\.char_analyzer: 'chars'; expected char \(n-grams across "
+                      r"the text\) or char_wb \(within words\)"),
 ])
 def test_bad_text_exits_2_naming_the_file_or_key(tmp_path, capsys, case, pattern):
     make_texts(tmp_path / "texts")
@@ -109,7 +138,9 @@ def test_bad_text_exits_2_naming_the_file_or_key(tmp_path, capsys, case, pattern
         path.write_text("text,label\nhello world,a\nbye world,\n")
     runs = tmp_path / "runs"
     sets = ["data.name=text", f"data.params={{path: {path}}}", "model={name: embedding_bag}",
-            *(["data.params.char_ngrams=9"] if case == "char_ngrams" else [])]
+            *(["data.params.char_ngrams=9"] if case == "char_ngrams" else []),
+            *(["data.params={path: " + str(path) + ", char_ngrams: 3, char_analyzer: chars}"]
+              if case == "char_analyzer" else [])]
     assert main([str(QUICKSTART), "--run-dir", str(runs), *[a for s in sets for a in ("--set", s)]]) == 2
     err = capsys.readouterr().err
     assert re.search(pattern, err), err

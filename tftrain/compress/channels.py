@@ -43,7 +43,7 @@ MERGES = ("Add", "Subtract", "Multiply", "Maximum", "Minimum", "Average")
 # (a per-channel `Rescaling` or `Normalization` keeps them too: its constants are not sliced)
 OPAQUE = ("InputLayer", "Reshape", "Permute", "LayerNormalization", "MultiHeadAttention",
           "Rescaling", "Normalization",
-          "Embedding", "AudioFeatures", "TokenMean", "PositionEmbedding", "Softmax",
+          "Embedding", "AudioFeatures", "TokenMean", "TermWeights", "PositionEmbedding", "Softmax",
           "UnitNormalization")
 
 

@@ -31,7 +31,7 @@ from tftrain.models.applications import Preprocess
 from tftrain.models.audio import AudioFeatures
 from tftrain.compress import qat_transformer as qt
 from tftrain.compress.qat_norms import ChannelAffine, ChannelAffineQuantizeConfig
-from tftrain.models.text import TokenMean
+from tftrain.models.text import TermWeights, TokenMean
 from tftrain.models.transformer import PositionEmbedding
 
 
@@ -286,7 +286,7 @@ def config_for(layer, preserve_sparsity: bool) -> Optional[object]:
         return configs.Default8BitOutputQuantizeConfig()
     # layer normalization computes in float (TFLite has no int8 kernel for it): its output
     # is quantized, so the int8 ops around it read int8
-    if isinstance(layer, (AudioFeatures, Preprocess, TokenMean,
+    if isinstance(layer, (AudioFeatures, Preprocess, TokenMean, TermWeights,
                           keras.layers.LayerNormalization)):
         return configs.Default8BitOutputQuantizeConfig()
     return None

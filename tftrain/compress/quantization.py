@@ -210,7 +210,12 @@ def calibrate_ranges(model, batches) -> int:
     clips MFCCs of -200..40 to 8 bits of [-6, 6] and spends most of the levels of a [0, 1]
     input or a ReLU output of [0, 2] on values that never occur (an input's range only
     ever widens). Call before the first QAT update; a resumed stage restores its ranges
-    from the checkpoint."""
+    from the checkpoint.
+
+    Kernel ranges (tfmot's last-value quantizers) are set as a first training call sets
+    them, to the kernel's own extent: they too start at [-6, 6], and until an update a
+    kernel of small weights (a linear layer over 65,000 TF-IDF features: |w| < 0.01)
+    rounds to zero everywhere."""
 
     seen: dict[int, list] = {}           # id(min variable) -> [min_var, max_var, low, high]
     called: list = []                    # (min_var, max_var) in the order the model calls them
@@ -231,8 +236,15 @@ def calibrate_ranges(model, batches) -> int:
         return list(lows), list(highs)
 
     used, step = 0, traced_after(observed)
-    with _quantizers_replaced(lambda cls, call: record if _activation(cls)
-                              else _float_through):
+    kernels: dict[int, tuple] = {}
+
+    def kernel(self, inputs, training, weights, **kwargs):
+        low_var, high_var = weights.get("min_var"), weights.get("max_var")
+        if low_var is not None and high_var is not None:
+            kernels[id(low_var)] = (low_var, high_var, inputs, getattr(self, "symmetric", False))
+        return inputs
+
+    with _quantizers_replaced(lambda cls, call: record if _activation(cls) else kernel):
         for used, batch in enumerate(batches, start=1):
             low, high = step(batch[0] if isinstance(batch, tuple) else batch)
             for (low_var, high_var), a, b in zip(called, low, high):
@@ -242,7 +254,27 @@ def calibrate_ranges(model, batches) -> int:
     for low_var, high_var, low, high in seen.values():
         low_var.assign(np.minimum(low, 0.0).astype(np.float32).reshape(low_var.shape))
         high_var.assign(np.maximum(high, 0.0).astype(np.float32).reshape(high_var.shape))
+    for low_var, high_var, weight, symmetric in kernels.values():
+        _kernel_range(low_var, high_var, np.asarray(weight), symmetric)
     return used
+
+
+def _kernel_range(low_var, high_var, weight: np.ndarray, symmetric: bool) -> None:
+    """A last-value quantizer's range set to `weight`'s extent, per tensor or per its last
+    axis (what its variables' shape says; any other shape is left as tfmot has it)."""
+    if low_var.shape.rank == 0:
+        low, high = weight.min(), weight.max()
+    elif tuple(low_var.shape) == weight.shape[-1:]:
+        axes = tuple(range(weight.ndim - 1))
+        low, high = weight.min(axis=axes), weight.max(axis=axes)
+    else:
+        return
+    low, high = np.minimum(low, 0.0), np.maximum(high, 0.0)
+    if symmetric:
+        high = np.maximum(-low, high)
+        low = -high
+    low_var.assign(np.asarray(low, np.float32).reshape(low_var.shape))
+    high_var.assign(np.asarray(high, np.float32).reshape(high_var.shape))
 
 
 def quantizers_bypassed():

@@ -40,6 +40,22 @@ class InputSpec:
     vocab_size: Optional[int] = None
     sample_rate: Optional[int] = None     # audio: samples per second of the waveform
     serving: Optional["Serving"] = None   # raw input served in front of the model (text)
+    tokens: Optional["TokenStatistics"] = None   # token ids' training statistics (text)
+
+
+@dataclass(frozen=True, eq=False)
+class TokenStatistics:
+    """What the training split says of token ids, for models that weigh them (TF-IDF):
+    `groups`, the first id of each tokenizer's ids (words, then character n-grams; each
+    group's weights are normalized on their own, as stacked TF-IDF vectorizers are);
+    `documents`, the training texts; `frequency[i]`, how many of them hold id i."""
+    groups: tuple[int, ...]
+    documents: int
+    frequency: np.ndarray
+
+    def idf(self) -> np.ndarray:
+        """Smoothed inverse document frequency, scikit-learn's: ln((1 + n) / (1 + df)) + 1."""
+        return (np.log((1.0 + self.documents) / (1.0 + self.frequency)) + 1.0).astype(np.float32)
 
 
 @dataclass(frozen=True, eq=False)

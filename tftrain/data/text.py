@@ -21,10 +21,12 @@ import tensorflow as tf
 
 from tftrain.config import ConfigError
 from tftrain.data.arrays import from_arrays
-from tftrain.data.source import DATASETS, IndexedSource, Serving, existing, options
+from tftrain.data.source import (DATASETS, IndexedSource, Serving, TokenStatistics, existing,
+                                  options)
 from tftrain.core.keras import keras
 
 TABLE_SUFFIXES = {".csv": ",", ".tsv": "\t"}
+CHAR_ANALYZERS = {"char": "character", "char_wb": "char_wb"}   # option -> tokenizer's tokens
 
 
 def read_folder(root: Path, on_bad_record: str):
@@ -122,8 +124,39 @@ def split(root: Path, fraction: float, seed: int, text_column: str = "text",
             classes)
 
 
-def tokenizer(tokens: str, ngrams: int, vocab_size: int, sequence_length: Optional[int]):
+@keras.utils.register_keras_serializable("tftrain")
+class WordBoundedGrams:
+    """A `TextVectorization` split: each word's character n-grams (n in `sizes`) with the
+    word padded by a space on each side, so no n-gram spans two words (scikit-learn's
+    `char_wb` analyzer: a padded word is at least 3 characters, so the 2-grams cover
+    every word)."""
 
+    def __init__(self, sizes):
+        self.sizes = tuple(int(n) for n in sizes)
+
+    def __call__(self, texts):
+        words = tf.strings.split(texts)                                  # [batch, (words)]
+        padded = tf.strings.join([" ", words.flat_values, " "])
+        chars = tf.strings.unicode_split(padded, "UTF-8")                # [words, (chars)]
+        grams = [tf.strings.ngrams(chars, n, separator="") for n in self.sizes]
+        per_word = tf.concat(grams, axis=1)                              # [words, (grams)]
+        return tf.RaggedTensor.from_row_splits(per_word.values,
+                                               tf.gather(per_word.row_splits,
+                                                         words.row_splits))
+
+    def get_config(self):
+        return {"sizes": list(self.sizes)}
+
+
+def tokenizer(tokens: str, ngrams, vocab_size: int, sequence_length: Optional[int]):
+    """`TextVectorization` over words or characters (n-grams up to `ngrams`, or the
+    sizes a tuple names); `tokens: char_wb`: character n-grams within words
+    (`WordBoundedGrams`)."""
+    if tokens == "char_wb" and isinstance(ngrams, tuple):
+        return keras.layers.TextVectorization(
+            max_tokens=vocab_size, standardize="lower_and_strip_punctuation",
+            split=WordBoundedGrams(ngrams), output_mode="int",
+            output_sequence_length=sequence_length, name="tokenizer")
     if tokens not in ("word", "character"):
         raise ConfigError(f"data.params.tokens: {tokens!r}; expected word or character")
     if isinstance(ngrams, int) and not 1 <= ngrams <= 5:
@@ -161,6 +194,16 @@ class Tokenizers(keras.layers.Layer):
         return words + [f"chars:{token}" for vocabulary in rest for token in vocabulary]
 
 
+def document_frequency(ids: np.ndarray, vocab_size: int) -> np.ndarray:
+    """How many rows of `ids` hold each id (padding's 0 counted as none)."""
+    ordered = np.sort(ids, axis=1)
+    first = np.ones_like(ordered, dtype=bool)
+    first[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    counts = np.bincount(ordered[first], minlength=vocab_size).astype(np.float32)
+    counts[0] = 0.0
+    return counts
+
+
 def encode(layer, texts: list[str]) -> np.ndarray:
     return np.concatenate([layer(tf.constant(texts[i:i + 512])).numpy()
                            for i in range(0, len(texts), 512)]).astype(np.int32)
@@ -177,7 +220,8 @@ class TextOptions:
     vocab_size: int = 20000
     sequence_length: Optional[int] = None
     char_ngrams: int = 0
-    char_vocab_size: int = 30000
+    char_vocab_size: Optional[int] = 30000
+    char_analyzer: str = "char"
     on_bad_record: str = "fail"
 
 
@@ -215,19 +259,27 @@ def text(fraction: float, seed: int, o: TextOptions = TextOptions()) -> IndexedS
     if o.char_ngrams and not 2 <= o.char_ngrams <= 6:
         raise ConfigError(f"data.params.char_ngrams: {o.char_ngrams}; expected 0 (none) or 2 "
                           "to 6 (character 2- to N-grams beside the words)")
+    if o.char_analyzer not in CHAR_ANALYZERS:
+        raise ConfigError(f"data.params.char_analyzer: {o.char_analyzer!r}; expected char "
+                          "(n-grams across the text) or char_wb (within words)")
     specs = [(tokens, ngrams, vocab_size)] + (
-        [("character", tuple(range(2, o.char_ngrams + 1)), o.char_vocab_size)]
-        if o.char_ngrams else [])
+        [(CHAR_ANALYZERS[o.char_analyzer], tuple(range(2, o.char_ngrams + 1)),
+          o.char_vocab_size)] if o.char_ngrams else [])
     parts, lengths = zip(*[fitted(part, train_texts, sequence_length) for part in specs])
     fixed = parts[0] if len(parts) == 1 else Tokenizers(parts, name="tokenizer")
     sequence_length = sum(lengths)
-    source = from_arrays(encode(fixed, train_texts), y_train, fraction, seed,
+    x_train = encode(fixed, train_texts)
+    source = from_arrays(x_train, y_train, fraction, seed,
                          num_classes=len(classes), vocab_size=fixed.vocabulary_size(),
                          validation=(encode(fixed, val_texts) if val_texts else
                                      np.zeros((0, sequence_length), np.int32), y_val),
                          where=f"data.params.path: {root}")
     serving = Serving(fixed, ((), "string"), np.array(val_texts, dtype=object), "raw strings")
-    spec = source.spec.__class__(**{**source.spec.__dict__, "serving": serving})
+    groups = (0, *[int(o) for o in fixed.offsets[1:]]) if len(parts) > 1 else (0,)
+    statistics = TokenStatistics(groups, len(train_texts),
+                                 document_frequency(x_train, fixed.vocabulary_size()))
+    spec = source.spec.__class__(**{**source.spec.__dict__, "serving": serving,
+                                    "tokens": statistics})
     kind = (f"{len(train_texts) + len(val_texts)} texts under {root}, {len(classes)} classes; {tokens} "
             f"{ngrams}-grams" + (f" and character 2- to {o.char_ngrams}-grams"
                                  if o.char_ngrams else "")

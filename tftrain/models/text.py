@@ -1,5 +1,6 @@
 """Text models on token ids (the `text` source's tokenizer is put in front of them in the
 exported SavedModel)."""
+import numpy as np
 import tensorflow as tf
 
 from tftrain.core.keras import keras
@@ -48,3 +49,57 @@ def embedding_bag(spec, embed_dim=64, hidden=0, dropout=0.0, pooling="mean"):
         x = keras.layers.Dense(hidden, activation="relu", name="hidden")(x)
     outputs = keras.layers.Dense(spec.num_classes, name="logits")(x)
     return keras.Model(inputs, outputs, name="embedding_bag")
+
+
+@keras.utils.register_keras_serializable("tftrain")
+class TermWeights(keras.layers.Layer):
+    """Token ids -> their TF-IDF vector, as scikit-learn's `TfidfVectorizer(sublinear_tf=
+    True)` computes it: each id's count c in the text weighted 1 + ln c, times its
+    inverse document frequency (fixed at plan time from the training split), each group
+    of ids (words; character n-grams) scaled to unit L2 norm on its own, as stacked
+    vectorizers are. Padding (id 0) counts for nothing."""
+
+    def __init__(self, idf, groups=(0,), **kwargs):
+        super().__init__(**kwargs)
+        self.idf_values = [float(v) for v in np.asarray(idf, np.float32)]
+        self.groups = tuple(int(g) for g in groups)
+
+    def build(self, input_shape):
+        self.idf = self.add_weight("idf", shape=(len(self.idf_values),), trainable=False,
+                                   initializer=keras.initializers.Constant(self.idf_values))
+        super().build(input_shape)
+
+    def call(self, ids):
+        ids = tf.cast(ids, tf.int32)
+        rows = tf.broadcast_to(tf.range(tf.shape(ids)[0])[:, None], tf.shape(ids))
+        counts = tf.scatter_nd(tf.stack([rows, ids], -1), tf.cast(ids > 0, tf.float32),
+                               tf.stack([tf.shape(ids)[0], len(self.idf_values)]))
+        weights = tf.where(counts > 0, 1.0 + tf.math.log(tf.maximum(counts, 1.0)), 0.0)
+        weights = weights * self.idf
+        ends = [*self.groups[1:], len(self.idf_values)]
+        parts = [weights[:, start:end] for start, end in zip(self.groups, ends)]
+        return tf.concat([p * tf.math.rsqrt(tf.maximum(tf.reduce_sum(p * p, -1, keepdims=True),
+                                                       1e-12)) for p in parts], axis=-1)
+
+    def get_config(self):
+        return {**super().get_config(), "idf": self.idf_values, "groups": list(self.groups)}
+
+
+@MODELS.register("tfidf_linear")
+def tfidf_linear(spec, dropout=0.0, idf=True):
+    """A linear model on the TF-IDF vector of the token ids (`TermWeights`): logistic
+    regression on TF-IDF, the strong linear baseline of text classification, computed
+    in the graph from the ids; `idf: false` weighs every id alike."""
+    if spec.vocab_size is None:
+        raise ValueError("tfidf_linear needs token inputs (a dataset with vocab_size, e.g. "
+                         "data.name: text)")
+    statistics = spec.tokens
+    frequencies = (statistics.idf() if statistics is not None and idf
+                   else np.ones(spec.vocab_size, np.float32))
+    groups = statistics.groups if statistics is not None else (0,)
+    inputs = keras.Input(spec.shape, dtype="int32", name="inputs")
+    x = TermWeights(frequencies, groups, name="tfidf")(inputs)
+    if dropout:
+        x = keras.layers.Dropout(dropout, name="dropout")(x)
+    outputs = keras.layers.Dense(spec.num_classes, name="logits")(x)
+    return keras.Model(inputs, outputs, name="tfidf_linear")
