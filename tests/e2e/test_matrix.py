@@ -69,8 +69,9 @@ DIMENSIONS = {
     "optimizer": ["adam", "sgd"],
     # resnet_v2: the pre-activation form (batch norm -> ReLU -> convolution, norms that no
     # convolution precedes: QAT quantizes them standalone)
-    "model": ["cnn", "resnet", "resnet_v2", "ds_cnn", "conv1d", "embedding_bag", "transformer",
-              "keras_applications:MobileNetV2", "keras_applications:MobileNetV3Small"],
+    "model": ["cnn", "resnet", "resnet_v2", "ds_cnn", "conv1d", "embedding_bag", "tfidf_linear",
+              "transformer", "keras_applications:MobileNetV2",
+              "keras_applications:MobileNetV3Small"],
     # the model from its builder, or from a file the model was saved to: by tf_keras, or
     # by Keras 3 (converted layer by layer; Keras 3's own application of that name)
     "source": ["builder", "tf_keras_file", "keras3_file"],
@@ -85,7 +86,7 @@ DIMENSIONS = {
 }
 
 
-TEXT = ("embedding_bag", "transformer")
+TEXT = ("embedding_bag", "tfidf_linear", "transformer")
 SPEECH = ("ds_cnn", "conv1d")
 # models with a layer of tftrain's own (audio features, a token mean, position
 # embeddings): a Keras 3 file of them holds a custom layer, which tftrain refuses
@@ -98,12 +99,12 @@ def refusal(row: dict) -> str | None:
         return "data.augment[0]: "
     if row["source"] == "keras3_file" and row["model"] in CUSTOM:
         return "model.name: "
-    if row["export"] == "tflite_sparse":      # no bundled model follows XNNPack's rules
-        return "export.tflite_sparse: "
     if row["stages"].endswith("+qat") and row["export"] in ("tflite_dynamic", "tflite_float16"):
         return "export.tflite: a quantization-aware trained model exports as int8"
-    if row["stages"] == "channels+qat" and row["model"] == "embedding_bag":
+    if row["stages"] == "channels+qat" and row["model"] in ("embedding_bag", "tfidf_linear"):
         return "compression.pruning.structure: channels found no group of channels"
+    if row["export"] == "tflite_sparse":      # no bundled model follows XNNPack's rules
+        return "export.tflite_sparse: "
     if row["model"] in SPEECH and row["export"] in ("tflite_int8", "tflite_dynamic") \
             and not row["stages"].endswith("+qat"):
         return "export.tflite: post-training"
@@ -322,6 +323,9 @@ def overrides(row: dict, speech, text) -> list[str]:
                  "data.validation_fraction=0.25",
                  f"model={{name: {model}, params: {{filters: 16, dropout: 0.0}}}}" if model == "ds_cnn"
                  else f"model={{name: {model}, params: {{filters: [16, 16], dropout: 0.0}}}}"]
+    elif model == "tfidf_linear":       # with character n-grams within words
+        sets += ["data.name=text", f"data.params={{path: {text}, vocab_size: 2000, char_ngrams: 3, "
+                 "char_analyzer: char_wb, char_vocab_size: 4000}", "model={name: tfidf_linear}"]
     elif model in TEXT:
         sets += ["data.name=text", f"data.params={{path: {text}, vocab_size: 2000}}",
                  f"model={{name: {model}, params: {{embed_dim: 16}}}}" if model == "embedding_bag"

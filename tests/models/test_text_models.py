@@ -71,3 +71,31 @@ def test_tfidf_linear_reads_the_specs_statistics_and_survives_a_clone():
     np.testing.assert_array_equal(plain.get_layer("tfidf").idf.numpy(), np.ones(8))
     with pytest.raises(ValueError, match="tfidf_linear needs token inputs"):
         MODELS.get("tfidf_linear")(InputSpec((5,), "float32", 3))
+
+
+def test_term_weights_count_repeated_ids_alike_in_tflite_and_onnx():
+    """A repeated id counts c times in each runtime (tf2onnx alone turns `scatter_nd` into
+    an ONNX ScatterND that keeps one of repeated indices: counts of 1 there)."""
+    import tensorflow as tf
+    import onnxruntime as ort
+    from ai_edge_litert.interpreter import Interpreter
+
+    from tftrain.core.keras import keras
+    from tftrain.models.text import TermWeights
+
+    inputs = keras.Input((6,), dtype="int32")
+    model = keras.Model(inputs, TermWeights(np.arange(1, 9, dtype=np.float32), (0, 4))(inputs))
+    ids = np.array([[2, 2, 2, 3, 5, 0], [1, 1, 0, 0, 7, 7]], np.int32)
+    want = model(ids).numpy()
+    np.testing.assert_allclose(want[0, 2:4] / want[0, 3], [3 * (1 + np.log(3)) / 4, 1.0], rtol=1e-6)
+    from tftrain.export.onnx_export import float_onnx
+
+    onnx_out = ort.InferenceSession(float_onnx(model)).run(None, {"inputs": ids})[0]
+    np.testing.assert_allclose(onnx_out, want, rtol=1e-6)
+    interpreter = Interpreter(model_content=tf.lite.TFLiteConverter.from_keras_model(model).convert())
+    interpreter.resize_tensor_input(0, list(ids.shape))
+    interpreter.allocate_tensors()
+    interpreter.set_tensor(interpreter.get_input_details()[0]["index"], ids)
+    interpreter.invoke()
+    np.testing.assert_allclose(interpreter.get_tensor(interpreter.get_output_details()[0]["index"]),
+                               want, rtol=1e-6)

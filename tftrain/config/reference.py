@@ -45,7 +45,7 @@ DESCRIPTIONS = {
     "precision.loss_scale": "float16 only: `dynamic` or a fixed number",
     "precision.initial_scale": "float16, dynamic loss scale: the scale it starts from",
     # model
-    "model.name": "a bundled family (`mlp`, `cnn`, `resnet`, `transformer`, `embedding_bag`, "
+    "model.name": "a bundled family (`mlp`, `cnn`, `resnet`, `transformer`, `embedding_bag`, `tfidf_linear`, "
                   "`ds_cnn`, `conv1d`), `keras_applications:NAME`, `package.module:function` "
                   "(tf_keras or Keras 3) or `file:PATH` (a `.keras`, `.h5` or Keras SavedModel): "
                   "see [bring your own model](bring_your_own_model.md)",

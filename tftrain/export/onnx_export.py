@@ -32,7 +32,8 @@ _HANDLERS: list = []
 def _register_handlers() -> None:
     """tf2onnx handlers for ops it has no ONNX form for at this opset, each written with
     ONNX ops it has (registered once, before the first conversion), and for one it
-    refuses without cause (ComplexAbs of an unknown batch): TensorFlow's `Erfc`
+    refuses without cause (ComplexAbs of an unknown batch), or converts wrong (ScatterNd
+    with repeated indices, `ScatterNdSummed`): TensorFlow's `Erfc`
     (Keras' exact GELU is 0.5 x erfc(-x/sqrt 2)) as 1 - Erf, and TFLite's GELU (in an int8
     file, between a dequantize and a quantize) as 0.5 x (1 + erf(x/sqrt 2)), or its tanh
     form when the file's GELU is the approximate one."""
@@ -105,6 +106,19 @@ def _register_handlers() -> None:
             if shape and shape[0] == -1:
                 ctx.set_shape(node.input[0], [2, *shape[1:]])
     _HANDLERS.append(ComplexAbsOfUnknownBatch)
+
+    from tf2onnx.onnx_opset.tensor import ScatterND
+
+    @tf_op("ScatterNd", onnx_op="ScatterND")      # TFLite's SCATTER_ND comes here too
+    class ScatterNdSummed:
+        """TensorFlow's `scatter_nd` sums the updates of repeated indices (a bag of token
+        ids counting them: `TermWeights`); tf2onnx's ScatterND on zeros keeps one of
+        them. From opset 16 ONNX's ScatterND sums them with `reduction: add`."""
+        @classmethod
+        def version_16(cls, ctx, node, **kwargs):
+            ScatterND.version_11(ctx, node, **kwargs)
+            node.set_attr("reduction", "add")
+    _HANDLERS.append(ScatterNdSummed)
 
 
 def float_onnx(plain) -> bytes:

@@ -71,15 +71,21 @@ class TermWeights(keras.layers.Layer):
 
     def call(self, ids):
         ids = tf.cast(ids, tf.int32)
+        # each id's count in its text: scatter_nd sums repeated indices (tftrain's ONNX
+        # export keeps that sum: export/onnx_export.py)
         rows = tf.broadcast_to(tf.range(tf.shape(ids)[0])[:, None], tf.shape(ids))
-        counts = tf.scatter_nd(tf.stack([rows, ids], -1), tf.cast(ids > 0, tf.float32),
+        counts = tf.scatter_nd(tf.stack([rows, ids], -1), tf.cast(ids > 0, self.compute_dtype),
                                tf.stack([tf.shape(ids)[0], len(self.idf_values)]))
-        weights = tf.where(counts > 0, 1.0 + tf.math.log(tf.maximum(counts, 1.0)), 0.0)
-        weights = weights * self.idf
+        ones = tf.ones_like(counts)
+        weights = tf.where(counts > 0, ones + tf.math.log(tf.maximum(counts, ones)),
+                           tf.zeros_like(counts))
+        weights = weights * tf.cast(self.idf, self.compute_dtype)
         ends = [*self.groups[1:], len(self.idf_values)]
         parts = [weights[:, start:end] for start, end in zip(self.groups, ends)]
-        return tf.concat([p * tf.math.rsqrt(tf.maximum(tf.reduce_sum(p * p, -1, keepdims=True),
-                                                       1e-12)) for p in parts], axis=-1)
+        # the squares summed in float32: a text's weights squared overflow float16's range
+        norms = [tf.math.rsqrt(tf.maximum(tf.reduce_sum(tf.square(tf.cast(p, tf.float32)), -1,
+                                                        keepdims=True), 1e-12)) for p in parts]
+        return tf.concat([p * tf.cast(n, p.dtype) for p, n in zip(parts, norms)], axis=-1)
 
     def get_config(self):
         return {**super().get_config(), "idf": self.idf_values, "groups": list(self.groups)}
