@@ -1,6 +1,7 @@
 """The 8-bit QuantizeConfig tftrain's per-layer configs share (`qat_configs`,
 `qat_transformer`): tfmot's default scheme for the attributes a class names,
-prune-preserving on request."""
+prune-preserving on request; a kernel range set to its kernel's extent (`kernel_range`)."""
+import numpy as np
 from tensorflow_model_optimization.python.core.quantization.keras.collab_opts.prune_preserve import (  # noqa: E501
     prune_preserve_quantize_registry as pqat_registry,
 )
@@ -15,6 +16,24 @@ def fake_quant(quantizer, x, ranges, training):
     it when `training` (a tensor or a bool)."""
     return smart_cond(training, lambda: quantizer(x, True, weights=ranges),
                       lambda: quantizer(x, False, weights=ranges))
+
+
+def kernel_range(low_var, high_var, weight: np.ndarray, symmetric: bool) -> None:
+    """A last-value quantizer's range set to `weight`'s extent, per tensor or per its last
+    axis (what its variables' shape says; any other shape is left as tfmot has it)."""
+    if low_var.shape.rank == 0:
+        low, high = weight.min(), weight.max()
+    elif tuple(low_var.shape) == weight.shape[-1:]:
+        axes = tuple(range(weight.ndim - 1))
+        low, high = weight.min(axis=axes), weight.max(axis=axes)
+    else:
+        return
+    low, high = np.minimum(low, 0.0), np.maximum(high, 0.0)
+    if symmetric:
+        high = np.maximum(-low, high)
+        low = -high
+    low_var.assign(np.asarray(low, np.float32).reshape(low_var.shape))
+    high_var.assign(np.asarray(high, np.float32).reshape(high_var.shape))
 
 
 class PrunePreservingConfig(registry.Default8BitQuantizeConfig):

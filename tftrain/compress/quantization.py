@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_model_optimization as tfmot
 
-from tftrain.compress import qat_configs, qat_norms
+from tftrain.compress import qat_base, qat_configs, qat_norms
 from tftrain.compress.unquantizable import FOLDED_INTO, quantizable, unquantizable  # noqa: F401
 from tftrain.config import QuantizationConfig
 from tftrain.core import internals
@@ -255,26 +255,9 @@ def calibrate_ranges(model, batches) -> int:
         low_var.assign(np.minimum(low, 0.0).astype(np.float32).reshape(low_var.shape))
         high_var.assign(np.maximum(high, 0.0).astype(np.float32).reshape(high_var.shape))
     for low_var, high_var, weight, symmetric in kernels.values():
-        _kernel_range(low_var, high_var, np.asarray(weight), symmetric)
+        qat_base.kernel_range(low_var, high_var, np.asarray(weight), symmetric)
     return used
 
-
-def _kernel_range(low_var, high_var, weight: np.ndarray, symmetric: bool) -> None:
-    """A last-value quantizer's range set to `weight`'s extent, per tensor or per its last
-    axis (what its variables' shape says; any other shape is left as tfmot has it)."""
-    if low_var.shape.rank == 0:
-        low, high = weight.min(), weight.max()
-    elif tuple(low_var.shape) == weight.shape[-1:]:
-        axes = tuple(range(weight.ndim - 1))
-        low, high = weight.min(axis=axes), weight.max(axis=axes)
-    else:
-        return
-    low, high = np.minimum(low, 0.0), np.maximum(high, 0.0)
-    if symmetric:
-        high = np.maximum(-low, high)
-        low = -high
-    low_var.assign(np.asarray(low, np.float32).reshape(low_var.shape))
-    high_var.assign(np.asarray(high, np.float32).reshape(high_var.shape))
 
 
 def quantizers_bypassed():
