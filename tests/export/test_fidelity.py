@@ -303,6 +303,24 @@ def test_a_layer_with_weights_the_file_has_no_tensor_of_is_named_uncompared(tmp_
     assert "uncompared" not in fidelity.entries("tflite_int8", rows, cfg, missing=[])
 
 
+def test_a_layer_read_by_one_layer_in_two_models_is_held_by_that_readers_row(tmp_path):
+    """`a` (read by `add` alone) stays held by `add`'s row after a second model is built
+    on the same layers (each call adds a node: `add` reads `a` twice in node count, once
+    in fact); the pruned speech model of a matrix row named its convolutions uncompared."""
+    net = _shared()
+    x = np.random.default_rng(0).normal(size=(32, 6)).astype(np.float32)
+    source = artifacts.write_saved_model(net, tmp_path / "m")
+    blob = artifacts.convert_tflite(source, "int8", x)
+    names = [layer.name for layer in net.layers]
+    artifact = file_tensors.tflite_tensors(blob, names, x, ("logits",))
+    partial = {k: v for k, v in artifact.items() if k != "a"}
+    again = keras.Input((6,))
+    rebuilt = net.get_layer("add")([net.get_layer("a")(net.get_layer("shared")(again)),
+                                    net.get_layer("b")(net.get_layer("shared")(again))])
+    keras.Model(again, rebuilt)
+    assert fidelity.uncompared(net, partial, fidelity.compare(net, partial, x)) == []
+
+
 def test_layers_whose_weights_are_in_sublayers_are_named_uncompared_too():
     """Attention (its kernels are its projections') and a nested model (its layers') are
     named when nothing of them is compared; with everything compared, nothing is."""

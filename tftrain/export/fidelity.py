@@ -111,7 +111,10 @@ def uncompared(model, artifact: dict[str, dict], rows: list[dict]) -> list[str]:
     def compared(layer, depth: int = 0) -> bool:
         if layer.name in seen:
             return True
-        readers = [node.layer for node in internals.outbound_nodes(layer) if node.layer in layers]
+        # the layers reading it (a layer called again, in a model built on the same layers
+        # to read their outputs, has a node more per call: one reader, counted once)
+        readers = list({id(node.layer): node.layer for node in internals.outbound_nodes(layer)
+                        if node.layer in layers}.values())
         return (layer.name not in moved and len(readers) == 1 and depth < len(layers)
                 and compared(readers[0], depth + 1))
     return [layer.name for layer in model.layers if not compared(layer) and computes_with_weights(layer)]
