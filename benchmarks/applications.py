@@ -3,7 +3,7 @@ the same run: spoken digits (held-out voices) vs MFCC statistics + logistic regr
 (the recipe and the microcontroller-sized keyword model, `configs/keywords_micro.yaml`),
 fortunes by category vs TF-IDF + logistic regression (scikit-learn; C chosen by
 cross-validation on the training split; of words, and of words and character 2- to 5-grams
-as the recipe's bag has them; with `--seeds`, over several seeded splits), MobileNetV2 on upscaled digits with and
+within words, as the recipe's `tfidf_linear` has them; with `--seeds`, over several seeded splits), MobileNetV2 on upscaled digits with and
 without batch-norm recalibration, and the token transformer with QAT. Each recipe runs as
 `python -m tftrain.run` (its data is made first when missing); the table reports the
 baseline, the float model (end of training), each stage, the int8 TFLite file (its label,

@@ -259,7 +259,6 @@ def calibrate_ranges(model, batches) -> int:
     return used
 
 
-
 def quantizers_bypassed():
     """A context inside which every tfmot quantizer passes its input through: a QAT
     model computes its float model's function (what its quantizable forms must keep)."""

@@ -275,7 +275,7 @@ def text(fraction: float, seed: int, o: TextOptions = TextOptions()) -> IndexedS
                                      np.zeros((0, sequence_length), np.int32), y_val),
                          where=f"data.params.path: {root}")
     serving = Serving(fixed, ((), "string"), np.array(val_texts, dtype=object), "raw strings")
-    groups = (0, *[int(o) for o in fixed.offsets[1:]]) if len(parts) > 1 else (0,)
+    groups = tuple(fixed.offsets) if len(parts) > 1 else (0,)
     statistics = TokenStatistics(groups, len(train_texts),
                                  document_frequency(x_train, fixed.vocabulary_size()))
     spec = source.spec.__class__(**{**source.spec.__dict__, "serving": serving,

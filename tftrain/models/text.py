@@ -100,11 +100,11 @@ def tfidf_linear(spec, dropout=0.0, idf=True):
         raise ValueError("tfidf_linear needs token inputs (a dataset with vocab_size, e.g. "
                          "data.name: text)")
     statistics = spec.tokens
-    frequencies = (statistics.idf() if statistics is not None and idf
-                   else np.ones(spec.vocab_size, np.float32))
+    weights = (statistics.idf() if statistics is not None and idf
+               else np.ones(spec.vocab_size, np.float32))
     groups = statistics.groups if statistics is not None else (0,)
     inputs = keras.Input(spec.shape, dtype="int32", name="inputs")
-    x = TermWeights(frequencies, groups, name="tfidf")(inputs)
+    x = TermWeights(weights, groups, name="tfidf")(inputs)
     if dropout:
         x = keras.layers.Dropout(dropout, name="dropout")(x)
     outputs = keras.layers.Dense(spec.num_classes, name="logits")(x)
