@@ -321,7 +321,8 @@ def overrides(row: dict, speech, text) -> list[str]:
         sets += ["data.name=audio_folder",
                  f"data.params={{path: {speech}, sample_rate: 16000, duration: 1.0}}",
                  "data.validation_fraction=0.25",
-                 f"model={{name: {model}, params: {{filters: 16, dropout: 0.0}}}}" if model == "ds_cnn"
+                 f"model={{name: {model}, params: {{filters: 16, dropout: 0.0, spectrum: matrix}}}}"
+                 if model == "ds_cnn"
                  else f"model={{name: {model}, params: {{filters: [16, 16], dropout: 0.0}}}}"]
     elif model == "tfidf_linear":       # with character n-grams within words
         sets += ["data.name=text", f"data.params={{path: {text}, vocab_size: 2000, char_ngrams: 3, "

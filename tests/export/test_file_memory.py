@@ -1,5 +1,6 @@
-"""A TFLite file's constants split at its first QUANTIZE, and its tensor arena estimate
-(the peak of activations live at once), against sizes worked out by hand."""
+"""A TFLite file's constants split at its first int8 kernel or after its named front-end
+layer, and its tensor arena estimate (the peak of activations live at once), against sizes
+worked out by hand."""
 import numpy as np
 import tensorflow as tf
 
@@ -48,3 +49,24 @@ def test_an_int8_file_counts_what_comes_before_its_first_int8_kernel_as_front_en
     # from the first kernel on: int8 kernels 32 x 9 and 8 x 32, the second layer's
     # int32 bias (the first one's folded into it: no activation between)
     assert weights == {"front_end": 4 + 8 + 8, "network": 32 * 9 + 8 * 32 + 4 * 8}
+
+
+def test_a_named_front_end_holds_its_int8_kernels_too():
+    """With the name of the model's front-end layer, its ops' constants are the front end
+    whatever their type: a layer named `features` whose int8 matrix product comes first
+    (a speech model's spectrum as an int8 matrix) is counted front end, not network."""
+    inputs = keras.Input((16,))
+    features = keras.layers.Dense(12, use_bias=False, name="features")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(8, bias_initializer="ones", name="logits")(features))
+    converter = tf.lite.TFLiteConverter.from_keras_model(model)
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    rng = np.random.default_rng(0)
+    converter.representative_dataset = lambda: ([rng.normal(size=(1, 16)).astype(np.float32)]
+                                                for _ in range(8))
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    blob = converter.convert()
+    # int8 kernels 12 x 16 (features) and 8 x 12 with its int32 bias (logits)
+    assert file_memory.layout(blob)["weight_bytes"] == {"front_end": 0,
+                                                       "network": 12 * 16 + 8 * 12 + 4 * 8}
+    assert file_memory.layout(blob, "features")["weight_bytes"] == {
+        "front_end": 12 * 16, "network": 8 * 12 + 4 * 8}

@@ -35,6 +35,30 @@ def test_features_are_tf_signal_mfccs_and_litert_computes_the_same():
     np.testing.assert_allclose(lite.reshape(got.shape), got, rtol=1e-3, atol=2e-2)
 
 
+@pytest.mark.parametrize("frame_ms, band", [(32.0, (20.0, 4000.0)), (40.0, (20.0, None))])
+def test_the_spectrum_matrix_is_the_fft_of_each_centred_windowed_frame(frame_ms, band):
+    """`spectrum: matrix` folds each frame's mean removal, window and real DFT of the bins
+    the mel filters use into one [frame, 2 x bins] matrix: its product with the frames is
+    the FFT's spectrum, bin for bin, and the float model still computes by the FFT."""
+    rate = 16000
+    x = np.random.default_rng(1).normal(0.05, 0.1, size=(3, rate)).astype(np.float32)
+    layer = AudioFeatures(rate, frame_ms=frame_ms, step_ms=20, band=band, spectrum="matrix")
+    got = layer(x).numpy()
+    frame, bins = int(rate * frame_ms / 1000), layer._bins
+    assert layer.dft.shape == (frame, 2 * bins) and not layer.trainable_weights
+    frames = tf.signal.frame(x, frame, 320)
+    spectrum = tf.signal.rfft((frames - tf.reduce_mean(frames, -1, keepdims=True))
+                              * tf.signal.hann_window(frame), [layer.fft_length])[..., :bins]
+    parts = tf.matmul(frames, layer.dft).numpy()
+    scale = np.abs(spectrum.numpy()).max()
+    np.testing.assert_allclose(parts[..., :bins], tf.math.real(spectrum), atol=1e-5 * scale)
+    np.testing.assert_allclose(parts[..., bins:], tf.math.imag(spectrum), atol=1e-5 * scale)
+    np.testing.assert_array_equal(got, AudioFeatures(rate, frame_ms=frame_ms, step_ms=20,
+                                                     band=band)(x).numpy())
+    with pytest.raises(ValueError, match="spectrum must be one of"):
+        AudioFeatures(rate, spectrum="dft")
+
+
 def test_an_offset_waveform_has_the_same_features_and_float16_keeps_them():
     """A waveform's DC offset (a `normalize` of its mean) leaves the features as they were,
     and a float16 file, whose window is rounded to 11 bits, computes them 50 dB above its

@@ -1,7 +1,9 @@
 """The 8-bit QuantizeConfig tftrain's per-layer configs share (`qat_configs`,
 `qat_transformer`): tfmot's default scheme for the attributes a class names,
-prune-preserving on request; a kernel range set to its kernel's extent (`kernel_range`)."""
+prune-preserving on request; a kernel range set to its kernel's extent (`kernel_range`);
+an activation range calibrated at a percentile of its values (`bounds`)."""
 import numpy as np
+import tensorflow as tf
 from tensorflow_model_optimization.python.core.quantization.keras.collab_opts.prune_preserve import (  # noqa: E501
     prune_preserve_quantize_registry as pqat_registry,
 )
@@ -16,6 +18,20 @@ def fake_quant(quantizer, x, ranges, training):
     it when `training` (a tensor or a bool)."""
     return smart_cond(training, lambda: quantizer(x, True, weights=ranges),
                       lambda: quantizer(x, False, weights=ranges))
+
+
+def bounds(quantizer, inputs, axes):
+    """The range calibration gives an activation quantizer from `inputs`: their min and
+    max over `axes` (None: all), or for a quantizer with a `percentile` (per tensor) the
+    values at that percentile of each tail, so that rare outliers do not widen its steps
+    for every other value."""
+    q = getattr(quantizer, "percentile", None)
+    if q is None:
+        return tf.reduce_min(inputs, axis=axes), tf.reduce_max(inputs, axis=axes)
+    flat = tf.sort(tf.reshape(inputs, [-1]))
+    last = tf.cast(tf.size(flat) - 1, tf.float32)
+    at = lambda f: tf.gather(flat, tf.cast(tf.round(last * f), tf.int32))  # noqa: E731
+    return at(1 - q / 100), at(q / 100)
 
 
 def kernel_range(low_var, high_var, weight: np.ndarray, symmetric: bool) -> None:

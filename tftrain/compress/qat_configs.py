@@ -30,6 +30,7 @@ from tftrain.models.tensor_ops import HardSigmoid, HardSwish, affine_of
 from tftrain.models.applications import Preprocess
 from tftrain.models.audio import AudioFeatures
 from tftrain.compress import qat_transformer as qt
+from tftrain.compress.qat_audio import SpectrumQuantizeConfig, matrix_form
 from tftrain.compress.qat_norms import ChannelAffine, ChannelAffineQuantizeConfig
 from tftrain.models.text import TermWeights, TokenMean
 from tftrain.models.transformer import PositionEmbedding
@@ -284,6 +285,8 @@ def config_for(layer, preserve_sparsity: bool) -> Optional[object]:
     if isinstance(layer, (HardSwish, keras.layers.Multiply, keras.layers.Rescaling,
                           keras.layers.Normalization, ConvNeXtLayerScale)):
         return configs.Default8BitOutputQuantizeConfig()
+    if matrix_form(layer):
+        return SpectrumQuantizeConfig()
     # layer normalization computes in float (TFLite has no int8 kernel for it): its output
     # is quantized, so the int8 ops around it read int8
     if isinstance(layer, (AudioFeatures, Preprocess, TokenMean, TermWeights,
@@ -326,7 +329,8 @@ def supported(layer) -> bool:
 
 def quantize_input(model) -> bool:
     """Whether QAT should fake-quantize the model's input: not token ids (integers), nor
-    a waveform feeding float feature extraction (8 bits would lose the quiet frames)."""
+    a waveform feeding feature extraction (8 bits would lose the quiet frames; the
+    int8 spectrum of `qat_audio` quantizes each frame at its own scale)."""
 
     if model.inputs[0].dtype.is_integer:
         return False

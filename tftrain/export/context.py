@@ -182,7 +182,10 @@ class ExportContext:
         as a file of `precision`."""
         logits, latency = artifacts.tflite_logits(blob, self.x)
         timed, reference = self.flags.timing, self.e.latency_reference
-        entry = {**sizes(blob), **file_memory.layout(blob), "accuracy": accuracy(logits, self.y),
+        front = next((inner.name for inner in (getattr(layer, "layer", layer)   # QAT's wrapper
+                                               for layer in self.plain.layers)
+                      if getattr(inner, "front_end", False)), None)
+        entry = {**sizes(blob), **file_memory.layout(blob, front), "accuracy": accuracy(logits, self.y),
                  **against(logits, self.reference),
                  "latency_ms": latency * 1e3, "input": input_kind(self.plain, None),
                  "logits": logits,

@@ -1,8 +1,10 @@
 """What a TFLite file needs on a device: its constants, front end and network, and its
 tensor arena estimate.
 
-Its constant bytes split into the front end (what the ops before the first one with an
-int8 kernel read: a speech model's float features) and the network from there on; its
+Its constant bytes split into the front end and the network: the front end is what the
+ops of the model's front-end layer read (a layer marked `front_end`, such as the speech
+models' features, int8 or float: the ops up to the last one of its scope), or without
+one what the ops before the first one with an int8 kernel read; its
 tensor arena estimate: the peak, over the ops in execution order, of the bytes of
 activations live at once at batch 1 (a tensor lives from the op
 that writes it, or the start for an input, to the last op that reads it, or the end
@@ -10,6 +12,8 @@ for an output). A memory planner such as TensorFlow Lite Micro's cannot place th
 less; op scratch buffers come on top.
 """
 from __future__ import annotations
+
+import re
 
 import numpy as np
 
@@ -33,8 +37,9 @@ def constants(interp) -> set[int]:
     return {t for op in ops for t in op["inputs"] if t >= 0} - written - inputs
 
 
-def layout(blob: bytes) -> dict:
-    """`weight_bytes` (`front_end`, `network`) and `arena_bytes` of a TFLite file."""
+def layout(blob: bytes, front_end: str | None = None) -> dict:
+    """`weight_bytes` (`front_end`, `network`) and `arena_bytes` of a TFLite file;
+    `front_end`: the name of the model's front-end layer, if it has one."""
     interp = own_ops(blob)
     for inp in interp.get_input_details():      # batch 1, every shape known after a run
         interp.resize_tensor_input(inp["index"], [1, *inp["shape"][1:]])
@@ -52,15 +57,20 @@ def layout(blob: bytes) -> dict:
     constant = constants(interp).__contains__
 
     # a file with no int8 kernel (a float file) is all network
-    front_end = next((i for i, op in enumerate(ops)
-                      if any(constant(t) and dtype[t] == np.int8 for t in op["inputs"])), 0)
+    end = next((i for i, op in enumerate(ops)
+                if any(constant(t) and dtype[t] == np.int8 for t in op["inputs"])), 0)
+    if front_end:
+        scope = re.compile(rf"(^|/)(quant_)?{re.escape(front_end)}/")
+        name = {t["index"]: t["name"] for t in details}
+        end = 1 + max((i for i, op in enumerate(ops)
+                       if any(scope.search(name[t]) for t in op["outputs"])), default=-1)
     weights = {"front_end": 0, "network": 0}
     seen: set[int] = set()
     for i, op in enumerate(ops):
         for t in op["inputs"]:
             if constant(t) and t not in seen:
                 seen.add(t)
-                weights["front_end" if i < front_end else "network"] += size[t]
+                weights["front_end" if i < end else "network"] += size[t]
     return {"weight_bytes": weights, "arena_bytes": arena(ops, size, inputs, outputs)}
 
 

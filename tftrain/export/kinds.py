@@ -147,8 +147,8 @@ class TFLite(ExportKind):
         return (f"export.tflite: post-training {self.precision} quantization makes 8-bit "
                 f"values of the power spectrum in layer {features[0]} (the audio "
                 "features), and the features come out as noise; quantize with QAT "
-                "(compression.quantization: {enabled: true}), which keeps the feature layer "
-                "float, or export tflite: float16")
+                "(compression.quantization: {enabled: true}), which quantizes each frame at its "
+                "own scale (or keeps the features float), or export tflite: float16")
 
     def target(self):
         return "TFLite builtin"

@@ -152,8 +152,8 @@ def _artifact_rows(name: str, art: dict) -> list[tuple[str, str]]:
     if "arena_bytes" in art:
         weights = art["weight_bytes"]
         rows.append((f"  {name} memory", "constants "
-                     + (f"{console.size(weights['front_end'])} front end (before the first "
-                        "int8 kernel) + " if weights["front_end"] else "")
+                     + (f"{console.size(weights['front_end'])} front end + "
+                        if weights["front_end"] else "")
                      + f"{console.size(weights['network'])} network; tensor arena estimate "
                      f"{console.size(art['arena_bytes'])} (activations live at once, batch 1)"))
     if art.get("float_latency_grid"):
