@@ -18,7 +18,12 @@ source on 2 cores (ResNet50V2 from tf_keras: 12 minutes).
                                          [--keras3-epochs 10] [--out rows.jsonl]
 
 `--out`: each row is appended to this file as it is made, and rows already in it are not
-made again, so a sweep of many hours can stop and go on where it stopped.
+made again, so a sweep of many hours can stop and go on where it stopped. The rows made
+so far are in `benchmarks/keras_applications.jsonl` (`--out` it to go on from them), the
+smallest models first:
+
+    python scripts/keras_applications.py --compress --out benchmarks/keras_applications.jsonl \
+        --only $(python scripts/keras_applications.py --by-size)
 """
 from __future__ import annotations
 
@@ -37,6 +42,17 @@ TRAINED: dict[Path, float] = {}     # a file's Keras 3 accuracy on the training 
 def names() -> list[str]:
     import keras
     return sorted(n for n in dir(keras.applications) if n[:1].isupper())
+
+
+# the order the sweep takes them in: the smallest (fewest parameters) first, so that an
+# interrupted sweep has covered as many as it could
+BY_SIZE = ("MobileNetV3Small MobileNet MobileNetV2 MobileNetV3Large EfficientNetB0 "
+           "EfficientNetV2B0 NASNetMobile ConvNeXtTiny ResNet50 ResNet50V2 DenseNet121 "
+           "EfficientNetB1 EfficientNetV2B1 EfficientNetB2 EfficientNetV2B2 InceptionV3 "
+           "Xception VGG16 VGG19 EfficientNetB3 EfficientNetV2B3 DenseNet169 DenseNet201 "
+           "ConvNeXtSmall ResNet101 ResNet101V2 EfficientNetV2S InceptionResNetV2 ResNet152 "
+           "ResNet152V2 EfficientNetB4 ConvNeXtBase EfficientNetB5 EfficientNetV2M NASNetLarge "
+           "EfficientNetB6 ConvNeXtLarge EfficientNetB7 EfficientNetV2L ConvNeXtXLarge").split()
 
 
 def save(name: str, size: int, out: Path, epochs: int = 0) -> Path:
@@ -189,9 +205,14 @@ def main() -> None:
     parser.add_argument("--keras3-epochs", type=int, default=0,
                         help="train each Keras 3 file this many epochs by Keras 3 first, "
                              "then run it with train.epochs: 0")
+    parser.add_argument("--by-size", action="store_true",
+                        help="print the applications in the sweep's order and stop")
     parser.add_argument("--out", type=Path, default=None,
                         help="append each row here; rows already here are not made again")
     args = parser.parse_args()
+    if args.by_size:
+        print(" ".join(BY_SIZE))
+        return
     done = {}
     if args.out and args.out.exists():
         for line in args.out.read_text().splitlines():
