@@ -69,6 +69,24 @@ def test_the_qat_layer_computes_the_spectrum_by_its_quantized_matrix():
     assert error > 20, error
 
 
+def test_the_int8_saved_model_computes_the_features_as_the_qat_model_does():
+    """The int8 SavedModel's feature layer (`HeldSpectrum`) quantizes the frames, the
+    matrix and the spectrum as the QAT model does at inference; its spectrum range is
+    not taken for the layer's output range (which would be the features' 3 dB SQNR)."""
+    from tftrain.compress.qat_audio import HeldSpectrum
+    from tftrain.export.int8_saved_model import quantized_model
+    net = _model()
+    cfg = load_config(None, ["compression.quantization.enabled=true"]).compression.quantization
+    q = quantization.quantize_model(net, cfg, preserve_sparsity=False)
+    x = (np.random.default_rng(2).normal(size=(16, 4000)) * 0.3).astype(np.float32)
+    quantization.calibrate_ranges(q, [x])
+    int8, _ = quantized_model(q, qat=True)
+    layer = int8.get_layer("features")
+    assert isinstance(getattr(layer, "layer", layer), HeldSpectrum)
+    want = q(x, training=False).numpy()
+    np.testing.assert_allclose(int8(x).numpy(), want, atol=1e-4 * np.abs(want).max())
+
+
 @pytest.mark.slow
 def test_a_ds_cnn_with_the_matrix_spectrum_goes_through_qat_to_one_int8_product(
         tmp_path, spoken_digits):

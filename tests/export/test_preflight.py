@@ -66,21 +66,29 @@ def test_preflight_follows_the_last_stage_qat_and_records_its_time(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", ["transformer", "speech"])
+@pytest.mark.parametrize("recipe", ["transformer", "speech", "speech_fft"])
 def test_onnx_int8_of_the_transformer_and_speech_models_is_made_and_verified(
         tmp_path, capsys, recipe, spoken_digits):
     """The transformer's exact GELU (Erfc) and the speech models' spectrogram (RFFT,
     ComplexAbs) have no ONNX opset 17 form, but a QAT model's ONNX file is converted from
     its int8 TFLite file, where the GELU and the features are TFLite ops tf2onnx
     converts: the int8 ONNX file is made and verified for both (one outcome each; the
-    test once also passed on a refusal)."""
+    test once also passed on a refusal). The speech model both ways: its spectrum an int8
+    matrix product (`spectrum: matrix`, with its int8 SavedModel, whose feature layer
+    once took the spectrum's range for its output's) and the float FFT (`conv1d`)."""
     sets = {"transformer": ["data.name=synthetic",
                             "data.params={kind: tokens, num_examples: 600, seq_len: 16, vocab_size: 200}",
                             "model={name: transformer, params: {embed_dim: 16, num_heads: 2, "
                             "num_layers: 1, mlp_dim: 32}}"],
+            # the int8 spectrum (an int8 matrix product; its int8 SavedModel too) and the
+            # float FFT before int8 layers
             "speech": ["data.name=audio_folder", "data.validation_fraction=0.25",
                        f"data.params={{path: {spoken_digits}, sample_rate: 16000}}",
-                       "model={name: ds_cnn, params: {filters: 16}}"]}[recipe]
+                       "model={name: ds_cnn, params: {filters: 16, spectrum: matrix}}",
+                       "export.saved_model_int8=true"],
+            "speech_fft": ["data.name=audio_folder", "data.validation_fraction=0.25",
+                           f"data.params={{path: {spoken_digits}, sample_rate: 16000}}",
+                           "model={name: conv1d, params: {filters: [16, 16]}}"]}[recipe]
     # a smoke run (a few batches per stage): the claim is the conversion; its int8 files
     # are held against the QAT model they came from (a smoke run's accuracy is noise),
     # with the default budgets
@@ -91,7 +99,11 @@ def test_onnx_int8_of_the_transformer_and_speech_models_is_made_and_verified(
     out, err = capsys.readouterr()
     assert code == 0, err[-3000:]
     summary = json.loads((tmp_path / "quickstart-smoke" / "summary.json").read_text())
-    assert summary["preflight"]["artifacts"] == ["saved_model", "tflite_int8", "onnx_int8"]
+    assert summary["preflight"]["artifacts"] == [
+        "saved_model", *(["saved_model_int8"] if recipe == "speech" else []), "tflite_int8",
+        "onnx_int8"]
+    for kind in summary["preflight"]["artifacts"]:
+        assert summary["artifacts"][kind]["verified"], (kind, summary["artifacts"][kind]["check"])
     onnx = summary["artifacts"]["onnx_int8"]
     assert onnx["verified"] and onnx["label"].startswith("int8"), onnx["check"]
     assert onnx["logit_sqnr_db"] >= 20 and onnx["layers"]

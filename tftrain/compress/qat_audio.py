@@ -11,6 +11,7 @@ float FFT it replaces (`docs/applications.md`).
 """
 from __future__ import annotations
 
+import tensorflow as tf
 from tensorflow_model_optimization.python.core.quantization.keras import (
     quantize_config,
     quantizers,
@@ -72,3 +73,42 @@ class SpectrumQuantizeConfig(quantize_config.QuantizeConfig):
 
     def get_config(self):
         return {}
+
+
+@keras.utils.register_keras_serializable("tftrain")
+class HeldSpectrum(AudioFeatures):
+    """The int8 SavedModel's form of a QAT feature layer with `spectrum: matrix`: it
+    computes as the QAT model does at inference, with nothing of tfmot's: the frames at
+    8 bits on [-1, 1], the `dft` matrix at 8 bits (symmetric, its own extent, as the
+    kernel quantizer's last value has it) and the spectrum in its held range."""
+
+    def __init__(self, *args, spectrum_range=(0.0, 0.0), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.spectrum_range = tuple(float(v) for v in spectrum_range)
+
+    def build(self, input_shape):
+        super().build(input_shape)
+        low, high = self.spectrum_range
+        self.frame_activation = lambda x: tf.quantization.fake_quant_with_min_max_args(
+            x, -1.0, 1.0, num_bits=8, narrow_range=True)
+        self.spectrum_activation = lambda x: tf.quantization.fake_quant_with_min_max_args(
+            x, low, high, num_bits=8, narrow_range=False)
+
+    @property
+    def quantized_dft(self):
+        extent = tf.reduce_max(tf.abs(self.dft))
+        return tf.quantization.fake_quant_with_min_max_vars(self.dft, -extent, extent,
+                                                            num_bits=8, narrow_range=True)
+
+    def get_config(self):
+        return {**super().get_config(), "spectrum_range": list(self.spectrum_range)}
+
+
+def held_form(layer, config: dict, ranges: list) -> tuple[type, dict]:
+    """The class and config of a float layer standing for `layer` (a QAT-wrapped layer
+    quantized inside its computation) with the `(min, max)` `ranges` of its inner
+    activation quantizers that hold variables, in its config's order."""
+    if not matrix_form(layer) or len(ranges) != 1:
+        raise ValueError(f"layer {layer.name}: {type(layer).__name__} with {len(ranges)} "
+                         "inner activation ranges has no int8 SavedModel form")
+    return HeldSpectrum, {**config, "spectrum_range": list(ranges[0])}

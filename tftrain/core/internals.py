@@ -211,11 +211,17 @@ def qat_weights(wrapper) -> list:
 
 def qat_activations(wrapper) -> list[tuple[str, object, dict | None]]:
     """A QAT wrapper's activation quantizers: `(stage, quantizer, range variables)` for
-    the activation's input (`pre`) and output (`post`) and the layer's `output`."""
+    the activation's input (`pre`) and output (`post`) and the layer's `output`; an
+    activation inside the layer's computation, not its `activation` (a speech feature
+    layer's spectrum), as `inner-pre` and `inner-post`, in the config's order."""
     found = []
+    own = getattr(getattr(wrapper, "layer", None), "activation", None)
     for activation in getattr(wrapper, "_quantize_activations", []):
-        found += [("pre", activation.quantizer, getattr(activation, "_pre_activation_vars", None)),
-                  ("post", activation.quantizer, getattr(activation, "_post_activation_vars", None))]
+        inner = "" if activation is own else "inner-"
+        found += [(inner + "pre", activation.quantizer,
+                   getattr(activation, "_pre_activation_vars", None)),
+                  (inner + "post", activation.quantizer,
+                   getattr(activation, "_post_activation_vars", None))]
     if getattr(wrapper, "_output_quantizers", None):
         found.append(("output", wrapper._output_quantizers[0], wrapper._output_quantizer_vars))
     return found

@@ -187,8 +187,12 @@ def _ranges(layer) -> dict:
         if getattr(quantizer, "per_axis", False):
             raise ValueError(f"layer {layer.name}: per-channel activation ranges have no "
                              "int8 SavedModel form")
-        found[stage] = (quantizer.num_bits, quantizer.narrow_range,
-                        float(variables["min_var"].numpy()), float(variables["max_var"].numpy()))
+        entry = (quantizer.num_bits, quantizer.narrow_range,
+                 float(variables["min_var"].numpy()), float(variables["max_var"].numpy()))
+        if stage.startswith("inner-"):           # inside the layer's computation, in order
+            found.setdefault("inner", []).append(entry)
+        else:
+            found[stage] = entry
 
     if type(layer).__name__ == "QuantizeLayer":
         add("output", layer.quantizer, getattr(layer, "quantizer_vars", None))
@@ -310,11 +314,14 @@ def _int8_layer(plans: dict[str, _Layer]):
                 if "use_bias" in config and hasattr(inner, "bias"):   # (one bias, folded)
                     config["use_bias"] = plan.bias is not None
                 cls = int8_class(cls)
+            if "inner" in ranges:        # a layer quantized inside: its held form
+                from tftrain.compress.qat_audio import held_form
+                cls, config = held_form(inner, config, [r[2:] for r in ranges["inner"]])
             base = cls.from_config(config)
-        if not ranges:
+        outside = {k: v[:2] for k, v in ranges.items() if k != "inner"}
+        if not outside:
             return base
-        return ActivationRanges(base, activation, **{k: v[:2] for k, v in ranges.items()},
-                                name=name)
+        return ActivationRanges(base, activation, **outside, name=name)
     return clone
 
 
