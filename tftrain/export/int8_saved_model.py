@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
+from tftrain.compress.qat_audio import held_form
 from tftrain.core.keras import keras
 from tftrain.core import internals
 
@@ -315,7 +316,6 @@ def _int8_layer(plans: dict[str, _Layer]):
                     config["use_bias"] = plan.bias is not None
                 cls = int8_class(cls)
             if "inner" in ranges:        # a layer quantized inside: its held form
-                from tftrain.compress.qat_audio import held_form
                 cls, config = held_form(inner, config, [r[2:] for r in ranges["inner"]])
             base = cls.from_config(config)
         outside = {k: v[:2] for k, v in ranges.items() if k != "inner"}
