@@ -172,7 +172,7 @@ def compress_trial(name: str, source: str, runs: Path, timeout: int,
                    qat=found["stages"].get("qat", {}).get("metrics", {}).get("val_accuracy"),
                    int8=lite.get("accuracy"), bytes=lite.get("size_bytes"),
                    speedup=fast.get("batch1_threads1"), float_ops=lite.get("float_ops", []),
-                   check=lite.get("check"))
+                   check=lite.get("check"), seconds=found.get("seconds"))
     else:
         lines = [l for l in (done.stdout + done.stderr).splitlines() if l.startswith(("tftrain", "    "))]
         row.update(outcome="refused" if done.returncode == 2 else "failed",
