@@ -52,6 +52,18 @@ def test_the_spectrum_range_is_calibrated_at_its_percentile_and_held_through_upd
     assert HeldQuantizer.percentile == 99.9
 
 
+def test_an_uncalibrated_int8_spectrum_is_refused_and_the_fft_is_not():
+    from tftrain.compress.qat_audio import refuse_uncalibrated
+    from tftrain.config import ConfigError
+    none = load_config(None, ["compression.quantization={enabled: true, calibration_batches: 0}"])
+    with pytest.raises(ConfigError, match=r"calibration_batches: 0 leaves the int8 spectrum "
+                                          r"of layer features \(spectrum: matrix\)"):
+        refuse_uncalibrated(_model(), none.compression.quantization)
+    refuse_uncalibrated(_model("fft"), none.compression.quantization)
+    auto = load_config(None, ["compression.quantization.enabled=true"])
+    refuse_uncalibrated(_model(), auto.compression.quantization)
+
+
 def test_the_qat_layer_computes_the_spectrum_by_its_quantized_matrix():
     """The QAT model's feature layer reads the fake-quantized `dft` (8 bits, symmetric)
     and frames quantized on [-1, 1] at their own peaks: its features are the float

@@ -21,6 +21,18 @@ from tftrain.core.keras import keras
 from tftrain.models.audio import AudioFeatures
 
 
+def refuse_uncalibrated(model, cfg) -> None:
+    """A config error for `calibration_batches: 0` with an int8 spectrum: its range is set
+    by calibration and held (`HeldQuantizer`), so it would stay tfmot's [-6, 6]."""
+    from tftrain.config import ConfigError
+    held = [layer.name for layer in model.layers if matrix_form(layer)]
+    if held and cfg.calibration_batches == 0:
+        raise ConfigError(
+            f"compression.quantization.calibration_batches: 0 leaves the int8 spectrum of "
+            f"layer {held[0]} (spectrum: matrix) at tfmot's [-6, 6], and that range is held "
+            "through QAT; set calibration_batches: auto, or the model's spectrum: fft")
+
+
 def matrix_form(layer) -> bool:
     """Whether `layer` is a feature layer whose spectrum QAT quantizes."""
     return isinstance(layer, AudioFeatures) and layer.spectrum == "matrix"

@@ -18,9 +18,10 @@ class QAT(Stage):
                                          strategy=ctx.parallel.strategy)
 
     def plan(self, net, ctx):
-        from tftrain.compress import quantization
+        from tftrain.compress import qat_audio, quantization
 
         quantization.unquantizable(net, self.cfg.compression.quantization)
+        qat_audio.refuse_uncalibrated(net, self.cfg.compression.quantization)
         return net
 
     def build(self, net, ctx) -> Built:
