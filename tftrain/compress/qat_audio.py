@@ -4,10 +4,11 @@ With `spectrum: fft` the layer computes in float (RFFT2D, the mel product, the l
 only its output is quantized. With `spectrum: matrix` its spectrum is an int8 matrix
 product: each frame, scaled to a peak of 1 and quantized on [-1, 1], times the layer's
 `dft` matrix (its mean removal, window and real DFT folded into one [frame, 2 x bins]
-matrix, quantized per tensor, symmetric) is one int8 FULLY_CONNECTED with a learned
-output range; the power (scaled back by the frame's peak), mel product and log after it
-stay float before the output is quantized again. LiteRT runs that product in XNNPack's int8 kernels several times faster than the
-float FFT it replaces (`docs/applications.md`).
+matrix, quantized per tensor, symmetric) is one int8 FULLY_CONNECTED whose output range
+is calibrated and held; the power (scaled back by the frame's peak), mel product and log
+after it stay float before the output is quantized again. LiteRT runs that product in
+XNNPack's int8 kernels several times faster than the float FFT it replaces
+(`docs/applications.md`).
 """
 from __future__ import annotations
 
@@ -61,8 +62,8 @@ class HeldQuantizer(quantizers.MovingAverageQuantizer):
 class SpectrumQuantizeConfig(quantize_config.QuantizeConfig):
     """The `dft` matrix (8 bits, symmetric, per tensor: its columns are cosines and
     sines of one amplitude), the frames it reads (on [-1, 1]: each is scaled to its
-    peak), the spectrum it makes (an 8-bit range calibrated on data, `HeldQuantizer`) and the features
-    (the layer's output, as every float layer's)."""
+    peak), the spectrum it makes (an 8-bit range calibrated on data, `HeldQuantizer`)
+    and the features (the layer's output, as every float layer's)."""
 
     def get_weights_and_quantizers(self, layer):
         return [(layer.dft, quantizers.LastValueQuantizer(

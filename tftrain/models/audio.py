@@ -29,12 +29,12 @@ SPECTRA = ("fft", "matrix")
 
 @keras.utils.register_keras_serializable("tftrain")
 class AudioFeatures(keras.layers.Layer):
-    front_end = True        # a file's constants are split at its output (`file_memory`)
-
     """Waveform [batch, samples] -> features [batch, frames, bins]: log-mel energies
     (`num_mfcc: 0`) or the first `num_mfcc` MFCCs of them. Frames are `frame_ms` long
     every `step_ms`, Hann-windowed, with an `fft_length`-point spectrum; the mel bins span
     `band` (lowest and highest Hz; None: half the sample rate)."""
+
+    front_end = True        # a file's constants are split at its output (`file_memory`)
 
     def __init__(self, sample_rate, frame_ms=30.0, step_ms=20.0, num_mel_bins=40, num_mfcc=0,
                  band=(20.0, None), fft_length=None, spectrum="fft", **kwargs):
@@ -111,7 +111,7 @@ class AudioFeatures(keras.layers.Layer):
         if matrix is not None:
             # one int8 FULLY_CONNECTED in the int8 file: each frame scaled to a peak of 1
             # and quantized on [-1, 1] (`frame_activation`), times the int8 matrix, its
-            # output range learned (`spectrum_activation`); the power scaled back. With
+            # output range calibrated and held (`spectrum_activation`); the power scaled back. With
             # the frames' own peaks a quiet frame keeps its 8 bits: at one range for all,
             # a DS-CNN's MFCCs were 4 dB above their error, 20 dB this way.
             peak = tf.maximum(tf.reduce_max(tf.abs(frames), axis=-1, keepdims=True), 1e-4)
