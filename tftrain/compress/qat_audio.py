@@ -18,6 +18,7 @@ from tensorflow_model_optimization.python.core.quantization.keras import (
     quantizers,
 )
 
+from tftrain.config import ConfigError
 from tftrain.core.keras import keras
 from tftrain.models.audio import AudioFeatures
 
@@ -25,7 +26,6 @@ from tftrain.models.audio import AudioFeatures
 def refuse_uncalibrated(model, cfg) -> None:
     """A config error for `calibration_batches: 0` with an int8 spectrum: its range is set
     by calibration and held (`HeldQuantizer`), so it would stay tfmot's [-6, 6]."""
-    from tftrain.config import ConfigError
     held = [layer.name for layer in model.layers if matrix_form(layer)]
     if held and cfg.calibration_batches == 0:
         raise ConfigError(
