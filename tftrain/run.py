@@ -192,6 +192,7 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
 
     # -- plan: devices, strategy, precision, data, batches, stages (nothing written yet) --
     began = time.perf_counter()
+    console.PHASE_SECONDS.clear()         # the summary's phases are this run's own
     with console.phase("plan", "devices, data, model, stages and exports"):
         plan = planning.make(cfg, smoke=smoke, stop=stop)
     for line in plan.describe().splitlines():
@@ -223,11 +224,14 @@ def _pipeline(cfg: Config, dry_run: bool, smoke: bool, stop: Preemption,
         if qat and any(kind.runtime == "keras3" for kind in made):   # (every worker joins)
             float_net = plan.parallel.detach(float_net)      # the model before QAT, handed back
         titles = ", ".join(kind.title for kind in made)
-        with (console.phase("export", f"{titles}: converting, checking and timing each")
+        doing = "converting and checking" if smoke else "converting, checking and timing"
+        with (console.phase("export", f"{titles}: {doing} each")
               if plan.chief and made else contextlib.nullcontext()) as note, quiet():
-            # (quiet: the converters' and LiteRT's notices)
-            artifacts = exports.export_all(   # a smoke run's accuracy is noise: by logits
-                net, cfg, run.export, plan.training_source, ExportFlags(qat=qat, by_labels=not smoke),
+            # (quiet: the converters' and LiteRT's notices). A smoke run checks, it does
+            # not measure: its accuracy is noise (judged by logits) and it is not timed
+            artifacts = exports.export_all(
+                net, cfg, run.export, plan.training_source,
+                ExportFlags(qat=qat, by_labels=not smoke, timed=not smoke),
                 float_model=float_net if qat else None) if plan.chief else {}
             if note is not None:
                 note["detail"] = (f"{sum(a.get('verified', True) for a in artifacts.values())} "

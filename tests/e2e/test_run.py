@@ -695,6 +695,11 @@ def test_smoke_runs_whole_pipeline_with_the_configured_strategy(tmp_path):
     assert summary["smoke"] and summary["strategy"] == "mirrored"
     assert summary["steps"] == 3 and summary["replicas"] == 2
     assert [s["updates"] for s in summary["stages"].values()] == [3, 3, 3]
+    # its phases are its own, not the process's earlier runs' too (one ran just before)
+    again = run(quick_config(tmp_path, "run.name=again", "train.epochs=1", "export.tflite=none",
+                             "export.saved_model=false"), smoke=True)
+    assert set(again["phase_seconds"]) == {"plan", "train"}
+    assert again["phase_seconds"]["train"] <= again["stages"]["train"]["seconds"] + 5.0
     assert (tmp_path / "quickstart-smoke" / "export" / "model.tflite").exists()
     assert not (tmp_path / "quickstart").exists()
 

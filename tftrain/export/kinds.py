@@ -73,7 +73,8 @@ class SavedModel(ExportKind):
             **sizes(dir_bytes(path)), "accuracy": accuracy(logits, ctx.y),
             **(against_traced(ctx.plain, ctx.x, logits, ctx.reference) if ctx.flags.qat
                else against(logits, ctx.reference)),
-            "latency_ms": signature_latency(ctx.saved_signature, ctx.raw) * 1e3,
+            **({"latency_ms": signature_latency(ctx.saved_signature, ctx.raw) * 1e3}
+               if ctx.flags.timing else {}),
             "input": input_kind(ctx.plain, ctx.serving)})
 
 
@@ -107,7 +108,8 @@ class Int8SavedModel(ExportKind):
         return {**sizes(dir_bytes(path)),
                 "variables_gzip_bytes": len(gzip.compress(dir_bytes(path / "variables"), 9)),
                 "accuracy": accuracy(logits, ctx.y), **against(logits, ctx.reference),
-                "latency_ms": signature_latency(loaded, ctx.raw) * 1e3,
+                **({"latency_ms": signature_latency(loaded, ctx.raw) * 1e3}
+                   if ctx.flags.timing else {}),
                 "kernels": "int8 codes x per-channel scale from " + (
                     "the QAT ranges" if qat else "post-training weight-only quantization"),
                 "int8_layers": len(layers),
