@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_model_optimization as tfmot
 
-from tftrain.compress import qat_base, qat_configs, qat_norms
+from tftrain.compress import qat_base, qat_configs, qat_norms, qat_scheme
 from tftrain.compress.unquantizable import FOLDED_INTO, quantizable, unquantizable  # noqa: F401
 from tftrain.config import QuantizationConfig
 from tftrain.core import internals
@@ -54,7 +54,7 @@ def quantize_model(model, cfg: QuantizationConfig, preserve_sparsity: bool):
             for value, weight in zip(values, target.weights):
                 weight.assign(value.reshape(weight.shape))
     with q.quantize_scope():
-        quantized = q.quantize_apply(annotated, _scheme(preserve_sparsity,
+        quantized = q.quantize_apply(annotated, qat_scheme.scheme(preserve_sparsity,
                                                         qat_configs.quantize_input(model)))
     if preserve_sparsity:
         _keep_zeros(quantized, model)
@@ -89,91 +89,6 @@ def clone(model):
     return copy
 
 
-def _scheme(preserve_sparsity: bool, quantize_input: bool = True):
-    """tfmot's default 8-bit scheme (prune-preserving or not), with one layout fix.
-
-    tfmot marks a Conv2D/Dense that feeds a separate ReLU layer "no-op" so no fake-quant
-    sits between them (TFLite fuses the pair), but that also leaves the layer's weights
-    unquantized during QAT and, with prune-preserving QAT, unmasked: the pruned zeros of
-    every `Conv2D -> ReLU` were lost. Here such a layer quantizes its weights and only
-    its output is left to the ReLU. Without `quantize_input` the model's input is not
-    fake-quantized (a raw waveform feeding float feature extraction)."""
-    from tensorflow_model_optimization.python.core.quantization.keras.collab_opts.prune_preserve import (  # noqa: E501
-        default_8bit_prune_preserve_quantize_scheme as pqat,
-        prune_preserve_quantize_registry as pqat_registry,
-    )
-    from tensorflow_model_optimization.python.core.quantization.keras.default_8bit import (
-        default_8bit_quantize_configs as configs,
-        default_8bit_quantize_layout_transform as layout,
-        default_8bit_quantize_registry as registry,
-        default_8bit_quantize_scheme as default,
-        default_8bit_transforms as transforms,
-    )
-
-    def weights_only(class_name: str):
-        if class_name == "Add":
-            return configs.NoOpQuantizeConfig()
-        if class_name == "DepthwiseConv2D" and preserve_sparsity:
-            return qat_configs.DepthwisePrunePreserveConfig(activation=False)
-        if class_name in ("Conv2D", "DepthwiseConv2D"):
-            attr = "kernel" if class_name == "Conv2D" else "depthwise_kernel"
-            config = registry.Default8BitConvQuantizeConfig([attr], [], False)
-            if preserve_sparsity:
-                config.weight_quantizer = pqat_registry.PrunePreserveDefault8BitConvWeightsQuantizer()
-            return config
-        config = registry.Default8BitQuantizeConfig(["kernel"], [], False)
-        if preserve_sparsity:
-            config.weight_quantizer = pqat_registry.PrunePreserveDefault8BitWeightsQuantizer()
-        return config
-
-    class ReLUAfterLayer(transforms.LayerReLUQuantize):
-        def replacement(self, match_layer):
-            node = match_layer.input_layers[0]
-            node.metadata["quantize_config"] = weights_only(node.layer["class_name"])
-            return match_layer
-
-    class ReLUActivationAfterLayer(transforms.LayerReluActivationQuantize):
-        replacement = ReLUAfterLayer.replacement
-
-    fixed = (ReLUAfterLayer(), ReLUActivationAfterLayer())
-    replaced = (transforms.LayerReLUQuantize, transforms.LayerReluActivationQuantize)
-
-    class Layout(layout.Default8BitQuantizeLayoutTransform):
-        def apply(self, model, layer_quantize_map):
-            from tensorflow_model_optimization.python.core.quantization.keras.graph_transformations import (  # noqa: E501
-                model_transformer,
-            )
-            original = layout.default_8bit_transforms
-            chosen = [t for t in _default_transforms(original) if type(t) not in replaced
-                      and (quantize_input or not isinstance(t, original.InputLayerQuantize))]
-            return model_transformer.ModelTransformer(
-                model, chosen + list(fixed), set(layer_quantize_map), layer_quantize_map
-            ).transform()
-
-    base = pqat.Default8BitPrunePreserveQuantizeScheme if preserve_sparsity else \
-        default.Default8BitQuantizeScheme
-
-    class Scheme(base):
-        def get_layout_transformer(self):
-            return Layout()
-
-    return Scheme()
-
-
-def _default_transforms(module) -> list:
-    """tfmot's default 8-bit layout transforms, in its order."""
-    return [module.InputLayerQuantize(), module.SeparableConv1DQuantize(),
-            module.SeparableConvQuantize(), module.Conv2DReshapeBatchNormReLUQuantize(),
-            module.Conv2DReshapeBatchNormActivationQuantize(),
-            module.Conv2DBatchNormReLUQuantize(), module.Conv2DBatchNormActivationQuantize(),
-            module.Conv2DReshapeBatchNormQuantize(), module.Conv2DBatchNormQuantize(),
-            module.ConcatTransform6Inputs(), module.ConcatTransform5Inputs(),
-            module.ConcatTransform4Inputs(), module.ConcatTransform3Inputs(),
-            module.ConcatTransform(), module.DenseBatchNormQuantize(),
-            module.DenseBatchNormReLUQuantize(), module.DenseBatchNormActivationQuantize(),
-            module.LayerReLUQuantize(), module.LayerReluActivationQuantize()]
-
-
 def _keep_zeros(quantized, pruned) -> None:
     """Give each prune-preserving weight quantizer a mask variable of the pruned zeros.
 
@@ -186,11 +101,11 @@ def _keep_zeros(quantized, pruned) -> None:
         for weight, _, variables in internals.qat_weights(layer):
             if "sparsity_mask" not in variables:
                 continue
-            source = pruned.get_layer(layer.layer.name)
             name = weight.name.split("/")[-1].split(":")[0]
+            source, attribute = qat_scheme.split_source(pruned, layer.layer.name, name)
             # a quantizable form names the original's weight it holds (reshaped)
             original = layer.layer.source_weight(source, name) \
-                if hasattr(layer.layer, "source_weight") else getattr(source, name)
+                if hasattr(layer.layer, "source_weight") else getattr(source, attribute)
             zeros = (original.numpy() != 0).reshape(weight.shape)
             mask = layer.add_weight(f"pruning_mask_{name}", shape=weight.shape, trainable=False,
                                     initializer=keras.initializers.Ones(), dtype=weight.dtype)

@@ -11,12 +11,14 @@ from tftrain.core.keras import keras
 from tftrain.models import layer_parents
 from tftrain.core import internals
 
-FOLDED_INTO = ("Conv2D", "DepthwiseConv2D", "Dense")
+# a batch norm after these is folded into them (a SeparableConv2D's into its 1x1 part)
+FOLDED_INTO = ("Conv2D", "DepthwiseConv2D", "Dense", "SeparableConv2D")
 
 
 def quantizable(layer, parents: list[str], loose: frozenset | set = frozenset()) -> bool:
     """Whether tfmot's default 8-bit scheme, or tftrain's forms, can quantize this layer
-    (batch norm right after a convolution or dense layer is folded into it; the batch
+    (a SeparableConv2D as a depthwise and a 1x1 convolution, `qat_scheme`; batch norm
+    right after a convolution or dense layer is folded into it; the batch
     norms named in `loose`, `qat_norms.standalone_norms`, become `ChannelAffine`)."""
     from tensorflow_model_optimization.python.core.quantization.keras.default_8bit import (
         default_8bit_quantize_registry as registry,
@@ -25,6 +27,8 @@ def quantizable(layer, parents: list[str], loose: frozenset | set = frozenset())
         return True
     if isinstance(layer, keras.layers.BatchNormalization):
         return layer.name in loose or (bool(parents) and all(p in FOLDED_INTO for p in parents))
+    if type(layer) is keras.layers.SeparableConv2D:     # split in two (`qat_scheme`)
+        return True
     return registry.Default8BitQuantizeRegistry().supports(layer) or qat_configs.supported(layer)
 
 
