@@ -78,6 +78,7 @@ def test_contributings_layout_map_is_the_trees():
     assert current == printed, "run python scripts/layout_map.py"
 
 
+@pytest.mark.slow
 def test_the_docs_state_the_matrix_and_the_test_counts_as_they_are():
     """CONTRIBUTING's matrix figures are the matrix's, and every test count README
     states is one CONTRIBUTING's tier table states (they disagreed: 548 against 541)."""

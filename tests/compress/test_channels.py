@@ -228,6 +228,7 @@ def test_auto_importance_ranks_by_batch_norm_scale_where_a_group_has_one_else_by
         channels.importance(graph, "bn")
 
 
+@pytest.mark.slow
 def test_a_narrowed_mobilenet_v3_keeps_each_squeeze_excite_gate_on_its_block_s_channels():
     """MobileNetV3Small (its hard-swish and gates as tftrain's layers): a squeeze-excite
     gate multiplies the block's features channel by channel, so the gate's expanding
@@ -247,6 +248,7 @@ def test_a_narrowed_mobilenet_v3_keeps_each_squeeze_excite_gate_on_its_block_s_c
     agree(narrow, wide, IMAGES.shape)
 
 
+@pytest.mark.slow
 def test_a_narrowed_efficientnet_prunes_the_expanded_channels_its_squeeze_excite_reshapes():
     """EfficientNetB0's squeeze-excite reshapes the pooled (C,) to (1, 1, C): channel by
     channel, so the block's expanded channels are prunable (an opaque reshape would keep

@@ -118,6 +118,7 @@ def test_pruning_step_counts_updates_and_weights_stay_sparse(accumulation):
         assert value == pytest.approx(0.75, abs=0.01 if name != "conv_0" else 0.02), name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
 def test_pruning_under_mixed_precision(policy):
     net, model, log = pruned_training(pruning_cfg("final_sparsity=0.5", "end=0.5", "frequency=2"),
@@ -149,6 +150,7 @@ def test_pruning_a_float32_layer_under_a_mixed_policy(policy):
         precision.apply_policy("float32")
 
 
+@pytest.mark.slow
 def test_pruning_under_mirrored_equals_one_device():
     cfg = pruning_cfg("final_sparsity=0.6", "end=0.5", "frequency=2")
     mirrored, _, _ = pruned_training(cfg, 8)        # 2 replicas x 32
@@ -190,6 +192,7 @@ def quantized(net, strategy, preserve=True, accumulation=2, updates=6):
     return q
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preserve", [True, False])
 def test_prune_preserving_qat_keeps_every_zero(preserve):
     strategy = mirrored()
@@ -221,6 +224,7 @@ def test_quantization_lists_unsupported_layers_or_skips_them():
     assert set(quantization.quantized_kernels(q)) == {"proj", "head"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch_norm", [False, True], ids=["relu", "batch_norm"])
 def test_prune_preserving_qat_keeps_the_zeros_of_depthwise_kernels(tmp_path, batch_norm):
     """tfmot's prune-preserving scheme leaves DepthwiseConv2D kernels unmasked: QAT used to
@@ -496,6 +500,7 @@ def _qat_updates(strategy, accumulation, held, updates=4):
             [v.numpy() for v in quantization.range_variables(q)])
 
 
+@pytest.mark.slow
 def test_held_activation_ranges_stay_calibrated_and_make_replicas_equal_accumulation():
     """`ranges: fixed`: the calibrated activation ranges do not move in training, and two
     replicas of 32 compute the updates one device makes accumulating two micro-batches of

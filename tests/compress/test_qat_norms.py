@@ -53,6 +53,7 @@ def test_the_batch_norms_tfmot_cannot_fold_are_found_from_the_graph():
     assert qat_norms.standalone_norms(keras.Model(inputs, first), FOLDED_INTO) == set()
 
 
+@pytest.mark.slow
 def test_a_preactivation_network_quantizes_to_int8_ops_xnnpack_runs(tmp_path):
     """The standalone batch norms become int8 MUL and ADD (no float op between the input's
     QUANTIZE and the output's DEQUANTIZE), XNNPack runs every op, the file computes what
@@ -102,6 +103,7 @@ def test_a_preactivation_network_quantizes_to_int8_ops_xnnpack_runs(tmp_path):
     assert min(row["local_sqnr_db"] for row in rows) >= 15, rows
 
 
+@pytest.mark.slow
 def test_a_densenet_converts_to_int8_with_each_pool_sharing_its_input_scale(tmp_path):
     """A small tf_keras DenseNet (one layer a dense block) after QAT calibration: every
     transition's average pooling keeps its input's range, since TFLite's int8

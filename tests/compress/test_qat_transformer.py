@@ -81,6 +81,7 @@ def test_calibration_sets_the_ranges_inside_attention():
     np.testing.assert_allclose(float(ranges["max_var"].numpy()), scores.max(), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_qat_transformer_converts_with_every_matmul_int8(tmp_path, trained):
     """The TFLite file of a QAT transformer runs every projection, feed-forward and
     attention matmul (FULLY_CONNECTED, BATCH_MATMUL), the softmax and the GELU in int8;
@@ -117,6 +118,7 @@ def test_a_qat_transformer_converts_with_every_matmul_int8(tmp_path, trained):
     assert np.mean(lite.argmax(1) == y) >= float_accuracy - 0.01
 
 
+@pytest.mark.slow
 def test_prune_preserving_qat_keeps_attention_kernels_zeros():
     """Zeros in the attention projections stay zero through prune-preserving QAT (the
     quantizable form's kernels take the original's mask by position)."""

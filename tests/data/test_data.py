@@ -181,6 +181,7 @@ def test_tfrecord_file_sharding_gives_disjoint_files(tmp_path):
     assert sorted(seen[0] + seen[1]) == sorted((i, s) for s in range(4) for i in range(25))
 
 
+@pytest.mark.slow
 def test_file_streams_are_reassigned_to_another_number_of_workers(tmp_path):
     """5 uneven files read as the 2 streams a 2-worker run began with, then on 1 worker
     (2 replicas), 2 workers of 2 replicas and 4 workers, from the start or resumed at

@@ -232,6 +232,7 @@ def test_a_custom_keras3_layer_exits_2_naming_it_with_nothing_written(tmp_path, 
     assert not runs.exists()
 
 
+@pytest.mark.slow
 def test_the_plan_and_summary_say_where_the_model_came_from(tmp_path, capsys, keras3_cnn_file):
     assert main([str(QUICKSTART), "--run-dir", str(tmp_path), "--dry-run", "--full", "--set",
                  f"model={{name: 'file:{keras3_cnn_file}'}}"]) == 0

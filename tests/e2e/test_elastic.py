@@ -243,17 +243,10 @@ def run_plan(seed: int, tmp_path, files) -> None:
     assert_reports_equal(tmp_path / "run" / "quickstart", reference / "quickstart")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("seed", [1, 2])
-def test_randomized_kills_and_topologies_end_as_the_uninterrupted_run(seed, tmp_path,
-                                                                      digit_files):
-    """A few seeds of `_plan` in the suite; the soak tier runs many more."""
-    run_plan(seed, tmp_path, digit_files)
-
-
+# randomized, so in the soak tier: the default run kills at chosen points (above)
 @pytest.mark.slow
 @pytest.mark.soak
-@pytest.mark.parametrize("seed", range(100, 116))
+@pytest.mark.parametrize("seed", [1, 2, *range(100, 116)])
 def test_soak_randomized_kills_and_topologies(seed, tmp_path, digit_files):
-    """The soak tier (`python -m pytest -m soak`): 16 seeds of `_plan`."""
+    """The soak tier (`python -m pytest -m soak`): 18 seeds of `_plan`."""
     run_plan(seed, tmp_path, digit_files)

@@ -373,8 +373,25 @@ def overrides(row: dict, speech, text) -> list[str]:
     return sets
 
 
-def model_file(row: dict, sets: list[str], directory):
-    """The row's model saved to a file as its `source` says; the override naming it."""
+def model_file(row: dict, sets: list[str], files):
+    """The row's model saved to a file as its `source` says; the override naming it. The
+    file is made once per worker for the model, its source and its data (`files`: a
+    directory of the session's), and rows that name the same share it: it holds the
+    same weights either way (seed 7)."""
+    import hashlib
+
+    key = json.dumps([row["source"], row["model"],
+                      sorted(s for s in sets if s.startswith(("data.", "model=")))])
+    directory = files / hashlib.sha256(key.encode()).hexdigest()[:16]
+    path = directory / "model.keras"
+    if not path.exists():                 # (renamed whole: a failed save leaves none)
+        directory.mkdir(parents=True, exist_ok=True)
+        save_model_file(row, sets, directory / "partial.keras")
+        (directory / "partial.keras").replace(path)
+    return f"model={{name: 'file:{path}'}}"
+
+
+def save_model_file(row: dict, sets: list[str], path) -> None:
     from tftrain.config import load_config
     from tftrain.core.keras import keras, keras3
     from tftrain.data import load_source
@@ -384,7 +401,6 @@ def model_file(row: dict, sets: list[str], directory):
     # the row's model and data (what it compresses and exports may be refused: not here)
     cfg = load_config(QUICKSTART, [s for s in sets if not s.startswith(("compression.", "export."))])
     spec = load_source(cfg.data, cfg.run.seed).spec
-    path = directory / "model.keras"
     keras.utils.set_random_seed(7)
     if row["source"] == "tf_keras_file":
         build_model(cfg.model, spec).save(str(path))
@@ -400,7 +416,6 @@ def model_file(row: dict, sets: list[str], directory):
                                                classifier_activation=None).save(str(path))
     else:
         convert.to_keras3(build_model(cfg.model, spec)).save(str(path))
-    return f"model={{name: 'file:{path}'}}"
 
 
 def custom_keras3_model(spec):
@@ -670,12 +685,12 @@ def resumed_losses(row: dict, sets: list[str], run, stage: str, tmp_path,
 @pytest.mark.parametrize("index,row", list(enumerate(ROWS + REFUSED)),
                          ids=[_id(row) for row in ROWS + REFUSED])
 def test_every_combination_works_or_is_refused_before_training(index, row, tmp_path, capsys,
-                                                              spoken_digits, fortunes):
+                                                              spoken_digits, fortunes,
+                                                              tmp_path_factory):
     sets = overrides(row, spoken_digits, fortunes)
     if row["source"] != "builder":
-        (tmp_path / "file").mkdir()
-        sets = [s for s in sets if not s.startswith("model=")] + \
-            [model_file(row, sets, tmp_path / "file")]
+        files = tmp_path_factory.getbasetemp() / "matrix-model-files"
+        sets = [s for s in sets if not s.startswith("model=")] + [model_file(row, sets, files)]
     code, out, err = _run(row, index, sets, tmp_path, capsys)
     dry_run_agrees(row, index, sets, tmp_path, capsys, code, out, err)
     run = tmp_path / "quickstart-smoke"

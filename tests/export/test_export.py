@@ -50,6 +50,7 @@ def test_tflite_modes_match_the_model(tmp_path, trained, mode):
         assert all(np.isfinite(v) and v > 0 for v in lite["float_latency_grid"].values())
 
 
+@pytest.mark.slow
 def test_the_float_file_beside_a_qat_models_int8_one_is_its_float_function(qat_cnn, tmp_path):
     """Converted with every quantizer passing its input through: no quantize or dequantize
     op and no int8 tensor, and the logits of the QAT model's float function."""

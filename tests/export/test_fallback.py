@@ -22,6 +22,7 @@ def export(q, source, out, fallback_setting):
     return exports.export_all(q, cfg, out, source, ExportFlags(qat=True))
 
 
+@pytest.mark.slow
 def test_a_layer_the_converter_got_wrong_is_named_worst_and_falls_back_alone(
         qat_cnn, tmp_path, monkeypatch):
     """quant_dense_0's kernel scales x8 in the int8 file: off, the file fails its check

@@ -80,6 +80,7 @@ def modelscan_flags(path) -> bool:
     return bool(result["issues"])
 
 
+@pytest.mark.slow
 def test_tftrain_refuses_exactly_the_files_modelscan_flags(files, quickstart_run):
     own = quickstart_run[0] / "export" / "saved_model"
     table = []
@@ -122,6 +123,7 @@ def test_a_refusal_names_at_most_ten_lines_within_120_columns(tmp_path):
         "layer marker_0 (Lambda: Python bytecode run while loading)"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["lambda.h5", "lambda_saved_model"])
 def test_a_lambda_file_is_refused_before_its_code_runs_and_runs_when_trusted(files, tmp_path, kind):
     """The CLI on a tf_keras file whose Lambda writes a file when it runs: exit 2, the file

@@ -256,6 +256,7 @@ def checkov_findings(docs: list[dict], tmp_path) -> tuple[list[str], dict[str, s
     return failed, skipped
 
 
+@pytest.mark.slow
 def test_checkov_finds_nothing_in_the_4_x_2_gpu_manifest_and_each_skip_says_why(tmp_path, capsys):
     code, docs = generate(tmp_path, "--workers", "4", "--gpus-per-worker", "2", "--image", "IMG")
     assert code == 0

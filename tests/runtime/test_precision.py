@@ -124,6 +124,7 @@ def test_a_stage_precision_is_its_own_and_leaves_the_global_policy_alone():
         keras.mixed_precision.set_global_policy("float32")
 
 
+@pytest.mark.slow
 def test_float32_outputs_are_named_after_the_layer_not_the_tensor(tmp_path):
     """Keras 3's MobileNetV3Small from a `.keras` file, built under mixed_bfloat16: its
     output tensor is named after a graph placeholder ("Placeholder:0"), no valid layer

@@ -117,6 +117,7 @@ def test_recomputed_training_ends_at_the_same_weights_statistics_and_masks(model
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["resnet", "transformer"])
 def test_recompute_on_mirrored_replicas_with_bfloat16_and_accumulation(model):
     """The transformer's layer normalizations in a loop of micro-batches: a segment's first

@@ -141,6 +141,7 @@ def test_bfloat16_accumulation_within_bfloat16_noise():
     assert distance(accumulated, large) <= 1.5 * noise
 
 
+@pytest.mark.slow
 def test_mirrored_float16_with_loss_scaling_equals_one_device_within_float16_rounding():
     """Under mixed_float16 with dynamic loss scaling (SGD: its update follows the
     gradient's scale, which Adam would normalize away), 2 replicas x 32 and 2 replicas
@@ -390,6 +391,7 @@ def test_an_update_skipped_at_the_loss_scale_floor_is_not_counted():
         keras.mixed_precision.set_global_policy("float32")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("resizable", [False, True])
 def test_several_steps_per_call_trace_the_step_once_and_equal_one_step_per_call(resizable):
     """With several steps per call (`train.steps_per_execution`, or calls that `auto` may
