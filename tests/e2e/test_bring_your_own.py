@@ -83,6 +83,51 @@ def test_a_keras3_file_is_pruned_quantized_and_exported_without_training(tmp_pat
 
 
 @pytest.mark.slow
+def test_a_keras3_separable_conv_block_is_pruned_quantized_and_exported_int8(tmp_path):
+    """Xception's block (SeparableConv2D -> BatchNormalization -> ReLU, a strided 1x1
+    shortcut added) from a Keras 3 file trained by Keras 3: pruned 50%, prune-preserving
+    QAT with each SeparableConv2D split in two, int8 TFLite within a point of the QAT
+    model with every op int8, the 1x1 parts keeping the pruned zeros."""
+    from tftrain.export import artifacts
+    k3 = keras3()
+    k3.utils.set_random_seed(0)
+    x, y = digits_x_y()
+    inputs = k3.Input((8, 8, 1))
+    h = k3.layers.Conv2D(16, 3, padding="same", activation="relu", name="stem")(inputs)
+    r = k3.layers.Conv2D(32, 1, strides=2, use_bias=False, name="shortcut")(h)
+    r = k3.layers.BatchNormalization(name="shortcut_bn")(r)
+    for i, filters in enumerate([32, 32]):
+        h = k3.layers.SeparableConv2D(filters, 3, padding="same", use_bias=False,
+                                      name=f"sep{i}")(h)
+        h = k3.layers.BatchNormalization(name=f"sep{i}_bn")(h)
+        h = k3.layers.ReLU(name=f"sep{i}_relu")(h)
+    h = k3.layers.MaxPooling2D(3, strides=2, padding="same", name="pool")(h)
+    h = k3.layers.Add(name="add")([h, r])
+    h = k3.layers.GlobalAveragePooling2D(name="gap")(h)
+    model = k3.Model(inputs, k3.layers.Dense(10, name="logits")(h))
+    model.compile("adam", k3.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x, y, epochs=4, batch_size=32, verbose=0)
+    path = tmp_path / "xception_block.keras"
+    model.save(str(path))
+    summary = run(quick_config(
+        tmp_path, f"model={{name: 'file:{path}'}}", "train.epochs=0",
+        "compression.pruning={enabled: true, epochs: 1, final_sparsity: 0.5}",
+        "compression.quantization={enabled: true, epochs: 1}", "export.tflite=int8",
+        "export.saved_model_int8=true"))
+    lite, qat = summary["artifacts"]["tflite_int8"], summary["stages"]["qat"]["metrics"]
+    assert lite["verified"] and qat["val_accuracy"] - lite["accuracy"] <= 0.01, lite["check"]
+    assert qat["val_accuracy"] >= 0.8 and lite["label"] == "int8"
+    assert summary["artifacts"]["saved_model_int8"]["verified"]
+    assert summary["sparsity"]["sep0"] == pytest.approx(0.5, abs=0.01)
+    blob = (tmp_path / "quickstart" / "export" / "model.tflite").read_bytes()
+    kernels = [w for w in artifacts.tflite_weights(blob).values() if w.ndim == 4]
+    assert all(w.dtype == np.int8 for w in kernels)
+    pointwise = [w for w in kernels if w.shape[1:3] == (1, 1) and w.shape[0] == 32
+                 and w.shape[3] == 32]        # sep1's 1x1 part: [32 out, 1, 1, 32 in]
+    assert pointwise and float(np.mean(pointwise[0] == 0)) == pytest.approx(0.5, abs=0.02)
+
+
+@pytest.mark.slow
 def test_a_keras3_mobilenet_v3_is_pruned_quantization_aware_trained_and_exported_int8(tmp_path):
     """Keras 3's own MobileNetV3Small (its hard-sigmoid written as operations on tensors,
     its hard-swish as an activation, squeeze-excite gates) from a `.keras` file: converted,
