@@ -7,7 +7,7 @@ import sys
 import time
 
 WIDTH = 120
-PHASE_SECONDS: dict[str, float] = {}     # each phase's seconds in this process, summed
+PHASE_SECONDS: dict[str, float] = {}     # each phase's seconds, summed; a run clears it first
 
 
 def say(text: str) -> None:

@@ -16,8 +16,8 @@ import tensorflow as tf
 from tftrain.data import BatchPlan, preprocess, val_dataset
 from tftrain.export import artifacts, fidelity, file_memory, speed, verification
 from tftrain.export.measures import (NOISE_EXAMPLES, accuracy, against, input_kind,
-                                     layer_rounding_noise, rounding_noise, signature_logits,
-                                     sizes)
+                                     layer_rounding_noise, rounding_noise, signature_latency,
+                                     signature_logits, sizes)
 from tftrain.models import tensor_ops
 
 
@@ -156,6 +156,12 @@ class ExportContext:
                    layer_rounding_noise(self.plain, self.x[:NOISE_EXAMPLES], self.reference))
 
     # -- measuring a file -------------------------------------------------------------------
+    def latency(self, signature) -> dict:
+        """A loaded SavedModel signature's `latency_ms`, one example a call, when the run
+        times its files (not a smoke run)."""
+        return {"latency_ms": signature_latency(signature, self.raw) * 1e3} \
+            if self.flags.timing else {}
+
     def with_noise(self, entry: dict) -> dict:
         """A float file's entry, with the model's own logit noise where its logits are
         further apart than `export.max_logit_diff` allows (what its check may allow for)."""

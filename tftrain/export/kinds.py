@@ -67,14 +67,13 @@ class SavedModel(ExportKind):
 
     def make(self, ctx):
         from tftrain.export.measures import (accuracy, against, against_traced, dir_bytes,
-                                             input_kind, signature_latency, sizes)
+                                             input_kind, sizes)
         path, logits = ctx.saved_model
         return ctx.with_noise({
             **sizes(dir_bytes(path)), "accuracy": accuracy(logits, ctx.y),
             **(against_traced(ctx.plain, ctx.x, logits, ctx.reference) if ctx.flags.qat
                else against(logits, ctx.reference)),
-            **({"latency_ms": signature_latency(ctx.saved_signature, ctx.raw) * 1e3}
-               if ctx.flags.timing else {}),
+            **ctx.latency(ctx.saved_signature),
             "input": input_kind(ctx.plain, ctx.serving)})
 
 
@@ -97,7 +96,7 @@ class Int8SavedModel(ExportKind):
 
         from tftrain.export import artifacts, fidelity, int8_saved_model
         from tftrain.export.measures import (accuracy, against, dir_bytes, input_kind,
-                                             signature_latency, signature_logits, sizes)
+                                             signature_logits, sizes)
 
         path, qat = ctx.out / "saved_model_int8", ctx.flags.qat
         quantized, layers = int8_saved_model.quantized_model(ctx.plain, qat)
@@ -108,8 +107,7 @@ class Int8SavedModel(ExportKind):
         return {**sizes(dir_bytes(path)),
                 "variables_gzip_bytes": len(gzip.compress(dir_bytes(path / "variables"), 9)),
                 "accuracy": accuracy(logits, ctx.y), **against(logits, ctx.reference),
-                **({"latency_ms": signature_latency(loaded, ctx.raw) * 1e3}
-                   if ctx.flags.timing else {}),
+                **ctx.latency(loaded),
                 "kernels": "int8 codes x per-channel scale from " + (
                     "the QAT ranges" if qat else "post-training weight-only quantization"),
                 "int8_layers": len(layers),
