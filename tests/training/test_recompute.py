@@ -160,6 +160,13 @@ def test_a_different_mask_would_be_seen(monkeypatch):
         assert_same(again, plain, 1e-6)
 
 
+def _peak(step) -> int:
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    base = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    step()
+    return tf.config.experimental.get_memory_info("CPU:0")["peak"] - base
+
+
 def test_recompute_keeps_less_memory():
     builder, spec = BUILDERS["dropout_resnet"]
     x, y = (tf.constant(a) for a in _data(spec, 64))
@@ -178,10 +185,10 @@ def test_recompute_keeps_less_memory():
                 value = loss(y, y_pred)
             return tape.gradient(value, net.trainable_variables)
         step()
-        tf.config.experimental.reset_memory_stats("CPU:0")
-        base = tf.config.experimental.get_memory_info("CPU:0")["current"]
-        step()
-        peaks[how] = tf.config.experimental.get_memory_info("CPU:0")["peak"] - base
+        # the allocator is the process's: what another thread of the process allocates
+        # meanwhile (a previous test's input pipeline winding down) only adds to a peak,
+        # so the least of five steps is the step's own
+        peaks[how] = min(_peak(step) for _ in range(5))
     assert peaks[("blocks", None)] < 0.7 * peaks[None], peaks
 
 
