@@ -53,7 +53,27 @@ def test_weights_file_is_restored_exactly_and_preprocessing_is_the_backbones(bac
     assert model.layers[-1].name == "logits" and model.output_shape == (None, 10)
 
 
+def test_a_backbone_cut_until_a_layer_holds_the_layers_up_to_it_with_their_weights(backbone_file):
+    path, saved = backbone_file
+    spec = InputSpec((32, 32, 3), "float32", 10)
+    model = build_model(ModelConfig(name="keras_applications:MobileNetV2", params={
+        "weights": str(path), "alpha": 0.35, "until": "block_2_add"}), spec)
+    whole = keras.applications.MobileNetV2(include_top=False, weights=None, input_shape=(32, 32, 3),
+                                           alpha=0.35)
+    upto = [layer.name for layer in whole.layers]
+    upto = upto[1:upto.index("block_2_add") + 1]          # (no layer of a later block feeds it)
+    assert [layer.name for layer in model.layers] == \
+        ["inputs", "preprocess", *upto, "block_2_add_pool", "head_dropout", "logits"]
+    for name in upto:
+        for a, b in zip(saved.get(name, []), model.get_layer(name).get_weights()):
+            np.testing.assert_array_equal(a, b)           # the file's weights, as whole
+    assert model.get_layer("block_2_add_pool").output_shape == (None, 8)   # block 2: 8 channels
+    assert model.output_shape == (None, 10)
+
+
 @pytest.mark.parametrize("sets,pattern", [
+    (["model={name: 'keras_applications:MobileNetV2', params: {alpha: 0.35, until: block_99_add}}"], r"model\.params: .*until: the backbone has no layer 'block_99_add'"),
+    (["model={name: 'keras_applications:MobileNetV2', params: {alpha: 0.35, until: block_2_add, pooling: null}}"], r"model\.params: .*until: pooling must be avg or max"),
     (["model.name=keras_applications:MobileNetV9"], r"model\.name: keras\.applications has no model 'MobileNetV9'; known: .*MobileNetV2"),
     (["model={name: 'keras_applications:MobileNetV2', params: {weights: /nope/w.h5}}"], r"model\.params: .*weights file /nope/w\.h5 does not exist"),
     (["model={name: 'keras_applications:MobileNetV2', params: {alpha: 0.35}}", "train.freeze={layers: [nope]}"], r"train\.freeze\.layers\[0\]: rule 'nope' matches no layer"),
@@ -73,8 +93,8 @@ def test_frozen_phase_keeps_the_backbone_then_fine_tuning_trains_it(tmp_path, ba
     path, saved = backbone_file
     summary = run(quick_config(
         tmp_path, "run.name=ft", DIGITS_32, "distribute.strategy=default",
-        f"model={{name: 'keras_applications:MobileNetV2', params: {{weights: {path}, alpha: 0.35}}}}",
-        "train.freeze={epochs: 1, learning_rate: 0.01}", "train.epochs=2",
+        f"model={{name: 'keras_applications:MobileNetV2', params: {{weights: {path}, alpha: 0.35, "
+        "until: block_2_add}}", "train.freeze={epochs: 1, learning_rate: 0.01}", "train.epochs=2",
         "export.tflite=none", "export.saved_model=false"))
     assert list(summary["stages"]) == ["frozen", "train"]
     assert summary["steps"] == summary["stages"]["train"]["updates"]

@@ -69,7 +69,8 @@ def application(name: str):
     """A model builder for `keras_applications:<name>`."""
     fn = constructor(name)
 
-    def build(spec, weights=None, dropout=0.2, preprocessing="auto", pooling="avg", **kwargs):
+    def build(spec, weights=None, dropout=0.2, preprocessing="auto", pooling="avg",
+              until=None, **kwargs):
         if len(spec.shape) != 3:
             raise ValueError(f"{name} takes images [height, width, channels]; the data gives "
                              f"{list(spec.shape)}")
@@ -89,13 +90,31 @@ def application(name: str):
             raise ValueError(f"could not load weights {weights} into {name} ({err})") from None
         except TypeError as err:               # a parameter the backbone does not take
             raise ValueError(str(err)) from None
-        y = backbone.output
+        y = backbone.output if until is None else _cut(backbone, str(until), pooling)
         if dropout:
             y = keras.layers.Dropout(dropout, name="head_dropout")(y)
         outputs = keras.layers.Dense(spec.num_classes, name="logits")(y)
         return keras.Model(inputs, outputs, name=name.lower())
 
     build.__doc__ = (f"keras.applications.{name} without its top, a dropout and a dense "
-                     "head; `weights`: a local weights file for the backbone.")
+                     "head; `weights`: a local weights file for the backbone; `until`: the "
+                     "backbone's layers up to this one only (its output pooled).")
     build.__name__ = name
     return build
+
+
+def _cut(backbone, until: str, pooling):
+    """The output of the backbone's layer `until`, pooled as the whole backbone's would be
+    (`pooling`: avg or max): a backbone cut early, as for small inputs, whose last blocks
+    see a 1x1 map, or as a detector's feature extractor. The model built on it holds only
+    the layers up to it."""
+    names = [layer.name for layer in backbone.layers]
+    if until not in names:
+        raise ValueError(f"until: the backbone has no layer {until!r}; its layers include "
+                         f"{', '.join(names[-3:])} (`model.summary()` lists them all)")
+    pools = {"avg": keras.layers.GlobalAveragePooling2D, "max": keras.layers.GlobalMaxPooling2D}
+    if pooling not in pools:
+        raise ValueError(f"until: pooling must be avg or max to pool the cut backbone; got "
+                         f"{pooling!r}")
+    y = backbone.get_layer(until).output
+    return pools[pooling](name=f"{until}_pool")(y) if len(y.shape) == 4 else y
