@@ -1,7 +1,7 @@
 """The pairwise feature matrix: every pair of values of ten feature dimensions in at
 least one config, each run with `--smoke` (a few updates per stage) with the strategy it
-names. Its rows are a tier of their own (`python -m pytest -m matrix`), which `.ci/run`
-runs beside the default run. Each either completes with every exported artifact verified, or is refused with
+names. Its rows are part of the default run (`python -m pytest -m matrix` runs them
+alone). Each either completes with every exported artifact verified, or is refused with
 exit 2 before anything is written, with a line naming what cannot go together. Nothing
 may fail after training has begun.
 
