@@ -98,3 +98,26 @@ def test_efficientnet_squeeze_excite_pools_with_kept_dims_and_its_convolutions_s
                for layer in rewritten.layers if isinstance(layer, keras.layers.Conv2D))
     x = np.random.default_rng(0).uniform(0, 1, (8, 32, 32, 3)).astype("float32")
     assert _same(model, rewritten, x) <= 1e-5
+
+
+def test_a_nested_sequential_is_inlined_and_a_sum_of_two_tensors_becomes_an_add():
+    """ConvNeXt's form in tf_keras: a `Sequential` stem called inside the model and a
+    residual written `x + y` (a `TFOpLambda`): the stem's layers become the model's, the
+    sum an `Add`, with the same weights and outputs (tfmot refused both, 22 layers of
+    tf_keras' ConvNeXtTiny)."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8, 8, 3))
+    stem = keras.Sequential([keras.layers.Conv2D(8, 3, padding="same", name="stem_conv"),
+                             keras.layers.LayerNormalization(name="stem_norm")], name="stem")
+    x = stem(inputs)
+    y = keras.layers.Conv2D(8, 1, name="branch")(x)
+    x = keras.layers.GlobalAveragePooling2D()(x + y)
+    model = keras.Model(inputs, keras.layers.Dense(4)(x))
+    assert _kinds(model).count("TFOpLambda") == 1 and "Sequential" in _kinds(model)
+    rewritten = as_layers(model)
+    assert _kinds(rewritten) == ["InputLayer", "Conv2D", "LayerNormalization", "Conv2D", "Add",
+                                 "GlobalAveragePooling2D", "Dense"]
+    assert rewritten.get_layer("stem_conv").get_weights()[0].tolist() == \
+        stem.get_layer("stem_conv").get_weights()[0].tolist()
+    x = np.random.default_rng(0).normal(size=(3, 8, 8, 3)).astype("float32")
+    assert _same(model, rewritten, x) == 0.0

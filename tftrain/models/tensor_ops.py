@@ -160,7 +160,8 @@ class _Graph:
         self.plan: dict[int, tuple] = {}          # id(node) -> (kind, source tensor, value)
         for node in nodes:
             found = (self._hard_swish(node) or self._hard_sigmoid(node) or self._affine(node)
-                     or self._kept_dims(node) or self._split_activation(node))
+                     or self._kept_dims(node) or self._split_activation(node)
+                     or self._tensor_sum(node) or self._nested(node))
             if found is not None:
                 self.plan[id(node)] = found
 
@@ -253,6 +254,27 @@ class _Graph:
             return None
         return "split", self._single_input(node), (layer, name)
 
+    def _tensor_sum(self, node):
+        """("sum", (x, y), None) at a `TFOpLambda` adding two tensors of one shape
+        (ConvNeXt's residual `x + layer_scale(...)`): as an `Add`, which QAT quantizes."""
+        if not _is_op(node.layer) or _SCALAR_OPS.get(getattr(node.layer, "symbol", "")) != "add":
+            return None
+        args = list(node.call_args)
+        if len(args) != 2 or not all(internals.is_symbolic(a) for a in args) or \
+                tuple(args[0].shape) != tuple(args[1].shape) or \
+                any(v is not None for k, v in node.call_kwargs.items() if k != "name"):
+            return None
+        return "sum", tuple(args), None
+
+    def _nested(self, node):
+        """("inline", x, None) at a `Sequential` called inside the model (ConvNeXt's
+        stem and downsampling blocks): its layers become the model's, in their order,
+        so pruning and QAT reach them."""
+        if not isinstance(node.layer, keras.Sequential):
+            return None
+        source = self._single_input(node)
+        return None if source is None else ("inline", source, None)
+
     # -- the new graph -----------------------------------------------------------------
     def rebuild(self):
         made, outputs, copies = {}, {}, []
@@ -280,6 +302,16 @@ class _Graph:
                         f"{layer.name}_activation", names))(linear(mapped(source)))
                 elif kind == "affine" and _identity(value[0], value[1]):
                     result = mapped(source)
+                elif kind == "sum":
+                    result = keras.layers.Add(name=_fresh(f"{layer.name}_add", names))(
+                        [mapped(t) for t in source])
+                elif kind == "inline":
+                    result = mapped(source)
+                    for inner in layer.layers:
+                        made_inner = inner.__class__.from_config(
+                            {**inner.get_config(), "name": _fresh(inner.name, names)})
+                        copies.append((inner, made_inner))
+                        result = made_inner(result)
                 else:
                     result = self._replacement(kind, value, layer.name, names)(mapped(source))
             else:
