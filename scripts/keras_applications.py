@@ -161,8 +161,11 @@ def compress_trial(name: str, source: str, runs: Path, timeout: int,
            **({"keras3_train_accuracy": TRAINED[path]} if path in TRAINED else {})}
     try:
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {**row, "outcome": f"over {timeout} s"}
+    except subprocess.TimeoutExpired:        # (the stages it finished, from its run directory)
+        stages = runs / run_name / "stages.json"
+        done_stages = list(json.loads(stages.read_text())) if stages.exists() else []
+        return {**row, "outcome": f"over {timeout} s",
+                "why": f"stages finished: {', '.join(done_stages) or 'none'}"}
     summary = runs / run_name / "summary.json"
     # exit 3: the int8 file works but misses its accuracy budget (its check says by how much)
     if done.returncode in (0, 1, 3) and summary.exists():
@@ -191,7 +194,8 @@ def summary_row(found: dict) -> dict:
 def table_row(row: dict) -> str:
     """docs/bring_your_own_model.md's row of a `compress_trial`."""
     if row["outcome"] != "through":
-        return f"| {row['name']} | {row['source']} | {row['outcome']}: {row.get('why') or row.get('check')} |"
+        detail = row.get("why") or row.get("check")
+        return f"| {row['name']} | {row['source']} | {row['outcome']}{': ' + detail if detail else ''} |"
     ops = row["float_ops"]
     return (f"| {row['name']} | {row['source']} | {row['qat']:.4f} | {row['int8']:.4f} | "
             f"{row['bytes']:,} B | {row['speedup']:.2f}x | "
