@@ -121,3 +121,12 @@ def test_a_nested_sequential_is_inlined_and_a_sum_of_two_tensors_becomes_an_add(
         stem.get_layer("stem_conv").get_weights()[0].tolist()
     x = np.random.default_rng(0).normal(size=(3, 8, 8, 3)).astype("float32")
     assert _same(model, rewritten, x) == 0.0
+
+
+def test_a_sequential_called_twice_keeps_its_shared_weights_whole():
+    keras.utils.set_random_seed(0)
+    shared = keras.Sequential([keras.layers.Dense(4, name="shared_dense")], name="shared")
+    a, b = keras.Input((3,)), keras.Input((3,))
+    model = keras.Model([a, b], keras.layers.Add()([shared(a), shared(b)]))
+    rewritten = as_layers(model)
+    assert rewritten is model and "Sequential" in _kinds(rewritten)

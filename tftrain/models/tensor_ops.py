@@ -269,8 +269,10 @@ class _Graph:
     def _nested(self, node):
         """("inline", x, None) at a `Sequential` called inside the model (ConvNeXt's
         stem and downsampling blocks): its layers become the model's, in their order,
-        so pruning and QAT reach them."""
-        if not isinstance(node.layer, keras.Sequential):
+        so pruning and QAT reach them. Called more than once, its weights are shared, and
+        it stays whole."""
+        if not isinstance(node.layer, keras.Sequential) or \
+                sum(other.layer is node.layer for other in self.nodes) != 1:
             return None
         source = self._single_input(node)
         return None if source is None else ("inline", source, None)
