@@ -141,16 +141,19 @@ COST = {"strategy": {"mirrored": 2.04, "multi_worker": 2.49},
         "export": {"tflite_dynamic": 1.06, "tflite_float16": 1.08, "tflite_int8": 1.12},
         "preflight": {"off": 0.93},
         "recompute": {"blocks": 1.06}}
-PAIR_COST = {(("model", "keras_applications:MobileNetV2"), ("strategy", "mirrored")): 1.22,
-             (("model", "keras_applications:MobileNetV2"), ("precision", "mixed_bfloat16")): 1.12,
-             (("model", "keras_applications:MobileNetV2"), ("stages", "prune+qat")): 1.1,
-             (("model", "keras_applications:MobileNetV2"), ("stages", "channels+qat")): 0.87,
-             (("model", "keras_applications:MobileNetV2"), ("strategy", "multi_worker")): 0.87,
-             (("model", "keras_applications:MobileNetV3Small"), ("strategy", "mirrored")): 1.22,
-             (("model", "keras_applications:MobileNetV3Small"), ("strategy", "multi_worker")): 1.15,
-             (("model", "keras_applications:MobileNetV3Small"), ("precision", "mixed_bfloat16")): 1.33,
-             (("model", "keras_applications:MobileNetV3Small"), ("stages", "prune+qat")): 1.07,
-             (("model", "keras_applications:MobileNetV3Small"), ("stages", "channels+qat")): 0.91}
+PAIR_COST = {(("model", f"keras_applications:{name}"), pair): factor
+             for name, factors in {
+                 "MobileNetV2": {("strategy", "mirrored"): 1.22,
+                                 ("strategy", "multi_worker"): 0.87,
+                                 ("precision", "mixed_bfloat16"): 1.12,
+                                 ("stages", "prune+qat"): 1.1,
+                                 ("stages", "channels+qat"): 0.87},
+                 "MobileNetV3Small": {("strategy", "mirrored"): 1.22,
+                                      ("strategy", "multi_worker"): 1.15,
+                                      ("precision", "mixed_bfloat16"): 1.33,
+                                      ("stages", "prune+qat"): 1.07,
+                                      ("stages", "channels+qat"): 0.91}}.items()
+             for pair, factor in factors.items()}
 
 
 BASE_SECONDS = 7.2      # the fitted time of a row of every dimension's first value (and a cnn)
