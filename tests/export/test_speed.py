@@ -75,9 +75,12 @@ def test_an_artifact_timed_against_a_reference_file_of_its_runtime(tmp_path):
     assert all(v > 2 for v in narrow["speedup_vs_reference"].values()), narrow
     itself = speed.versus_reference(wide, "tflite", x, str(tmp_path / "wide.tflite"), rounds=3,
                                     budget=0.06)
-    # (about as fast: all-core timings of two runs of one file moved 2x apart under the
-    # suite's parallel workers on 2 cores)
-    assert all(1 / 3 < v < 3 for v in itself["speedup_vs_reference"].values()), itself
+    # about as fast on one thread; all-core timings of two runs of one file moved more
+    # than 3x apart under the suite's parallel workers on 2 cores (CI: 0.31), so those
+    # are only checked to be there and positive
+    same = itself["speedup_vs_reference"]
+    assert all(1 / 2 < v < 2 for k, v in same.items() if k.endswith("threads1")), itself
+    assert len(same) == 4 and all(v > 0 for v in same.values()), itself
     (tmp_path / "m.onnx").write_bytes(b"")
     assert speed.versus_reference(wide, "tflite", x, str(tmp_path / "m.onnx")) == {}
 
