@@ -207,8 +207,12 @@ class ForkedRun(Forked):
         outputs = {}
 
         def drain(name, stream):
-            outputs[name] = stream.read()
-            stream.close()
+            # the caller may close the stream after a timeout while this still reads
+            try:
+                outputs[name] = stream.read()
+                stream.close()
+            except ValueError:
+                outputs[name] = None
         readers = [threading.Thread(target=drain, args=(name, stream), daemon=True)
                    for name, stream in (("stdout", self.stdout), ("stderr", self.stderr))
                    if stream is not None]
