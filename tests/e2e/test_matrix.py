@@ -678,12 +678,16 @@ def one_device(row: dict, sets: list[str]) -> list[str]:
                    f"train.accumulation_steps={2 * row['accumulation']}"]
 
 
+# a reference run exports nothing: its losses and kernels are what it is compared on
+NO_EXPORT = ["export.tflite=none", "export.saved_model=false", "export.preflight=false"]
+
+
 def reference_losses(row: dict, sets: list[str], tmp_path, capsys) -> dict[str, dict[int, float]]:
     """The row's first stage on one device (`one_device`), without the later stages and
     exports."""
     from tftrain.run import main
     keep = [s for s in one_device(row, sets) if not s.startswith(("compression.", "export."))]
-    keep += ["export.tflite=none", "export.saved_model=false", "export.preflight=false"]
+    keep += NO_EXPORT
     code = main([str(QUICKSTART), "--run-dir", str(tmp_path / "reference"), "--smoke",
                  *[a for s in keep for a in ("--set", s)]])
     out, err = capsys.readouterr()
@@ -697,12 +701,21 @@ def resumed_losses(row: dict, sets: list[str], run, stage: str, tmp_path,
     where the row's stages before it left off: the row's run directory with that stage
     and those after it taken out, resumed on one device accumulating both replicas'
     micro-batches (the same global batch, the row's config otherwise), so both sides start
-    from the same weights and, for QAT, calibrate the same ranges."""
+    from the same weights and, for QAT, calibrate the same ranges. It exports nothing
+    (`NO_EXPORT`, written into the copy's config as well: a resume keeps its config but for
+    its topology); the row's run verified its exports."""
     import shutil
 
+    import yaml
+
+    from tftrain.config import dump_config, load_config
     from tftrain.run import main
     copy = tmp_path / f"resumed-{stage}" / run.name
     shutil.copytree(run, copy)
+    ours = [s for s in one_device(row, sets) if not s.startswith("export.")] + NO_EXPORT
+    config = yaml.safe_load((copy / "config.yaml").read_text())
+    config["export"] = yaml.safe_load(dump_config(load_config(QUICKSTART, ours)))["export"]
+    (copy / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     done = json.loads((copy / "stages.json").read_text())
     order = list(done)
     for name in order[order.index(stage):]:
@@ -713,9 +726,8 @@ def resumed_losses(row: dict, sets: list[str], run, stage: str, tmp_path,
     (copy / "stages.json").write_text(json.dumps(done))
     (copy / "summary.json").unlink()
     shutil.rmtree(copy / "export", ignore_errors=True)
-    # (a resumed run keeps its config but for its topology: the row's exports too)
     code = main([str(QUICKSTART), "--run-dir", str(copy.parent), "--smoke",
-                 *[a for s in one_device(row, sets) for a in ("--set", s)]])
+                 *[a for s in ours for a in ("--set", s)]])
     out, err = capsys.readouterr()
     assert code == 0, err[-4000:]
     assert f"[{stage}] " in out and not any(f"[{n}] " in out for n in order[:order.index(stage)])
