@@ -1,4 +1,6 @@
 """Weight averaging (EMA): the recurrence, once per update made, per replica, applied."""
+from unittest import mock
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -110,7 +112,16 @@ def test_batch_norm_statistics_are_re_estimated_for_the_averaged_weights(mirrore
     rng = np.random.default_rng(0)
     batches = [rng.normal(loc=i, scale=1 + i, size=(16, 3)).astype(np.float32)
                for i in range(count)]
-    assert recalibrate_batch_norm(model, [(b, None) for b in batches]) == count
+    # each replica reads and updates its own copies: no statistic is reduced across the
+    # replicas (under MultiWorkerMirrored, a collective per variable and batch)
+    reduced, reduce_to = [], type(strategy.extended)._reduce_to
+
+    def counted(self, *args, **kwargs):
+        reduced.append(args)
+        return reduce_to(self, *args, **kwargs)
+    with mock.patch.object(type(strategy.extended), "_reduce_to", counted):
+        assert recalibrate_batch_norm(model, [(b, None) for b in batches]) == count
+    assert reduced == []
     means = np.mean([b.mean(0) for b in batches], axis=0)
     variances = np.mean([b.var(0) for b in batches], axis=0)     # as Keras keeps them
     for variable in ([bn.moving_mean] if not mirrored else bn.moving_mean.values):
