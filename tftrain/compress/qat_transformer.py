@@ -17,7 +17,9 @@ projection's int8 output is the scaled query.
 
 A Dense on a sequence (`[B, T, D]`) computes with `tensordot`, whose reshape between
 matmul and bias leaves TFLite's FULLY_CONNECTED float; `SequenceDense` is the same
-layer as one einsum with its bias, which converts to one int8 FULLY_CONNECTED. Layer
+layer as one matmul with its bias over the leading axes flattened (`last_axis_dense`),
+which converts to one int8 FULLY_CONNECTED between reshapes. (An einsum
+`"...d,de->...e"`, the form before, trained over 100x slower on CPU.) Layer
 normalization has no int8 kernel in TFLite: `PlainLayerNorm` computes it in float as
 mean, variance and rsqrt (nine TFLite ops instead of the eighteen of Keras's fused
 form), between a dequantize and the quantize of its output range.
@@ -95,9 +97,7 @@ class QuantizableAttention(keras.layers.Layer):
         super().build(input_shape)
 
     def _project(self, x, name):
-        y = tf.einsum("...d,de->...e", x, tf.cast(getattr(self, f"{name}_kernel"), x.dtype))
-        bias = getattr(self, f"{name}_bias")
-        return y if bias is None else y + tf.cast(bias, y.dtype)
+        return last_axis_dense(x, getattr(self, f"{name}_kernel"), getattr(self, f"{name}_bias"))
 
     def _fake_quant(self, x, name, training):
         return fake_quant(self._quantizer, x, self._ranges[name], training)
@@ -151,14 +151,28 @@ class AttentionQuantizeConfig(PrunePreservingConfig):
 
 @keras.utils.register_keras_serializable("tftrain")
 class SequenceDense(keras.layers.Dense):
-    """A Dense applied to the last axis of a sequence as one einsum with its bias (the
-    form TFLite converts to one int8 FULLY_CONNECTED); same weights and config."""
+    """A Dense applied to the last axis of a sequence (or an image's pixels) as one
+    matmul with its bias over the leading axes flattened (the form TFLite converts to
+    one int8 FULLY_CONNECTED between reshapes); same weights and config. (Written as
+    `einsum("...d,de->...e")`, its training step on CPU took 505 ms against 2.8 ms for a
+    batch of 32 x 8 x 8 x 96 into 384 units: a QAT ConvNeXtTiny's update 33 s against
+    2.3 s for the float model.)"""
 
     def call(self, inputs):
-        y = tf.einsum("...d,de->...e", inputs, tf.cast(self.kernel, inputs.dtype))
-        if self.use_bias:
-            y = y + tf.cast(self.bias, y.dtype)
-        return self.activation(y)
+        return self.activation(last_axis_dense(inputs, self.kernel,
+                                               self.bias if self.use_bias else None))
+
+
+def last_axis_dense(x, kernel, bias=None):
+    """`x @ kernel + bias` over the last axis of `x` (any rank): one matmul with its bias
+    over the leading axes flattened, reshaped back."""
+    units = kernel.shape[-1]
+    y = tf.matmul(tf.reshape(x, [-1, kernel.shape[0]]), tf.cast(kernel, x.dtype))
+    if bias is not None:
+        y = tf.nn.bias_add(y, tf.cast(bias, y.dtype))
+    y = tf.reshape(y, tf.concat([tf.shape(x)[:-1], [units]], 0))
+    y.set_shape(x.shape[:-1].concatenate([units]))
+    return y
 
 
 @keras.utils.register_keras_serializable("tftrain")
