@@ -154,8 +154,8 @@ class SequenceDense(keras.layers.Dense):
     """A Dense applied to the last axis of a sequence (or an image's pixels) as one
     matmul with its bias over the leading axes flattened (the form TFLite converts to
     one int8 FULLY_CONNECTED between reshapes); same weights and config. (Written as
-    `einsum("...d,de->...e")`, its training step on CPU took 505 ms against 2.8 ms for a
-    batch of 32 x 8 x 8 x 96 into 384 units: a QAT ConvNeXtTiny's update 33 s against
+    `einsum("...d,de->...e")`, its forward and backward pass on CPU took 505 ms against
+    2.8 ms for a batch of 32 x 8 x 8 x 96 into 384 units: a QAT ConvNeXtTiny's update 33 s against
     2.3 s for the float model.)"""
 
     def call(self, inputs):

@@ -116,8 +116,8 @@ def recalibrate_batch_norm(model, batches) -> int:
     same batches too) and the first replica's sums are kept: the statistics are
     sync-on-read variables, and read or updated in cross-replica context each of them is
     all-reduced across the replicas and workers, per batch (under MultiWorkerMirrored,
-    eagerly, one collective per variable and batch: 43% of a stage's end in a 2-worker
-    ResNet-8 run), although every replica holds the same values."""
+    eagerly, one collective per variable and batch: 58% of the profile's samples of a
+    stage's end in a 2-worker ResNet-8 run), although every replica holds the same values."""
     layers = batch_norm_layers(model)
     if not layers:
         return 0
