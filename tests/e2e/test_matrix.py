@@ -682,12 +682,17 @@ def one_device(row: dict, sets: list[str]) -> list[str]:
 NO_EXPORT = ["export.tflite=none", "export.saved_model=false", "export.preflight=false"]
 
 
+def reference_sets(row: dict, sets: list[str], dropped: tuple[str, ...]) -> list[str]:
+    """The row's overrides on one device (`one_device`) without those starting with
+    `dropped`, exporting nothing (`NO_EXPORT`)."""
+    return [s for s in one_device(row, sets) if not s.startswith(dropped)] + NO_EXPORT
+
+
 def reference_losses(row: dict, sets: list[str], tmp_path, capsys) -> dict[str, dict[int, float]]:
     """The row's first stage on one device (`one_device`), without the later stages and
     exports."""
     from tftrain.run import main
-    keep = [s for s in one_device(row, sets) if not s.startswith(("compression.", "export."))]
-    keep += NO_EXPORT
+    keep = reference_sets(row, sets, ("compression.", "export."))
     code = main([str(QUICKSTART), "--run-dir", str(tmp_path / "reference"), "--smoke",
                  *[a for s in keep for a in ("--set", s)]])
     out, err = capsys.readouterr()
@@ -714,7 +719,7 @@ def resumed_losses(row: dict, sets: list[str], run, stage: str, tmp_path,
     shutil.copytree(run, copy)
     done = json.loads((copy / "stages.json").read_text())
     order = list(done)
-    ours = [s for s in one_device(row, sets) if not s.startswith("export.")] + NO_EXPORT
+    ours = reference_sets(row, sets, ("export.",))
     later = order[order.index(stage) + 1:]
     assert later in ([], ["qat"]), later
     if later:                 # a channel fine-tune's reference stops there: QAT is not run
