@@ -26,6 +26,8 @@ import tftrain  # noqa: F401,E402  (sets TF_USE_LEGACY_KERAS before TensorFlow i
 from helpers import COMPRESS, QUICKSTART, ROOT, VIRTUAL_CPUS, cli, shared_run, summary_of
 from tftrain.config import load_config
 
+pytest_plugins = ["cputime"]        # TFTRAIN_TEST_CPU=<file>: each test's CPU-seconds
+
 
 def pytest_configure(config):
     if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
