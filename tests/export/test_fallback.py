@@ -59,3 +59,35 @@ def test_a_relu_reported_layer_falls_back_through_its_convolution(qat_cnn):
     assert fallback.weighted_layer(q, "quant_relu_0").name == "quant_conv_0"
     assert fallback.weighted_layer(q, "quant_dense_0").name == "quant_dense_0"
     assert fallback.weighted_layer(q, q.layers[1].name) is None     # the input quantizer
+
+
+def test_one_conversion_serves_every_try_with_the_file_that_try_would_convert(
+        qat_cnn, tmp_path):
+    """The fallback converts once, with every candidate's kernel float, and splices each
+    try's layers from that file: byte for byte the file each try converted on its own
+    gave (one conversion instead of one a try)."""
+    from tftrain.compress import quantization
+    q = qat_cnn[0]
+    artifacts.write_saved_model(q, tmp_path / "qat")
+    int8 = artifacts.convert_tflite(tmp_path / "qat", "int8", None, qat=True)
+    calls = []
+
+    def convert(wrappers):
+        calls.append([w.name for w in wrappers])
+        return artifacts.converted_within(quantization.kernels_unquantized(wrappers), q,
+                                          tmp_path / "strict", "int8", None, qat=True,
+                                          strict=True)
+
+    rows = [{"layer": name, "local_sqnr_db": db} for name, db in
+            [("quant_relu_1", 20.0), ("quant_logits", 30.0), ("quant_relu_0", 25.0)]]
+    order = [w.name for w, _ in fallback.candidates(q, rows, 3)]
+    assert order == ["quant_conv_1", "quant_conv_0", "quant_logits"]   # worst first, kernels
+    splice = fallback.splicer(q, int8, rows, 3, convert)
+    assert calls == [order]
+    wrappers = [q.get_layer(name) for name in order]
+    for count in (1, 2, 3):
+        alone = fallback.spliced(int8, convert(wrappers[:count]))
+        assert splice(wrappers[:count]) == alone[0] and len(alone[1]) == count
+    assert fallback.owner("cnn/quant_relu_0/Relu;cnn/quant_conv_0/Conv2D1", wrappers) \
+        is wrappers[1]
+    assert fallback.owner("cnn/quant_dense_0/MatMul", wrappers) is None

@@ -5,7 +5,8 @@ When the int8 TFLite file of a quantization-aware trained model is further than
 QAT, tfmot #368), `export.int8_fallback: auto` converts it again with the kernels of its
 noisiest layer float (the layer the fidelity report names by the noise it adds, not the
 ones downstream that carry it), then the next, until the file is within budget or
-`export.int8_fallback_layers` layers were tried. A fallen-back layer runs in float
+`export.int8_fallback_layers` layers were tried (one conversion, with every
+candidate's kernel float, serves every try: `splicer`). A fallen-back layer runs in float
 between a dequantize and the quantize of its output range, which QAT learned, so the
 layers around it stay int8. The converter cannot write that file itself: a kernel
 without fake-quant it quantizes on its own (post-training) when the tensors around it
@@ -47,33 +48,67 @@ def weighted_layer(model, name: str):
     return None
 
 
+def candidates(model, rows: list[dict], most: int) -> list[tuple]:
+    """The layers a fallback tries, in order: the QAT wrapper holding the kernel behind
+    each layer the fidelity report `rows` names, worst first, each once, at most `most`;
+    (wrapper, its row) pairs."""
+    picked: list[tuple] = []
+    for row in worst(rows, len(rows)):
+        wrapper = weighted_layer(model, row["layer"])
+        if len(picked) < most and wrapper is not None and \
+                all(wrapper is not w for w, _ in picked):
+            picked.append((wrapper, row))
+    return picked
+
+
+def owner(op_name: str, wrappers: list):
+    """The one wrapper among `wrappers` a TFLite op's name (fused: `model/<layer>/<op>`
+    parts joined by ";") is made from, else None."""
+    parts = {segment for piece in op_name.split(";") for segment in piece.split("/")}
+    found = [w for w in wrappers if w.name in parts]
+    return found[0] if len(found) == 1 else None
+
+
 def fall_back(model, rows: list[dict], accuracy_of: Callable[[bytes], float],
               convert: Callable[[list], bytes], reference: float, budget: float,
               most: int) -> tuple[bytes | None, dict]:
-    """Fall back layers named in `rows` (the fidelity report, worst first) one at a
-    time: `convert(wrappers)` makes an int8 file with those wrappers' kernels float,
+    """Fall back the layers `candidates` picks from `rows` (the fidelity report) one more
+    at a time: `convert(wrappers)` makes an int8 file with those wrappers' kernels float,
     `accuracy_of(blob)` evaluates it. Returns (the first file within `budget` of
     `reference`, or the best tried; its record)."""
-
-    chosen, tried, best = [], [], (None, -1.0, 0)     # (file, accuracy, layers in it)
-    for row in worst(rows, len(rows)):
-        if len(tried) >= most:
-            break
-        wrapper = weighted_layer(model, row["layer"])
-        if wrapper is None or wrapper in chosen:
-            continue
-        chosen.append(wrapper)
-        blob = convert(list(chosen))
+    picked = candidates(model, rows, most)
+    wrappers = [w for w, _ in picked]
+    tried, best = [], (None, -1.0, 0)     # (file, accuracy, layers in it)
+    for count, (wrapper, row) in enumerate(picked, 1):
+        blob = convert(wrappers[:count])
         accuracy = accuracy_of(blob)
         tried.append({"layer": wrapper.name, "named_as": row["layer"],
                       "local_sqnr_db": row["local_sqnr_db"], "accuracy": accuracy})
         if accuracy > best[1]:
-            best = (blob, accuracy, len(chosen))
+            best = (blob, accuracy, count)
         if reference - accuracy <= budget + 1e-9:
             break
     within = bool(tried) and reference - best[1] <= budget + 1e-9
-    return best[0], {"layers": [w.name for w in chosen[:best[2]]], "tried": tried,
+    return best[0], {"layers": [w.name for w in wrappers[:best[2]]], "tried": tried,
                      "within_budget": within}
+
+
+def splicer(model, int8: bytes, rows: list[dict], most: int,
+            convert: Callable[[list], bytes]) -> Callable[[list], bytes]:
+    """`wrappers -> the int8 file with their kernels float` for `fall_back`. One
+    strict-QDQ conversion with every candidate's kernel float serves each try (each
+    layer's float op, batch norm folded, is the same whichever others are float): its
+    float ops are spliced in for the wrappers asked for, told apart by their names
+    (`owner`); if a name is not one candidate's alone, each try converts its own."""
+    wrappers = [w for w, _ in candidates(model, rows, most)]
+    if not wrappers:
+        return lambda chosen: spliced(int8, convert(chosen))[0]
+    every = convert(wrappers)
+    owners = {name: owner(name, wrappers) for name in spliced(int8, every)[1]}
+    if not all(owners.values()):
+        return lambda chosen: spliced(int8, convert(chosen))[0]
+    return lambda chosen: spliced(int8, every, lambda name: any(
+        owners.get(name) is w for w in chosen))[0]
 
 
 def within_budget(model, int8: bytes, entry: dict, convert: Callable[[list], bytes],
@@ -81,11 +116,12 @@ def within_budget(model, int8: bytes, entry: dict, convert: Callable[[list], byt
                   reference: float, cfg) -> tuple[bytes, dict]:
     """The int8 file `int8` (report entry `entry`) with layers fallen back until within
     `export.max_accuracy_drop` of `reference`: `convert(wrappers)` writes a strict-QDQ
-    file with those wrappers' kernels float, whose float ops are `spliced` into `int8`;
-    `entry_of` makes the new file's entry, which records the layers, each try, and the
-    accuracy, size and latency before. If no try comes closer, `int8` is kept."""
-    found, record = fall_back(model, entry["layers"], accuracy_of,
-                              lambda wrappers: spliced(int8, convert(wrappers))[0], reference,
+    file with those wrappers' kernels float, whose float ops are `spliced` into `int8`
+    (`splicer`); `entry_of` makes the new file's entry, which records the layers, each
+    try, and the accuracy, size and latency before. If no try comes closer, `int8` is
+    kept."""
+    splice = splicer(model, int8, entry["layers"], cfg.int8_fallback_layers, convert)
+    found, record = fall_back(model, entry["layers"], accuracy_of, splice, reference,
                               cfg.max_accuracy_drop, cfg.int8_fallback_layers)
     if found is None or max(t["accuracy"] for t in record["tried"]) <= entry["accuracy"]:
         console.warn(f"tflite_int8: no fallback of {len(record['tried'])} "
@@ -106,11 +142,13 @@ def within_budget(model, int8: bytes, entry: dict, convert: Callable[[list], byt
 _KERNEL_OPS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "BATCH_MATMUL")
 
 
-def spliced(int8_blob: bytes, float_blob: bytes) -> tuple[bytes, list[str]]:
+def spliced(int8_blob: bytes, float_blob: bytes,
+            only: Callable[[str], bool] | None = None) -> tuple[bytes, list[str]]:
     """`int8_blob` with each of its kernel ops that `float_blob` computes in float (the
-    same output tensor name) replaced by DEQUANTIZE -> that float op (its float kernel
-    and bias, batch norm folded as the converter folded it) -> QUANTIZE to the int8 op's
-    output, so the ops around it are unchanged; returns it and the replaced tensors'
+    same output tensor name; with `only`, those whose name it accepts) replaced by
+    DEQUANTIZE -> that float op (its float kernel and bias, batch norm folded as the
+    converter folded it) -> QUANTIZE to the int8 op's output, so the ops around it are
+    unchanged; returns it and the replaced tensors'
     names. `float_blob` is a strict-QDQ conversion with those layers' kernels float: the
     converter writes it with uint8 per-channel kernels elsewhere, which no runtime runs,
     so only its float ops are taken."""
@@ -150,7 +188,8 @@ def spliced(int8_blob: bytes, float_blob: bytes) -> tuple[bytes, list[str]]:
     for op in other.operators:
         out = other.tensors[op.outputs[0]]
         if op_name(source, op) not in _KERNEL_OPS or out.type != fb.TensorType.FLOAT32 \
-                or out.name not in by_output:
+                or out.name not in by_output or \
+                (only is not None and not only(out.name.decode())):
             continue
         old = graph.operators[by_output[out.name]]
         if graph.tensors[old.outputs[0]].type == fb.TensorType.FLOAT32:
