@@ -404,7 +404,7 @@ def test_hard_swish_and_squeeze_excite_quantize_to_int8_ops_xnnpack_runs(tmp_pat
     no int8 kernel for it: the converter fuses one when the expression is written whole),
     XNNPack runs every op, and the file computes what the QAT model does."""
     from tftrain.export import artifacts, speed
-    from tftrain.models.tensor_ops import HardSigmoid, HardSwish
+    from tftrain.models.hard_swish import HardSigmoid, HardSwish
     from ai_edge_litert.interpreter import Interpreter
     keras.utils.set_random_seed(0)
     inputs = keras.Input((16, 16, 3))

@@ -203,7 +203,7 @@ def test_post_training_int8_of_hard_swish_is_int8_ops_xnnpack_runs(tmp_path):
     accuracy; its float file keeps the fused HARD_SWISH."""
     from ai_edge_litert.interpreter import Interpreter
     from tftrain.export import speed
-    from tftrain.models.tensor_ops import HardSwish
+    from tftrain.models.hard_swish import HardSwish
     source = load_source(load_config().data, 0)
     keras.utils.set_random_seed(0)
     inputs = keras.Input(source.spec.shape)
@@ -231,11 +231,11 @@ def test_post_training_int8_of_hard_swish_is_int8_ops_xnnpack_runs(tmp_path):
     assert speed.xnnpack(blob)["fallback"] == []
     # an input far beyond relu6's [0, 6] is traced fused: LiteRT's int8 ADD of x and 3
     # into [0, 6] miscomputed a large negative x (6 for x = -1275)
-    from tftrain.models import tensor_ops
+    from tftrain.models import hard_swish
     x = next(iter(source.calibration(64).batch(64)))[0].numpy()
-    assert tensor_ops.unfusable(model, x) == ["swish", "swish_1"]
+    assert hard_swish.unfusable(model, x) == ["swish", "swish_1"]
     model.get_layer("bn").gamma.assign(model.get_layer("bn").gamma * 1000.0)
-    assert tensor_ops.unfusable(model, x) == []       # both inputs now reach beyond 96
+    assert hard_swish.unfusable(model, x) == []       # both inputs now reach beyond 96
 
 
 def test_a_float_tflite_file_beyond_the_logit_limit_is_compared_layer_by_layer(tmp_path, trained,

@@ -157,7 +157,8 @@ def test_arithmetic_on_tensors_converts_as_keras_applications_write_it():
     """Keras 3 ops on tensors (MobileNetV3's `ReLU(6)(x + 3) * (1 / 6)`, a constant on
     either side, two tensors) become tf_keras layers that compute the same, to 1e-6."""
     import numpy as np
-    from tftrain.models.tensor_ops import HardSigmoid, HardSwish, as_layers
+    from tftrain.models.hard_swish import HardSigmoid, HardSwish
+    from tftrain.models.tensor_ops import as_layers
     k3 = keras3()
     inputs = k3.Input((6,))
     x = k3.layers.Dense(6, name="d")(inputs)

@@ -7,7 +7,8 @@ import pytest
 
 from tftrain.core.keras import keras
 from tftrain.models.applications import application
-from tftrain.models.tensor_ops import HardSigmoid, HardSwish, affine_of, as_layers
+from tftrain.models.hard_swish import HardSigmoid, HardSwish
+from tftrain.models.tensor_ops import affine_of, as_layers
 
 SPEC = SimpleNamespace(shape=(32, 32, 3), num_classes=10)
 
@@ -130,3 +131,26 @@ def test_a_sequential_called_twice_keeps_its_shared_weights_whole():
     model = keras.Model([a, b], keras.layers.Add()([shared(a), shared(b)]))
     rewritten = as_layers(model)
     assert rewritten is model and "Sequential" in _kinds(rewritten)
+
+
+def test_a_convolution_grouped_by_channel_becomes_a_depthwise_one_and_others_stay():
+    """ConvNeXt's 7x7 convolution with a group per channel (strided, biased, with an
+    activation here) becomes a `DepthwiseConv2D` of the same name, kernel (7, 7, 1, 16)
+    read as (7, 7, 16, 1), same outputs; a convolution grouped in fewer groups, or one
+    whose groups are not its filters, stays a `Conv2D`."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((9, 9, 16))
+    x = keras.layers.Conv2D(16, 7, strides=2, padding="same", groups=16, activation="relu",
+                            name="dw")(inputs)
+    x = keras.layers.Conv2D(16, 3, padding="same", groups=4, name="grouped")(x)
+    x = keras.layers.Conv2D(32, 3, padding="same", groups=16, name="wider")(x)
+    model = keras.Model(inputs, x)
+    rewritten = as_layers(model)
+    assert _kinds(rewritten) == ["InputLayer", "DepthwiseConv2D", "Conv2D", "Conv2D"]
+    dw = rewritten.get_layer("dw")
+    assert dw.depth_multiplier == 1 and dw.strides == (2, 2) and dw.activation.__name__ == "relu"
+    assert dw.depthwise_kernel.shape == (7, 7, 16, 1)
+    np.testing.assert_array_equal(dw.depthwise_kernel.numpy()[:, :, 5, 0],
+                                  model.get_layer("dw").kernel.numpy()[:, :, 0, 5])
+    x = np.random.default_rng(0).normal(size=(4, 9, 9, 16)).astype("float32")
+    assert _same(model, rewritten, x) <= 1e-5

@@ -26,7 +26,8 @@ from tf_keras.src.applications.convnext import LayerScale as ConvNeXtLayerScale
 
 from tftrain.compress.qat_base import PrunePreservingConfig
 from tftrain.core.keras import keras
-from tftrain.models.tensor_ops import HardSigmoid, HardSwish, affine_of
+from tftrain.models.hard_swish import HardSigmoid, HardSwish
+from tftrain.models.tensor_ops import affine_of
 from tftrain.models.applications import Preprocess
 from tftrain.models.audio import AudioFeatures
 from tftrain.compress import qat_transformer as qt

@@ -18,7 +18,7 @@ from tftrain.export import artifacts, fidelity, file_memory, speed, verification
 from tftrain.export.measures import (NOISE_EXAMPLES, accuracy, against, input_kind,
                                      layer_rounding_noise, rounding_noise, signature_latency,
                                      signature_logits, sizes)
-from tftrain.models import tensor_ops
+from tftrain.models import hard_swish
 
 
 @dataclass(frozen=True)
@@ -118,12 +118,12 @@ class ExportContext:
 
     def int8_flatbuffer(self) -> bytes:
         """The int8 TFLite file: from the QAT ranges, or calibrated (HardSwish layers
-        traced unfused where safe, `tensor_ops`); once `publish_int8` was called (the
+        traced unfused where safe, `hard_swish`); once `publish_int8` was called (the
         int8 TFLite kind, after any fallback), the file it published."""
         if self._int8 is None:
-            if not self.flags.qat and tensor_ops.has_hard_swish(self.plain):
+            if not self.flags.qat and hard_swish.has_hard_swish(self.plain):
                 blob = artifacts.converted_within(
-                    tensor_ops.unfused(tensor_ops.unfusable(self.plain, self.calibration)),
+                    hard_swish.unfused(hard_swish.unfusable(self.plain, self.calibration)),
                     self.plain, self.out / "tflite_int8_source", "int8", self.calibration)
             else:
                 blob = artifacts.convert_tflite(self.tflite_source, "int8", self.calibration,
