@@ -9,7 +9,7 @@ from tftrain.core.keras import keras
 from tftrain.config import ModelConfig
 from tftrain.data.source import InputSpec
 from tftrain.models import build_model
-from tftrain.models.applications import Preprocess
+from tftrain.models.applications import Preprocess, application
 from tftrain.run import main
 
 from helpers import ROOT, model_weights, quick_config
@@ -69,6 +69,27 @@ def test_a_backbone_cut_until_a_layer_holds_the_layers_up_to_it_with_their_weigh
             np.testing.assert_array_equal(a, b)           # the file's weights, as whole
     assert model.get_layer("block_2_add_pool").output_shape == (None, 8)   # block 2: 8 channels
     assert model.output_shape == (None, 10)
+
+
+@pytest.mark.parametrize("name", ["ConvNeXtTiny", "RegNetX002"])
+def test_a_backbone_that_skips_its_input_tensor_still_reads_the_preprocessed_image(name):
+    """tf_keras' ConvNeXt and RegNet build on the `Input` under `input_tensor`, skipping
+    what came between: made again on the preprocessing's output, the model computes on
+    [0, 1] images what the backbone computes on the same images as [0, 255] (ConvNeXt
+    had seen [0, 1] as [0, 255] and trained at chance)."""
+    keras.utils.set_random_seed(0)
+    model = application(name)(InputSpec((32, 32, 3), "float32", 10), dropout=0)
+    backbone = getattr(keras.applications, name)(include_top=False, weights=None,
+                                                 input_shape=(32, 32, 3), pooling="avg")
+    ours = [layer for layer in model.layers if layer.weights and layer.name != "logits"]
+    theirs = [layer for layer in backbone.layers if layer.weights]
+    assert [type(a) for a in ours] == [type(b) for b in theirs] and len(ours) > 20
+    for a, b in zip(ours, theirs):
+        b.set_weights(a.get_weights())
+    x = np.random.default_rng(0).uniform(0, 1, (2, 32, 32, 3)).astype("float32")
+    want = model.get_layer("logits")(backbone(x * 255.0)).numpy()
+    assert np.abs(want).max() > 0.1
+    np.testing.assert_allclose(model(x).numpy(), want, rtol=0, atol=1e-4 * np.abs(want).max())
 
 
 @pytest.mark.parametrize("sets,pattern", [

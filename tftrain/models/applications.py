@@ -17,6 +17,7 @@ import os
 import tensorflow as tf
 
 from tftrain.core.keras import keras
+from tftrain.models import tensor_ops
 
 # family module of keras.applications -> preprocess_input mode
 MODES = {"mobilenet": "tf", "mobilenet_v2": "tf", "mobilenet_v3": "none", "resnet": "caffe",
@@ -82,7 +83,8 @@ def application(name: str):
             weights = path
         mode = MODES.get(family(fn), "tf") if preprocessing == "auto" else preprocessing
         inputs = keras.Input(spec.shape, name="inputs")
-        x = Preprocess(mode, name="preprocess")(inputs)
+        preprocess = Preprocess(mode, name="preprocess")
+        x = preprocess(inputs)
         try:
             backbone = fn(include_top=False, weights=weights, input_tensor=x, pooling=pooling,
                           **kwargs)
@@ -90,6 +92,12 @@ def application(name: str):
             raise ValueError(f"could not load weights {weights} into {name} ({err})") from None
         except TypeError as err:               # a parameter the backbone does not take
             raise ValueError(str(err)) from None
+        if not any(layer is preprocess for layer in backbone.layers):
+            # tf_keras' ConvNeXt and RegNet start from the `Input` under `input_tensor`,
+            # skipping `preprocess` (ConvNeXt then saw [0, 1] images as [0, 255] ones and
+            # trained at chance): their graph made again on its output
+            backbone = keras.Model(inputs, tensor_ops.called_on(backbone, x),
+                                   name=backbone.name)
         y = backbone.output if until is None else _cut(backbone, str(until), pooling)
         if dropout:
             y = keras.layers.Dropout(dropout, name="head_dropout")(y)

@@ -234,7 +234,9 @@ class _Graph:
         return None if source is None else ("inline", source, None)
 
     # -- the new graph -----------------------------------------------------------------
-    def rebuild(self):
+    def rebuild(self, on=None):
+        """The model with the planned rewrites, its other layers copied; with `on` (a
+        tensor), its graph made on `on` instead of an input: its output tensor."""
         made, outputs, copies = {}, {}, []
         names = {layer.name for layer in self.model.layers}
 
@@ -245,7 +247,7 @@ class _Graph:
             layer = node.layer
             if isinstance(layer, keras.layers.InputLayer):
                 t = layer.output
-                outputs[(layer.name, 0, 0)] = keras.Input(
+                outputs[(layer.name, 0, 0)] = on if on is not None else keras.Input(
                     shape=tuple(t.shape[1:]), dtype=t.dtype, name=layer.name)
                 continue
             entry = self.plan.get(id(node))
@@ -289,15 +291,14 @@ class _Graph:
                 result = made[layer.name](*args, **kwargs)
             for i, t in enumerate(tf.nest.flatten(result)):
                 outputs[(layer.name, node_index, i)] = t
+        if on is not None:
+            _copy_weights(copies, {id(layer) for _, layer in copies})
+            return mapped(self.model.outputs[0])
         new = keras.Model([mapped(t) for t in self.model.inputs] if len(self.model.inputs) > 1
                           else mapped(self.model.inputs[0]),
                           [mapped(t) for t in self.model.outputs] if len(self.model.outputs) > 1
                           else mapped(self.model.outputs[0]), name=self.model.name)
-        kept = {layer.name for layer in new.layers}
-        for old, layer in copies:
-            if layer.name in kept:
-                layer.set_weights([np.reshape(w, tuple(v.shape)) for w, v in
-                                   zip(old.get_weights(), layer.weights)])
+        _copy_weights(copies, {id(layer) for layer in new.layers})
         return new
 
     @staticmethod
@@ -319,6 +320,25 @@ class _Graph:
         scale, offset, _ = value
         return keras.layers.Rescaling(_plain(scale), _plain(offset),
                                       name=_fresh(f"{name}_affine", names))
+
+
+def called_on(model, x):
+    """`model`'s graph (one input, one output) made again on the tensor `x`, its layers
+    copied with their weights: its output tensor. For a Keras Applications backbone that
+    built itself on the `Input` under its `input_tensor`, skipping what came between
+    (tf_keras' ConvNeXt and RegNet)."""
+    graph = _Graph(model, internals.nodes_in_order(model))
+    graph.plan = {}
+    return graph.rebuild(on=x)
+
+
+def _copy_weights(copies, kept: set) -> None:
+    """Each (original, copy) pair's weights into the copy, where the copy is in `kept`
+    (ids); a kernel read in another shape (a depthwise one) reshaped."""
+    for old, layer in copies:
+        if id(layer) in kept:
+            layer.set_weights([np.reshape(w, tuple(v.shape)) for w, v in
+                               zip(old.get_weights(), layer.weights)])
 
 
 def _as_depthwise(layer):
