@@ -55,17 +55,37 @@ BY_SIZE = ("MobileNetV3Small MobileNet MobileNetV2 MobileNetV3Large EfficientNet
            "EfficientNetB6 ConvNeXtLarge EfficientNetB7 EfficientNetV2L ConvNeXtXLarge").split()
 
 
+# applications that rescale their input inside from [0, 255] (include_preprocessing):
+# tftrain's images are in [0, 1], so their Keras 3 files get a `Rescaling(255)` first, as
+# a user feeding them would add (without it, ConvNeXt's normalization made every image
+# nearly the same); the rows of 2026-12-07's first sweep sessions were made without it
+RESCALED_INSIDE = ("ConvNeXt", "EfficientNet", "MobileNetV3")
+# training settings a family needs from random weights in one epoch: VGG (no batch norm)
+# stays at chance with Adam at the recipe's 0.003 and reaches 0.87 at 1e-4 (plain Keras,
+# VGG16 on the digits, one epoch)
+TRAINING = {"VGG": ["train.optimizer.learning_rate=0.0001",
+                    "compression.pruning.learning_rate=0.0001",
+                    "compression.quantization.learning_rate=0.00005"]}
+
+
+def family_settings(name: str) -> list[str]:
+    return [o for prefix, overrides in TRAINING.items() if name.startswith(prefix)
+            for o in overrides]
+
+
 def save(name: str, size: int, out: Path, epochs: int = 0) -> Path:
     """The application `name` at `size` with a 10-class head, saved by Keras 3; trained
     first by Keras 3 for `epochs` on the digits' training split as tftrain reads it."""
     path = out / f"{name}.keras"
+    rescaled = name.startswith(RESCALED_INSIDE)
     code = f"""
 import sys
 import numpy as np
 import keras
 inputs = keras.Input(({size}, {size}, 3))
+x = keras.layers.Rescaling(255.0)(inputs) if {rescaled} else inputs
 backbone = getattr(keras.applications, {name!r})(include_top=False, weights=None,
-                                                 input_tensor=inputs, pooling="avg")
+                                                 input_tensor=x, pooling="avg")
 model = keras.Model(inputs, keras.layers.Dense(10, name="logits")(backbone.output))
 if {epochs}:
     import tensorflow as tf
@@ -154,6 +174,7 @@ def compress_trial(name: str, source: str, runs: Path, timeout: int,
     run_name = f"{name}-{source}"
     overrides = [f"run.name={run_name}", model, "model.params={}",
                  f"data.params={{image_size: {size}, channels: 3}}", *COMPRESS,
+                 *family_settings(name),
                  *(["train.epochs=0"] if path and keras3_epochs else [])]
     cmd = [sys.executable, "-m", "tftrain.run", "configs/image_transfer.yaml", "--run-dir",
            str(runs), *[a for o in overrides for a in ("--set", o)]]
