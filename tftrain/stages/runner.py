@@ -50,6 +50,8 @@ class StageRunner:
         self.strat, self.chief = plan.parallel.strategy, plan.chief
         self.steps_per_epoch, self.smoke = plan.steps_per_epoch, plan.smoke
         self.val = data.val_dataset(plan.training_source, plan.batches, self.cfg.data)
+        self.labels = data.train_dataset(   # their spec: the pipeline traced once, not a stage
+            plan.training_source, plan.batches, self.cfg.data, self.cfg.run.seed).element_spec[1]
         if int(self.val.cardinality()) == tf.data.UNKNOWN_CARDINALITY:   # TFRecord: count once;
             # Keras needs the size to run several steps per call (validation is cached)
             batches = int(self.val.reduce(0, lambda count, *_: count + 1))
@@ -76,13 +78,11 @@ class StageRunner:
         cfg = self.cfg
         self.stop.rearm()
         self.stop.check("before stage " + stage.name, self.agree)
-        labels = data.train_dataset(self.plan.training_source, self.plan.batches, cfg.data,
-                                    cfg.run.seed).element_spec[1]
         with self.strat.scope():
             built = stage.build(previous, self.plan)
             model, optimizer = stage.compile(built, self.plan)
             generators = cb.random_generators(model)
-            model.build_metrics(labels)     # before the step is traced (traced once), and
+            model.build_metrics(self.labels)     # before the step is traced (traced once), and
             # checkpointed: a stage resumed mid-epoch continues the epoch's running metrics
             metrics = cb.metric_variables(model)
         position = tf.Variable(0, dtype=tf.int64, trainable=False)   # training batches done
