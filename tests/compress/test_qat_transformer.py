@@ -85,7 +85,8 @@ def test_calibration_sets_the_ranges_inside_attention():
 def test_a_qat_transformer_converts_with_every_matmul_int8(tmp_path, trained):
     """The TFLite file of a QAT transformer runs every projection, feed-forward and
     attention matmul (FULLY_CONNECTED, BATCH_MATMUL), the softmax and the GELU in int8;
-    its only float ops are the layer norms'; and it predicts what the QAT model predicts."""
+    its only float ops are the layer norms', no shape is computed from a tensor; and it
+    predicts what the QAT model predicts."""
     from ai_edge_litert.interpreter import Interpreter
 
     from tftrain.export.artifacts import write_saved_model, convert_tflite, tflite_logits
@@ -106,6 +107,8 @@ def test_a_qat_transformer_converts_with_every_matmul_int8(tmp_path, trained):
             counts[name] = counts.get(name, 0) + 1
         elif out["dtype"] == np.float32 and name != "DEQUANTIZE":
             assert "_ln" in out["name"], (name, out["name"])        # layer norms only
+    # shapes are constants (a shape computed from the tensor is ops XNNPack leaves)
+    assert [(n, o["name"]) for n, _, o in ops if n in ("SHAPE", "CONCATENATION")] == []
     # per block: 4 projections + 2 feed-forward; then the logits; 2 matmuls per attention
     assert counts == {"FULLY_CONNECTED": 2 * 6 + 1, "BATCH_MATMUL": 2 * 2, "SOFTMAX": 2,
                       "GELU": 2}

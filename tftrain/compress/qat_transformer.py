@@ -165,12 +165,17 @@ class SequenceDense(keras.layers.Dense):
 
 def last_axis_dense(x, kernel, bias=None):
     """`x @ kernel + bias` over the last axis of `x` (any rank): one matmul with its bias
-    over the leading axes flattened, reshaped back."""
+    over the leading axes flattened, reshaped back; to a constant shape where all but the
+    batch axis are known (a shape computed from the tensor is SHAPE, STRIDED_SLICE and
+    CONCATENATION in TFLite, which XNNPack leaves: ConvNeXt's int8 file left the delegate
+    four times a block)."""
     units = kernel.shape[-1]
     y = tf.matmul(tf.reshape(x, [-1, kernel.shape[0]]), tf.cast(kernel, x.dtype))
     if bias is not None:
         y = tf.nn.bias_add(y, tf.cast(bias, y.dtype))
-    y = tf.reshape(y, tf.concat([tf.shape(x)[:-1], [units]], 0))
+    inner = x.shape[1:-1]
+    y = tf.reshape(y, [-1, *inner.as_list(), units] if inner.is_fully_defined()
+                   else tf.concat([tf.shape(x)[:-1], [units]], 0))
     y.set_shape(x.shape[:-1].concatenate([units]))
     return y
 
