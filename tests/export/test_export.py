@@ -184,14 +184,14 @@ def test_the_float32_baseline_size_is_the_saved_models_variables_gzip(tmp_path, 
     import gzip
 
     from tftrain.export.artifacts import saved_model_variables_gzip
-    from tftrain.export.measures import dir_bytes
+    from tftrain.export.measures import GZIP_LEVEL, dir_bytes
     precision.apply_policy(policy)
     try:
         model = MODELS.get("cnn")(load_source(load_config().data, 0).spec)
     finally:
         precision.apply_policy("float32")
     saved = save_saved_model(model, tmp_path / "saved_model")
-    expected = len(gzip.compress(dir_bytes(saved / "variables"), 9))
+    expected = len(gzip.compress(dir_bytes(saved / "variables"), GZIP_LEVEL))
     assert abs(saved_model_variables_gzip(model) - expected) <= 100
     assert expected > 4 * 53_002 * 0.8     # float32 weights (53,002), not 16-bit copies
 

@@ -77,3 +77,15 @@ def test_a_qat_savedmodel_is_measured_against_the_model_traced_as_it_runs_it():
     assert 0 < found["eager_logit_sqnr_db"] < 30
     moved = against_traced(model, x, traced + np.float32(0.01) * (np.arange(4) == 0), eager)
     assert moved["max_abs_logit_diff"] == pytest.approx(0.01, rel=1e-5)
+
+
+def test_a_gzip_size_is_gzips_default_level_and_reads_back():
+    """`gzip_bytes` is the file gzipped at gzip's own default level (6), what `gzip FILE`
+    writes: smaller than the file for repetitive bytes, and it decompresses to them."""
+    import gzip
+
+    from tftrain.export.measures import GZIP_LEVEL, gzip_size, sizes
+    blob = bytes(range(256)) * 64 + b"\0" * 8192
+    assert GZIP_LEVEL == 6 and gzip_size(blob) == len(gzip.compress(blob, 6)) < len(blob)
+    assert gzip.decompress(gzip.compress(blob, GZIP_LEVEL)) == blob
+    assert sizes(blob) == {"size_bytes": len(blob), "gzip_bytes": gzip_size(blob)}

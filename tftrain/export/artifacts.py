@@ -9,7 +9,6 @@ with ONNX Runtime.
 """
 from __future__ import annotations
 
-import gzip
 import shutil
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ import tensorflow as tf
 
 from tftrain.core.keras import keras
 from tftrain.export.calibration import own_ranges
-from tftrain.export.measures import dir_bytes
+from tftrain.export.measures import dir_bytes, gzip_size
 from tftrain.core import internals
 from tftrain.export import file_memory
 from tftrain.export.file_tensors import set_example
@@ -87,7 +86,7 @@ def saved_model_variables_gzip(model) -> int:
     with tempfile.TemporaryDirectory(prefix="tftrain-size-") as tmp:
         checkpoint = tf.train.Checkpoint(variables_=list(model.variables))
         checkpoint.write(str(Path(tmp) / "variables" / "variables"))
-        return len(gzip.compress(dir_bytes(Path(tmp) / "variables"), 9))
+        return gzip_size(dir_bytes(Path(tmp) / "variables"))
 
 
 def convert_tflite(saved_model: Path, mode: str, calibration: np.ndarray,

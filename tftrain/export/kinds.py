@@ -89,14 +89,12 @@ class Int8SavedModel(ExportKind):
         """Write the int8-kernel SavedModel (`export.int8_saved_model`), load it back and
         evaluate it like the other artifacts, and compare it with the model layer by
         layer."""
-        import gzip
-
         import numpy as np
         import tensorflow as tf
 
         from tftrain.export import artifacts, fidelity, int8_saved_model
-        from tftrain.export.measures import (accuracy, against, dir_bytes, input_kind,
-                                             signature_logits, sizes)
+        from tftrain.export.measures import (accuracy, against, dir_bytes, gzip_size,
+                                             input_kind, signature_logits, sizes)
 
         path, qat = ctx.out / "saved_model_int8", ctx.flags.qat
         quantized, layers = int8_saved_model.quantized_model(ctx.plain, qat)
@@ -105,7 +103,7 @@ class Int8SavedModel(ExportKind):
         logits = signature_logits(loaded, ctx.raw)
         zeros = [entry["zero_fraction"] for entry in layers.values()]
         return {**sizes(dir_bytes(path)),
-                "variables_gzip_bytes": len(gzip.compress(dir_bytes(path / "variables"), 9)),
+                "variables_gzip_bytes": gzip_size(dir_bytes(path / "variables")),
                 "accuracy": accuracy(logits, ctx.y), **against(logits, ctx.reference),
                 **ctx.latency(loaded),
                 "kernels": "int8 codes x per-channel scale from " + (

@@ -15,9 +15,20 @@ from tftrain.models.rounding import layer_noise
 NOISE_EXAMPLES = 256
 
 
+# gzip's own default level (`gzip FILE`, web servers): level 9 took 11x as long for 0.7-4%
+# fewer bytes (a VGG16's 118 MB SavedModel: 72 s against 6.4 s, 80% of its export; gzip
+# sizes reported before 2026-12-07 were level 9's)
+GZIP_LEVEL = 6
+
+
+def gzip_size(blob: bytes) -> int:
+    """The bytes of `blob` gzipped (at `GZIP_LEVEL`)."""
+    return len(gzip.compress(blob, GZIP_LEVEL))
+
+
 def sizes(blob: bytes) -> dict:
     """A file's bytes and its gzip size (what a download or an app bundle costs)."""
-    return {"size_bytes": len(blob), "gzip_bytes": len(gzip.compress(blob, 9))}
+    return {"size_bytes": len(blob), "gzip_bytes": gzip_size(blob)}
 
 
 def dir_bytes(path: Path) -> bytes:
