@@ -50,6 +50,31 @@ def test_a_tf_keras_file_is_restored_exactly(tmp_path, form):
                                                        "saved_model": "SavedModel"}[form])
 
 
+def test_a_file_is_read_once_a_process_and_each_build_is_a_model_of_its_own(
+        tmp_path, monkeypatch):
+    """The plan builds the model twice: the Keras 3 file is read and converted once, the
+    second build is a copy with its own variables (training one leaves the other as the
+    file is), and a file written again is read again."""
+    original = keras3_cnn(softmax_layer=True)
+    path = tmp_path / "model.keras"
+    original.save(str(path))
+    reads = []
+    load = files.load
+    monkeypatch.setattr(files, "load", lambda *a, **k: reads.append(a[0]) or load(*a, **k))
+    first, second = (files.builder(str(path))(DIGITS) for _ in range(2))
+    assert reads == [str(path)] and first is not second
+    assert {id(v) for v in first.weights}.isdisjoint(id(v) for v in second.weights)
+    np.testing.assert_array_equal(first(X).numpy(), second(X).numpy())
+    first.layers[-1].kernel.assign_add(np.ones(first.layers[-1].kernel.shape, "float32"))
+    np.testing.assert_allclose(keras.activations.softmax(second(X)).numpy(),
+                               np.asarray(original(X)), rtol=0, atol=1e-5)
+    assert files.origin(f"file:{path}").softmax_removed
+    import os
+    os.utime(path, ns=(1, 1))                    # written again (another time stamp)
+    files.builder(str(path))(DIGITS)
+    assert reads == [str(path)] * 2
+
+
 def test_a_keras3_file_is_converted_and_its_softmax_taken_off(tmp_path):
     original = keras3_cnn(softmax_layer=True)
     path = tmp_path / "model.keras"

@@ -57,6 +57,24 @@ class Origin:
 
 _LOADED: dict[str, Origin] = {}
 _SAID: set[str] = set()         # files whose trusted code the console has named
+_FIRST: dict[str, tuple] = {}   # path -> (its `_stamp`, the model it gave), this process
+
+
+def _stamp(path: str) -> tuple:
+    """When the file (a SavedModel: its graph) was written, and its size."""
+    file = Path(path) / "saved_model.pb" if Path(path).is_dir() else Path(path)
+    try:
+        found = file.stat()
+    except OSError:
+        return ()
+    return found.st_mtime_ns, found.st_size
+
+
+def _copy(model):
+    """A model like `model`, with its own variables holding its weights."""
+    copy = keras.models.clone_model(model)
+    copy.set_weights(model.get_weights())
+    return copy
 
 
 def origin(name: str) -> Origin | None:
@@ -66,13 +84,21 @@ def origin(name: str) -> Origin | None:
 
 def builder(path: str, trust_code: bool = False):
     """The builder of `model.name: file:PATH`: `fn(spec)` loads the file (refused if it
-    carries code, unless `trust_code`: `file_code.check`)."""
+    carries code, unless `trust_code`: `file_code.check`). The plan builds a model twice
+    (for its costs, then under the strategy): the file is read, checked and converted
+    once a process, and each later build is a copy of what it gave (`_FIRST`)."""
     def from_file(spec):
-        model, found = load(path, trust_code)
-        model, removed = to_logits(model)
+        stamp = _stamp(path)
+        if _FIRST.get(path, (None,))[0] == stamp:
+            model = _copy(_FIRST[path][1])
+        else:
+            model, found = load(path, trust_code)
+            model, removed = to_logits(model)
+            _LOADED[path] = Origin(found.path, found.writer, found.form, found.layers,
+                                   found.converted_diff, removed, found.trusted_code)
+            _FIRST.clear()                      # (one file's model held at a time)
+            _FIRST[path] = (stamp, _copy(model))
         check_spec(model, spec, path)
-        _LOADED[path] = Origin(found.path, found.writer, found.form, found.layers,
-                               found.converted_diff, removed, found.trusted_code)
         return in_current_policy(model)
     from_file.__doc__ = f"The model in {path}."
     return from_file
