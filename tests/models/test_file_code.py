@@ -158,3 +158,16 @@ def test_a_teacher_that_writes_files_is_refused(files):
     teacher = load_teacher(str(path), InputSpec((8, 8, 1), "float32", 10), trust_code=True)
     assert teacher(tf.zeros([2, 8, 8, 1])).shape == (2, 10)
     assert (path / "written").exists()           # trusted: its graph's op ran
+
+
+def test_a_file_loaded_trusted_is_refused_untrusted_in_the_same_process(tmp_path):
+    """A model file is read once a process (`files.builder`): a file with code, built
+    trusted, is still refused when built again untrusted (not handed a copy)."""
+    from tftrain.data import InputSpec
+    from tftrain.models import files
+    path = tmp_path / "lambda.h5"
+    lambda_model().save(path)
+    spec = InputSpec((8, 8, 1), "float32", 10)
+    assert files.builder(str(path), trust_code=True)(spec) is not None
+    with pytest.raises(ConfigError, match="Lambda"):
+        files.builder(str(path), trust_code=False)(spec)

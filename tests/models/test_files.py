@@ -73,6 +73,8 @@ def test_a_file_is_read_once_a_process_and_each_build_is_a_model_of_its_own(
     os.utime(path, ns=(1, 1))                    # written again (another time stamp)
     files.builder(str(path))(DIGITS)
     assert reads == [str(path)] * 2
+    files.builder(str(path), trust_code=True)(DIGITS)     # trusted: checked as such again
+    assert reads == [str(path)] * 3
 
 
 def test_a_keras3_file_is_converted_and_its_softmax_taken_off(tmp_path):

@@ -88,7 +88,7 @@ def builder(path: str, trust_code: bool = False):
     (for its costs, then under the strategy): the file is read, checked and converted
     once a process, and each later build is a copy of what it gave (`_FIRST`)."""
     def from_file(spec):
-        stamp = _stamp(path)
+        stamp = (*_stamp(path), trust_code)          # (a file refused untrusted stays so)
         if _FIRST.get(path, (None,))[0] == stamp:
             model = _copy(_FIRST[path][1])
         else:
