@@ -37,6 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = (32, 75)          # the first each builds at without pretrained weights
 TRAINED: dict[Path, float] = {}     # a file's Keras 3 accuracy on the training split
+BUILDS_AT: dict[str, int] = {}      # an application's smallest size (of SIZES) it builds at
 
 
 def names() -> list[str]:
@@ -166,10 +167,15 @@ def compress_trial(name: str, source: str, runs: Path, timeout: int,
     file is trained that long by Keras 3 first, and tftrain trains it no further
     (`train.epochs: 0`)."""
     size, path = SIZES[0], None
-    if source == "keras3":
-        size, path, why = saved(name, runs, keras3_epochs)
+    if source == "keras3" or name not in BUILDS_AT:     # the size it builds at: Keras 3's
+        size, path, why = saved(name, runs, keras3_epochs if source == "keras3" else 0)
         if path is None:
             return {"name": name, "source": source, "outcome": "does not build", "why": why}
+        BUILDS_AT[name] = size
+        if source != "keras3":
+            path.unlink()
+            path = None
+    size = BUILDS_AT[name]              # (InceptionV3 from tf_keras was tried at 32 x 32)
     model = f"model.name=file:{path}" if path else f"model.name=keras_applications:{name}"
     run_name = f"{name}-{source}"
     overrides = [f"run.name={run_name}", model, "model.params={}",
