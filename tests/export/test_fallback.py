@@ -82,9 +82,9 @@ def test_one_conversion_serves_every_try_with_the_file_that_try_would_convert(
             [("quant_relu_1", 20.0), ("quant_logits", 30.0), ("quant_relu_0", 25.0)]]
     order = [w.name for w, _ in fallback.candidates(q, rows, 3)]
     assert order == ["quant_conv_1", "quant_conv_0", "quant_logits"]   # worst first, kernels
-    splice = fallback.splicer(q, int8, rows, 3, convert)
-    assert calls == [order]
     wrappers = [q.get_layer(name) for name in order]
+    splice = fallback.splicer(int8, wrappers, convert)
+    assert calls == [order]
     for count in (1, 2, 3):
         alone = fallback.spliced(int8, convert(wrappers[:count]))
         assert splice(wrappers[:count]) == alone[0] and len(alone[1]) == count

@@ -69,14 +69,13 @@ def owner(op_name: str, wrappers: list):
     return found[0] if len(found) == 1 else None
 
 
-def fall_back(model, rows: list[dict], accuracy_of: Callable[[bytes], float],
-              convert: Callable[[list], bytes], reference: float, budget: float,
-              most: int) -> tuple[bytes | None, dict]:
-    """Fall back the layers `candidates` picks from `rows` (the fidelity report) one more
-    at a time: `convert(wrappers)` makes an int8 file with those wrappers' kernels float,
+def fall_back(picked: list[tuple], accuracy_of: Callable[[bytes], float],
+              convert: Callable[[list], bytes], reference: float,
+              budget: float) -> tuple[bytes | None, dict]:
+    """Fall back the layers `candidates` picked (`picked`) one more at a time:
+    `convert(wrappers)` makes an int8 file with those wrappers' kernels float,
     `accuracy_of(blob)` evaluates it. Returns (the first file within `budget` of
     `reference`, or the best tried; its record)."""
-    picked = candidates(model, rows, most)
     wrappers = [w for w, _ in picked]
     tried, best = [], (None, -1.0, 0)     # (file, accuracy, layers in it)
     for count, (wrapper, row) in enumerate(picked, 1):
@@ -93,20 +92,22 @@ def fall_back(model, rows: list[dict], accuracy_of: Callable[[bytes], float],
                      "within_budget": within}
 
 
-def splicer(model, int8: bytes, rows: list[dict], most: int,
+def splicer(int8: bytes, wrappers: list,
             convert: Callable[[list], bytes]) -> Callable[[list], bytes]:
-    """`wrappers -> the int8 file with their kernels float` for `fall_back`. One
-    strict-QDQ conversion with every candidate's kernel float serves each try (each
-    layer's float op, batch norm folded, is the same whichever others are float): its
-    float ops are spliced in for the wrappers asked for, told apart by their names
-    (`owner`); if a name is not one candidate's alone, each try converts its own."""
-    wrappers = [w for w, _ in candidates(model, rows, most)]
+    """`chosen -> the int8 file with their kernels float` for `fall_back`, `chosen`
+    among `wrappers`. One strict-QDQ conversion with every wrapper's kernel float serves
+    each try (each layer's float op, batch norm folded, is the same whichever others are
+    float): its float ops are spliced in for the wrappers chosen, told apart by their
+    names (`owner`); if a name is not one wrapper's alone, each try converts its own."""
+    def each(chosen):
+        return spliced(int8, convert(chosen))[0]
+
     if not wrappers:
-        return lambda chosen: spliced(int8, convert(chosen))[0]
+        return each
     every = convert(wrappers)
     owners = {name: owner(name, wrappers) for name in spliced(int8, every)[1]}
     if not all(owners.values()):
-        return lambda chosen: spliced(int8, convert(chosen))[0]
+        return each
     return lambda chosen: spliced(int8, every, lambda name: any(
         owners.get(name) is w for w in chosen))[0]
 
@@ -120,9 +121,9 @@ def within_budget(model, int8: bytes, entry: dict, convert: Callable[[list], byt
     (`splicer`); `entry_of` makes the new file's entry, which records the layers, each
     try, and the accuracy, size and latency before. If no try comes closer, `int8` is
     kept."""
-    splice = splicer(model, int8, entry["layers"], cfg.int8_fallback_layers, convert)
-    found, record = fall_back(model, entry["layers"], accuracy_of, splice, reference,
-                              cfg.max_accuracy_drop, cfg.int8_fallback_layers)
+    picked = candidates(model, entry["layers"], cfg.int8_fallback_layers)
+    splice = splicer(int8, [w for w, _ in picked], convert)
+    found, record = fall_back(picked, accuracy_of, splice, reference, cfg.max_accuracy_drop)
     if found is None or max(t["accuracy"] for t in record["tried"]) <= entry["accuracy"]:
         console.warn(f"tflite_int8: no fallback of {len(record['tried'])} "
                      "layer(s) brought it closer to the model; kept all-int8")

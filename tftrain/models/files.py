@@ -57,7 +57,7 @@ class Origin:
 
 _LOADED: dict[str, Origin] = {}
 _SAID: set[str] = set()         # files whose trusted code the console has named
-_FIRST: dict[str, tuple] = {}   # path -> (its `_stamp`, the model it gave), this process
+_FIRST: dict[str, tuple] = {}   # path -> (its stamp, the model it gave, its weights then)
 
 
 def _stamp(path: str) -> tuple:
@@ -70,13 +70,6 @@ def _stamp(path: str) -> tuple:
     return found.st_mtime_ns, found.st_size
 
 
-def _copy(model):
-    """A model like `model`, with its own variables holding its weights."""
-    copy = keras.models.clone_model(model)
-    copy.set_weights(model.get_weights())
-    return copy
-
-
 def origin(name: str) -> Origin | None:
     """How the model `model.name` names was loaded in this process (None: not a file)."""
     return _LOADED.get(name[len(PREFIX):]) if name.startswith(PREFIX) else None
@@ -86,18 +79,21 @@ def builder(path: str, trust_code: bool = False):
     """The builder of `model.name: file:PATH`: `fn(spec)` loads the file (refused if it
     carries code, unless `trust_code`: `file_code.check`). The plan builds a model twice
     (for its costs, then under the strategy): the file is read, checked and converted
-    once a process, and each later build is a copy of what it gave (`_FIRST`)."""
+    once a process, and each later build is a copy of what it gave, with the weights
+    it was read with (`_FIRST`)."""
     def from_file(spec):
         stamp = (*_stamp(path), trust_code)          # (a file refused untrusted stays so)
         if _FIRST.get(path, (None,))[0] == stamp:
-            model = _copy(_FIRST[path][1])
+            _, first, weights = _FIRST[path]
+            model = keras.models.clone_model(first)     # its own variables
+            model.set_weights(weights)
         else:
             model, found = load(path, trust_code)
             model, removed = to_logits(model)
             _LOADED[path] = Origin(found.path, found.writer, found.form, found.layers,
                                    found.converted_diff, removed, found.trusted_code)
             _FIRST.clear()                      # (one file's model held at a time)
-            _FIRST[path] = (stamp, _copy(model))
+            _FIRST[path] = (stamp, model, model.get_weights())   # (its weights as read)
         check_spec(model, spec, path)
         return in_current_policy(model)
     from_file.__doc__ = f"The model in {path}."

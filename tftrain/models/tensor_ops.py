@@ -292,7 +292,7 @@ class _Graph:
             for i, t in enumerate(tf.nest.flatten(result)):
                 outputs[(layer.name, node_index, i)] = t
         if on is not None:
-            _copy_weights(copies, {id(layer) for _, layer in copies})
+            _copy_weights(copies)
             return mapped(self.model.outputs[0])
         new = keras.Model([mapped(t) for t in self.model.inputs] if len(self.model.inputs) > 1
                           else mapped(self.model.inputs[0]),
@@ -332,11 +332,11 @@ def called_on(model, x):
     return graph.rebuild(on=x)
 
 
-def _copy_weights(copies, kept: set) -> None:
+def _copy_weights(copies, kept: set | None = None) -> None:
     """Each (original, copy) pair's weights into the copy, where the copy is in `kept`
-    (ids); a kernel read in another shape (a depthwise one) reshaped."""
+    (ids; None: every copy); a kernel read in another shape (a depthwise one) reshaped."""
     for old, layer in copies:
-        if id(layer) in kept:
+        if kept is None or id(layer) in kept:
             layer.set_weights([np.reshape(w, tuple(v.shape)) for w, v in
                                zip(old.get_weights(), layer.weights)])
 
