@@ -53,13 +53,14 @@ def test_logits_are_compared_as_a_softmax_reads_them():
 
 
 def test_a_qat_savedmodel_is_measured_against_the_model_traced_as_it_runs_it():
-    """`against_traced`: the reference is the model as a traced function computes it, and
-    the eager model's distance from that is kept beside it. A layer that computes
-    otherwise when eager (as fused graph kernels round otherwise) shows only there."""
+    """`against_traced`: the reference is the model as a traced function computes it
+    (`traced_logits`), and the eager model's distance from that is kept beside it. A layer
+    that computes otherwise when eager (as fused graph kernels round otherwise) shows only
+    there."""
     import tensorflow as tf
 
     from tftrain.core.keras import keras
-    from tftrain.export.measures import against_traced
+    from tftrain.export.measures import against_traced, traced_logits
 
     class EagerOffset(keras.layers.Layer):
         def call(self, x):
@@ -71,11 +72,12 @@ def test_a_qat_savedmodel_is_measured_against_the_model_traced_as_it_runs_it():
     eager = model(x, training=False).numpy()
     traced = x * np.float32([1, 2, 3, 4])
     assert np.abs(eager - traced).max() == pytest.approx(0.5)
-    found = against_traced(model, x, traced, eager)
+    np.testing.assert_allclose(traced_logits(model, x), traced, rtol=1e-6)
+    found = against_traced(traced, traced_logits(model, x), eager)
     assert found["max_abs_logit_diff"] == 0.0 and found["top1_agreement"] == 1.0
     assert found["eager_logit_sqnr_db"] == pytest.approx(against(traced, eager)["logit_sqnr_db"])
     assert 0 < found["eager_logit_sqnr_db"] < 30
-    moved = against_traced(model, x, traced + np.float32(0.01) * (np.arange(4) == 0), eager)
+    moved = against_traced(traced + np.float32(0.01) * (np.arange(4) == 0), traced, eager)
     assert moved["max_abs_logit_diff"] == pytest.approx(0.01, rel=1e-5)
 
 

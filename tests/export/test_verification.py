@@ -14,6 +14,9 @@ def test_verification_has_teeth():
     assert report["tflite_int8"]["check"] == ("accuracy 0.9390 vs 0.9500 in memory: drop 0.0110 "
                                               "> export.max_accuracy_drop 0.01")
     assert failures(report) == [f"{n}: {report[n]['check']}" for n in ("saved_model", "tflite_int8")]
+    # a QAT model's accuracy is its traced model's (`ExportContext.reference_accuracy`)
+    assert verify({"tflite_int8": {"accuracy": 0.939}}, cfg, 0.95, qat=True)["tflite_int8"][
+        "check"] == "accuracy 0.9390 vs 0.9500 traced: drop 0.0110 > export.max_accuracy_drop 0.01"
     within = verify({"tflite_int8": {"max_abs_logit_diff": 0.4, "accuracy": 0.94}}, cfg, 0.95)
     assert within["tflite_int8"]["verified"]                      # exactly one point: allowed
     # a QAT model's SavedModel is held, as a float artifact, to the model traced as the

@@ -71,7 +71,7 @@ class SavedModel(ExportKind):
         path, logits = ctx.saved_model
         return ctx.with_noise({
             **sizes(dir_bytes(path)), "accuracy": accuracy(logits, ctx.y),
-            **(against_traced(ctx.plain, ctx.x, logits, ctx.reference) if ctx.flags.qat
+            **(against_traced(logits, ctx.traced, ctx.reference) if ctx.flags.qat
                else against(logits, ctx.reference)),
             **ctx.latency(ctx.saved_signature),
             "input": input_kind(ctx.plain, ctx.serving)})

@@ -59,20 +59,24 @@ def against(logits: np.ndarray, reference: np.ndarray) -> dict:
             "top1_agreement": float(np.mean(np.argmax(logits, -1) == np.argmax(reference, -1)))}
 
 
-def against_traced(model, x: np.ndarray, logits: np.ndarray, eager: np.ndarray) -> dict:
-    """A quantization-aware trained model's SavedModel (`logits`) against the model traced
-    as a function, as the SavedModel runs it: exact where the file is sound. The eager
-    model (`eager`) is no reference for it: where the traced graph's fused kernels round
-    a sum otherwise (1e-7 apart), a value on an 8-bit rounding edge moves a whole step,
-    and the logits after it (a smoke-trained MobileNetV2's SavedModel, equal to its
-    traced model, 16.2 to 30.8 dB from the eager one). That distance is kept
-    (`eager_logit_sqnr_db`)."""
-
+def traced_logits(model, x: np.ndarray) -> np.ndarray:
+    """`model`'s logits on `x` with the model traced as a function, as a SavedModel and
+    Keras' `evaluate` run it (`against_traced`)."""
     traced = tf.function(lambda inputs: {"logits": tf.cast(model(inputs, training=False),
                                                             tf.float32)})
-    reference = signature_logits(traced, x)
-    return {**against(logits, reference), "reference": "the model traced as a function",
-            "eager_logit_sqnr_db": against(reference, eager)["logit_sqnr_db"]}
+    return signature_logits(traced, x)
+
+
+def against_traced(logits: np.ndarray, traced: np.ndarray, eager: np.ndarray) -> dict:
+    """A quantization-aware trained model's SavedModel (`logits`) against the model traced
+    as a function (`traced`: `traced_logits`), as the SavedModel runs it: exact where the
+    file is sound. The eager model (`eager`) is no reference for it: where the traced
+    graph's fused kernels round a sum otherwise (1e-7 apart), a value on an 8-bit rounding
+    edge moves a whole step, and the logits after it (a smoke-trained MobileNetV2's
+    SavedModel, equal to its traced model, 16.2 to 30.8 dB from the eager one). That
+    distance is kept (`eager_logit_sqnr_db`)."""
+    return {**against(logits, traced), "reference": "the model traced as a function",
+            "eager_logit_sqnr_db": against(traced, eager)["logit_sqnr_db"]}
 
 
 ROUNDING_ULPS = 4      # the input moved by this many units of float32 roundoff

@@ -58,7 +58,8 @@ def verify(report: dict, cfg, accuracy: float, qat: bool = False, by_labels: boo
             drop = accuracy - entry["accuracy"]
             ok = drop <= cfg.max_accuracy_drop + 1e-9
             entry["judged_by"] = "accuracy"     # a miss is a budget missed, not a fault
-            entry["check"] = (f"accuracy {entry['accuracy']:.4f} vs {accuracy:.4f} in memory: "
+            model = "traced" if qat else "in memory"    # (`ExportContext.reference_accuracy`)
+            entry["check"] = (f"accuracy {entry['accuracy']:.4f} vs {accuracy:.4f} {model}: "
                               f"drop {drop:.4f} {'<=' if ok else '>'} export.max_accuracy_drop "
                               f"{cfg.max_accuracy_drop:g}")
         else:
