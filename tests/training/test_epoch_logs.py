@@ -47,7 +47,7 @@ def test_execution_sizer_takes_the_value_the_workers_agree_on():
 
     def mean(values):               # another worker proposed 3 more steps per call
         proposals.append(values[0])
-        return [values[0] + 1.5]
+        return [values[0] + 1.5, values[1]]     # (and whether a trace pays: as this one)
 
     sizer = ExecutionSizer(steps_per_epoch=40, mean=mean, most=30)
     fit(_host_bound(), [sizer], epochs=2, steps=40)
@@ -60,6 +60,43 @@ def test_execution_sizer_never_exceeds_the_checkpoint_interval():
     sizer = ExecutionSizer(steps_per_epoch=40, most=5)
     fit(model, [sizer], epochs=2, steps=40)
     assert sizer.chosen == 5 < int(np.ceil(sizer.host_seconds / (0.02 * sizer.step_seconds)))
+
+
+class _Settling:
+    """What `ExecutionSizer._choose` touches of a model: its steps per call, and the
+    trace without the loop (`TrainModel.settle_calls`), counted."""
+
+    def __init__(self):
+        self.steps_per_execution, self.settled = tf.Variable(4), []
+
+    def settle_calls(self, steps):
+        self.settled.append(steps)
+
+
+def test_a_call_settled_at_one_step_is_traced_again_only_where_the_steps_left_pay_for_it():
+    """Settled at one step a call, the loop costs about `LOOP_SHARE` of each step left;
+    a trace costs the first call's seconds (less a step). A smoke run's last update, or a
+    short stage's, keeps the loop; a long one is traced without it; in a cluster the
+    workers' mean decides, so every worker traces alike."""
+    def chosen(remaining, first_call=5.0, step=0.1, mean=None):
+        sizer = ExecutionSizer(steps_per_epoch=40, mean=mean)
+        model = _Settling()
+        sizer.set_model(model)
+        sizer._first_call = first_call
+        sizer._choose(host=0.0, step=step, remaining=remaining)
+        assert sizer.chosen == 1 == int(model.steps_per_execution.numpy())
+        assert sizer.retraced == bool(model.settled)
+        return sizer.retraced
+    # a trace of 4.9 s against 0.02 x 0.1 s a step: it pays from 2,450 steps on
+    assert not chosen(1) and not chosen(2_450) and chosen(2_451)
+    assert chosen(None)                                   # steps left unknown: as before
+    assert chosen(10, first_call=0.1)                     # a trace cheaper than a step
+    agreed = []
+
+    def mean(values):                                     # the other worker's trace is dear
+        agreed.append(values)
+        return [values[0], (values[1] + 0.0) / 2 - 0.1]
+    assert not chosen(10**6, mean=mean) and agreed == [[1.0, 1.0]]
 
 
 def test_global_metrics_log_every_replica_while_the_step_logs_its_own():

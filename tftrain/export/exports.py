@@ -29,5 +29,7 @@ def export_all(model, cfg, out: Path, source, flags: ExportFlags = ExportFlags()
                 report[kind.name] = {**kind.make(ctx), "path": kind.path}
     finally:
         ctx.close()
-    return verification.verify(report, cfg.export, ctx.reference_accuracy, flags.qat,
+    # (the accuracy is only read by labels: a QAT model's costs a traced pass)
+    return verification.verify(report, cfg.export,
+                               ctx.reference_accuracy if flags.by_labels else None, flags.qat,
                                flags.by_labels, flags.untrained)

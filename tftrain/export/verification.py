@@ -36,7 +36,7 @@ def precision_of(name: str) -> str:
     return kinds.named(name).precision
 
 
-def verify(report: dict, cfg, accuracy: float, qat: bool = False, by_labels: bool = True,
+def verify(report: dict, cfg, accuracy: float | None, qat: bool = False, by_labels: bool = True,
            untrained: bool = False) -> dict:
     """Mark each artifact verified or failed: float artifacts must give the in-memory
     model's logits within `export.max_logit_diff`; reduced-precision ones (dynamic,
@@ -55,6 +55,7 @@ def verify(report: dict, cfg, accuracy: float, qat: bool = False, by_labels: boo
         if precision == "float":
             ok, entry["check"] = _float_check(entry, cfg)
         elif by_labels:
+            assert accuracy is not None, "judged by labels: the model's accuracy is needed"
             drop = accuracy - entry["accuracy"]
             ok = drop <= cfg.max_accuracy_drop + 1e-9
             entry["judged_by"] = "accuracy"     # a miss is a budget missed, not a fault

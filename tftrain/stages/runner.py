@@ -206,16 +206,15 @@ class StageRunner:
         """Train `model` from update `start` to the stage's end, checkpointed in `saved`;
         `carried`: the epoch's running metrics the checkpoint holds."""
         ckpt, manager, directory = saved
-
-        cfg, spe = self.cfg, self.steps_per_epoch
-        position = ckpt.position
+        cfg, spe, position = self.cfg, self.steps_per_epoch, ckpt.position
         every = cfg.train.checkpoint.every.steps(spe, stage.updates)
         checkpointer = cb.Checkpointer(manager, every, spe, start, self.agree, self.stop,
                                        position, cfg.train.check_every)
         throughput = epoch_logs.Throughput(self.plan.batches.global_batch)
         flops = epoch_logs.FlopsLogger(self.plan.flops_per_example, self.plan.peak.flops)
         waiting = input_wait.input_wait(self.plan)
-        sizer = (epoch_logs.ExecutionSizer(spe, self.plan.parallel.mean, most=every)
+        sizer = (epoch_logs.ExecutionSizer(spe, self.plan.parallel.mean, most=every,
+                                           left=stage.updates - start)
                  if cfg.train.steps_per_execution == "auto" else None)
         tracked = self.tracker.callback(stage.name, checkpointer, spe, stage.updates)
         # The global metrics first (Keras appends its history and progress bar after

@@ -98,24 +98,37 @@ class ExecutionSizer(keras.callbacks.Callback):
     target = 0.02
 
     def __init__(self, steps_per_epoch: int, mean=None, measure: int = 8,
-                 max_seconds: float = 5.0, most: int | None = None):
-        """`most`: an upper bound (the checkpoint interval, so saves stay on time)."""
+                 max_seconds: float = 5.0, most: int | None = None, left: int | None = None):
+        """`most`: an upper bound (the checkpoint interval, so saves stay on time). `left`:
+        the steps this fit makes (None: as many as pay for a trace)."""
         super().__init__()
         self.steps_per_epoch, self.mean = steps_per_epoch, mean
         self.most = min(steps_per_epoch, most or steps_per_epoch)
-        self.measure, self.max_seconds = measure, max_seconds
+        self.measure, self.max_seconds, self.left = measure, max_seconds, left
         self.chosen: int | None = None
         self.host_seconds: float | None = None     # per call, measured
         self.step_seconds: float | None = None     # per step, measured
+        self.retraced: bool | None = None          # settled at one step: traced without the loop
+        self._began: float | None = None
+        self._first_call: float | None = None      # the first call's seconds (its trace)
+        self._done = 0                             # steps made before this epoch
+
+    def on_train_begin(self, logs=None):
+        self._began = time.perf_counter()
 
     def on_epoch_begin(self, epoch, logs=None):
         # A window starts after the epoch's first call (tracing, the iterator) and never
         # spans an epoch's end (validation).
         self._start, self._calls = None, 0
 
+    def on_epoch_end(self, epoch, logs=None):
+        self._done += self.steps_per_epoch
+
     def on_train_batch_end(self, batch, logs=None):
         if self.chosen is not None:
             return
+        if self._first_call is None and self._began is not None:
+            self._first_call = time.perf_counter() - self._began
         if self._start is None:
             self._start = (time.perf_counter(), self._inside(), batch)
             return
@@ -126,7 +139,8 @@ class ExecutionSizer(keras.callbacks.Callback):
             wall = (time.perf_counter() - began) / self._calls
             now = self._inside()
             step = ((now - inside) / steps if now is not None else 0.5 * wall * self._calls / steps)
-            self._choose(host=max(0.0, wall - step * steps / self._calls), step=step)
+            self._choose(host=max(0.0, wall - step * steps / self._calls), step=step,
+                         remaining=None if self.left is None else self.left - self._done - batch - 1)
 
     def _inside(self) -> float | None:
         """Seconds spent inside steps so far (one read of a replica-synchronised sum:
@@ -135,15 +149,26 @@ class ExecutionSizer(keras.callbacks.Callback):
             return None
         return float(self.model.step_seconds.numpy())
 
-    def _choose(self, host: float, step: float) -> None:
+    # what a loop of one step costs against a call without it (a ResNet-20's steps, 2%)
+    LOOP_SHARE = 0.02
+
+    def _choose(self, host: float, step: float, remaining: int | None = None) -> None:
+        """Steps per call from the host's and a step's seconds; settled at one step, the
+        train function is traced again without its loop only where the steps left save
+        more than that trace costs (the first call's seconds: a smoke run's last update,
+        or a short stage's, is not worth a trace). In a cluster both are agreed on."""
         k = math.ceil(host / (self.target * max(step, 1e-9)))
         k = max(1, min(k, int(self.max_seconds // max(step, 1e-9)), self.most))
+        trace = max(0.0, (self._first_call or 0.0) - step)
+        pays = float(remaining is None or remaining * step * self.LOOP_SHARE > trace)
         if self.mean is not None:                        # every worker alike
-            k = math.ceil(self.mean([float(k)])[0] - 1e-9)
+            agreed, pays = self.mean([float(k), pays])
+            k = math.ceil(agreed - 1e-9)
         self.chosen, self.host_seconds, self.step_seconds = k, host, step
         self.model.steps_per_execution.assign(k)
         settle = getattr(self.model, "settle_calls", None)
-        if settle is not None:
+        self.retraced = k == 1 and pays >= 0.5 and settle is not None
+        if self.retraced:
             settle(k)
 
 
