@@ -5,7 +5,8 @@ import tensorflow as tf
 
 from tftrain.config import ConfigError, load_config
 from tftrain.data import (BatchPlan, DATASETS, EpochLayout, UserData, cache_choice, cached,
-                          epoch_layout, load_source, plan_batches, train_dataset, val_dataset)
+                          epoch_layout, label_spec, load_source, plan_batches, train_dataset,
+                          val_dataset)
 from tftrain.data.records import cached_counts, group_offsets
 
 
@@ -441,6 +442,26 @@ def test_mixup_and_cutmix_give_soft_labels():
         assert y.shape == (16, 4)
         np.testing.assert_allclose(tf.reduce_sum(y, -1), 1.0, rtol=1e-6)
         assert float(tf.reduce_max(y)) <= 1.0 and np.any((y.numpy() > 0) & (y.numpy() < 1)), op
+
+
+@pytest.mark.parametrize("sets", [
+    [], ["data.remainder=pad"], ["data.augment=[{mixup: {alpha: 0.4}}]"],
+    ["data.augment=[{random_crop: {padding: 1}}, {cutmix: {alpha: 1.0}}]", "data.remainder=pad"],
+    ["data.name=synthetic", "data.params={num_examples: 64, shape: [8, 8, 3], num_classes: 4}"],
+    ["data.name=tfrecord"], ["data.name=tests.data.test_data:user_data"]])
+def test_the_training_label_spec_is_known_without_building_the_pipeline(sets, tmp_path):
+    """`label_spec`: the training batches' labels' dtype and shape but the batch axis,
+    from the augmentation alone (soft labels where a batch op mixes), whatever the source
+    (a user's validation labels are int64 here: training's are int32 all the same)."""
+    if sets == ["data.name=tfrecord"]:
+        data = record_cfg(write_records(tmp_path))
+    else:
+        data = cfg(*sets).data
+    source = load_source(data, 0)
+    plan = BatchPlan(8, 1, 1)
+    spec = label_spec(source, data)
+    trained = train_dataset(source, plan, data, 0).element_spec[1]
+    assert (spec.dtype, spec.shape[1:]) == (trained.dtype, trained.shape[1:]), (spec, trained)
 
 
 def user_data(n=40, seed=None):

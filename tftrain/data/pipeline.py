@@ -196,6 +196,16 @@ def distribute(strategy, source: Source, plan: BatchPlan, cfg: DataConfig, seed:
     return strategy.distribute_datasets_from_function(per_worker, options)
 
 
+def label_spec(source: Source, cfg: DataConfig) -> tf.TensorSpec:
+    """The spec of the training batches' labels without building their pipeline (its
+    functions traced: about half a second of a small run): class indices as every source
+    decodes them (int32), or one-hot probabilities where a batch op of `data.augment`
+    (mixup, cutmix) makes soft labels."""
+    if aug.soft_labels(aug.build(cfg.augment)):
+        return tf.TensorSpec([None, source.spec.num_classes], tf.float32)
+    return tf.TensorSpec([None], tf.int32)
+
+
 def val_dataset(source: Source, plan: BatchPlan, cfg: Optional[DataConfig] = None) -> tf.data.Dataset:
     """Validation batches of per_replica x replicas (the last one may be partial), with
     the deterministic preprocessing steps only."""

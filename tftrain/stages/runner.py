@@ -50,8 +50,7 @@ class StageRunner:
         self.strat, self.chief = plan.parallel.strategy, plan.chief
         self.steps_per_epoch, self.smoke = plan.steps_per_epoch, plan.smoke
         self.val = data.val_dataset(plan.training_source, plan.batches, self.cfg.data)
-        self.labels = data.train_dataset(   # their spec: the pipeline traced once, not a stage
-            plan.training_source, plan.batches, self.cfg.data, self.cfg.run.seed).element_spec[1]
+        self.labels = data.label_spec(plan.training_source, self.cfg.data)   # training's
         if int(self.val.cardinality()) == tf.data.UNKNOWN_CARDINALITY:   # TFRecord: count once;
             # Keras needs the size to run several steps per call (validation is cached)
             batches = int(self.val.reduce(0, lambda count, *_: count + 1))
