@@ -2,12 +2,13 @@
 import math
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from helpers import fit, tiny
 from tftrain.core.keras import keras
 from tftrain.training.epoch_logs import (ExecutionSizer, GlobalMetrics, LearningRateLogger,
-                                         Throughput)
+                                         Throughput, validated)
 from tftrain.training.losses import build_loss
 from tftrain.training.train_step import TrainModel
 
@@ -130,3 +131,21 @@ def test_global_metrics_log_every_replica_while_the_step_logs_its_own():
         np.testing.assert_allclose(local[key], synced[key], rtol=1e-6)
     # the step's own logs are one replica's (16 of 32 examples): not the global values
     assert not np.allclose(local_steps, synced_steps, rtol=1e-6)
+
+
+def test_a_stage_takes_its_last_epochs_validation_unless_weights_were_set_after_it():
+    """`validated`: fit's last epoch validated the model as it ends the stage, so the
+    stage does not evaluate it again; unless early stopping restores its best weights
+    (then the model is not the one last validated), or fit did not run (no history)."""
+    model = _host_bound(1)
+    model.compile(keras.optimizers.SGD(0.1), "mse", metrics=["mae"])
+    x = np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32)
+    y = np.random.default_rng(1).normal(size=(64, 2)).astype(np.float32)
+    history = model.fit(x, y, validation_data=(x[:16], y[:16]), epochs=2, verbose=0).history
+    again = model.evaluate(x[:16], y[:16], return_dict=True, verbose=0)
+    found = validated(history, [])
+    assert found.keys() == {"val_loss", "val_mae"}
+    assert found == pytest.approx({f"val_{k}": v for k, v in again.items()}, rel=1e-6)
+    best = keras.callbacks.EarlyStopping(restore_best_weights=True)
+    assert validated(history, [best]) is None and validated({}, []) is None
+    assert validated(history, [keras.callbacks.EarlyStopping()]) == found

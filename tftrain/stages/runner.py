@@ -243,7 +243,7 @@ class StageRunner:
         if cfg.train.on_nan == "rollback" and start == 0:
             manager.save(checkpoint_number=0)            # something to roll back to
         peaks = memory.Peaks(self.plan.parallel.training_devices()).started()
-        began = time.perf_counter()
+        began, model.history = time.perf_counter(), None   # (this fit's history, read after it)
         for attempt in range(cfg.train.nan_retries + 1):
             try:
                 with stage.training():
@@ -276,7 +276,7 @@ class StageRunner:
         trained = dict(getattr(getattr(model, "history", None), "history", None) or {})
         result = {"updates": int(optimizer.iterations.numpy()),   # made (skipped ones not)
                   "batches": checkpointer.update, "epochs": -(-checkpointer.update // spe),
-                  "metrics": self._evaluate(model),
+                  "metrics": epoch_logs.validated(trained, built.callbacks) or self._evaluate(model),
                   "examples_per_sec": throughput.steady_rate(),
                   "model_flops_per_sec": flops.rate(throughput.steady_rate()),
                   "mfu": flops.utilisation(throughput.steady_rate()),

@@ -257,3 +257,14 @@ def host_figures(model, checkpointer, sizer) -> dict:
         figures.update(host_seconds_per_call=sizer.host_seconds,
                        step_seconds=sizer.step_seconds)
     return figures
+
+
+def validated(trained: dict, callbacks) -> dict | None:
+    """The validation metrics of fit's last epoch (`trained`: its history), which were
+    the model's as it ends the stage: fit ran this session, and no callback (early
+    stopping's best weights) set other weights after it; None: evaluate again. (Each stage
+    evaluated its model once more: the whole validation set again.)"""
+    if any(getattr(c, "restore_best_weights", False) for c in callbacks):
+        return None
+    last = {k: float(v[-1]) for k, v in trained.items() if k.startswith("val_") and v}
+    return last or None
