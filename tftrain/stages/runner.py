@@ -213,7 +213,7 @@ class StageRunner:
         flops = epoch_logs.FlopsLogger(self.plan.flops_per_example, self.plan.peak.flops)
         waiting = input_wait.input_wait(self.plan)
         sizer = (epoch_logs.ExecutionSizer(spe, self.plan.parallel.mean, most=every,
-                                           left=stage.updates - start)
+                                           updates=stage.updates)
                  if cfg.train.steps_per_execution == "auto" else None)
         tracked = self.tracker.callback(stage.name, checkpointer, spe, stage.updates)
         # The global metrics first (Keras appends its history and progress bar after

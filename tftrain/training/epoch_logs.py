@@ -98,20 +98,20 @@ class ExecutionSizer(keras.callbacks.Callback):
     target = 0.02
 
     def __init__(self, steps_per_epoch: int, mean=None, measure: int = 8,
-                 max_seconds: float = 5.0, most: int | None = None, left: int | None = None):
-        """`most`: an upper bound (the checkpoint interval, so saves stay on time). `left`:
-        the steps this fit makes (None: as many as pay for a trace)."""
+                 max_seconds: float = 5.0, most: int | None = None, updates: int | None = None):
+        """`most`: an upper bound (the checkpoint interval, so saves stay on time).
+        `updates`: the steps the stage ends at (None: as many as pay for a trace)."""
         super().__init__()
         self.steps_per_epoch, self.mean = steps_per_epoch, mean
         self.most = min(steps_per_epoch, most or steps_per_epoch)
-        self.measure, self.max_seconds, self.left = measure, max_seconds, left
+        self.measure, self.max_seconds, self.updates = measure, max_seconds, updates
         self.chosen: int | None = None
         self.host_seconds: float | None = None     # per call, measured
         self.step_seconds: float | None = None     # per step, measured
         self.retraced: bool | None = None          # settled at one step: traced without the loop
         self._began: float | None = None
         self._first_call: float | None = None      # the first call's seconds (its trace)
-        self._done = 0                             # steps made before this epoch
+        self._epoch = 0                            # (fit's epochs count from the stage's start)
 
     def on_train_begin(self, logs=None):
         self._began = time.perf_counter()
@@ -119,10 +119,7 @@ class ExecutionSizer(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         # A window starts after the epoch's first call (tracing, the iterator) and never
         # spans an epoch's end (validation).
-        self._start, self._calls = None, 0
-
-    def on_epoch_end(self, epoch, logs=None):
-        self._done += self.steps_per_epoch
+        self._start, self._calls, self._epoch = None, 0, epoch
 
     def on_train_batch_end(self, batch, logs=None):
         if self.chosen is not None:
@@ -140,7 +137,8 @@ class ExecutionSizer(keras.callbacks.Callback):
             now = self._inside()
             step = ((now - inside) / steps if now is not None else 0.5 * wall * self._calls / steps)
             self._choose(host=max(0.0, wall - step * steps / self._calls), step=step,
-                         remaining=None if self.left is None else self.left - self._done - batch - 1)
+                         remaining=None if self.updates is None else
+                         self.updates - self._epoch * self.steps_per_epoch - batch - 1)
 
     def _inside(self) -> float | None:
         """Seconds spent inside steps so far (one read of a replica-synchronised sum:
