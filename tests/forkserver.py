@@ -2,8 +2,9 @@
 TensorFlow already, for the tests (`helpers.cli`, `helpers.start_run`).
 
 Every fresh process pays 7-9 s importing TensorFlow before tftrain reads its config; the
-tests start dozens. A server process per pytest worker imports tftrain, TensorFlow and
-tf_keras once, runs no op (so each child configures its own devices, as a fresh process
+tests start dozens. A server process per pytest worker imports tftrain, TensorFlow,
+tf_keras and what a run imports once (`forking.preload`: tfmot alone is about 1 s of a
+run's CPU), runs no op (so each child configures its own devices, as a fresh process
 does) and forks a child per run: the child takes the caller's stdin, stdout and stderr
 (passed over a Unix socket), working directory, environment and arguments, and runs
 `tftrain.run` as `__main__`, as `python -m` does. The caller gets a `Popen`-like handle
@@ -35,10 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SERVER = r"""
 import array, json, os, selectors, signal, socket, sys
 import tftrain                                   # sets TF_USE_LEGACY_KERAS first
-import tensorflow                                # noqa: F401
-from tftrain.core.keras import keras             # noqa: F401  (tf_keras)
-import tftrain.run                               # noqa: F401
-from tftrain.runtime.forking import run_as_main
+from tftrain.runtime.forking import preload, run_as_main
+preload("tftrain.run")                           # TensorFlow, tf_keras, what a run imports
 from tensorflow.python.eager import context
 assert context.context()._context_handle is None, "an op ran before forking"
 

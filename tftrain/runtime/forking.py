@@ -78,14 +78,16 @@ def started() -> bool:
 
 
 def preload(module: str) -> None:
-    """Import `module` (what the children run) and what it imports, running no op (so
-    each child still configures its own devices). Call it before starting threads: a
-    fork copies only the calling one."""
+    """Import `module` (what the children run), what it imports, and the modules it names
+    as imported when it runs (its `PRELOAD`, `tftrain.run`'s), running no op (so each
+    child still configures its own devices). Call it before starting threads: a fork
+    copies only the calling one."""
     from tftrain.core.native_log import quiet
     with quiet():           # TensorFlow's native start-up lines held back
         # TF_USE_LEGACY_KERAS set, then TensorFlow and tf_keras imported
         from tftrain.core.keras import keras  # noqa: F401
-        importlib.import_module(module)
+        for name in getattr(importlib.import_module(module), "PRELOAD", ()):
+            importlib.import_module(name)
 
 
 def start(module: str, args: list[str], *, fork: bool, env: dict | None = None,
