@@ -50,6 +50,34 @@ def test_tflite_modes_match_the_model(tmp_path, trained, mode):
         assert all(np.isfinite(v) and v > 0 for v in lite["float_latency_grid"].values())
 
 
+def test_the_converters_garbage_collection_passes_over_the_objects_made_before(tmp_path, trained):
+    """TensorFlow's converter collects all garbage on each conversion from a SavedModel;
+    the objects alive before it (here a million lists besides the process's own) are
+    frozen meanwhile, and nothing stays frozen afterwards."""
+    import gc
+
+    from tftrain.export.artifacts import write_saved_model
+
+    model, _ = trained
+    write_saved_model(inference_model(model), tmp_path / "saved")
+    held = [[] for _ in range(1_000_000)]
+    before = len(gc.get_objects())
+    full = []
+
+    def seen(phase, info):
+        if phase == "start" and info["generation"] == 2:
+            full.append(gc.get_freeze_count())
+    gc.callbacks.append(seen)
+    try:
+        flatbuffer = convert_tflite(tmp_path / "saved", "float", None)
+    finally:
+        gc.callbacks.remove(seen)
+    assert flatbuffer[4:8] == b"TFL3" and len(held) == 1_000_000
+    # the converter's own full collection happened, with every older object frozen
+    assert full and min(full) >= before
+    assert gc.get_freeze_count() == 0
+
+
 @pytest.mark.slow
 def test_the_float_file_beside_a_qat_models_int8_one_is_its_float_function(qat_cnn, tmp_path):
     """Converted with every quantizer passing its input through: no quantize or dequantize

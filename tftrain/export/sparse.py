@@ -74,9 +74,11 @@ def convert(saved_model: Path) -> bytes:
     """The float TFLite file with its sparse weights encoded (DENSIFY ops)."""
     import tensorflow as tf
 
+    from tftrain.export.artifacts import convert as converted
+
     converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model))
     converter.optimizations = [tf.lite.Optimize.EXPERIMENTAL_SPARSITY]
-    return converter.convert()
+    return converted(converter)
 
 
 def cpu_runs_sparse(flags: str | None = None) -> tuple[bool, str]:
