@@ -9,8 +9,6 @@ with ONNX Runtime.
 """
 from __future__ import annotations
 
-import contextlib
-import gc
 import shutil
 import time
 from pathlib import Path
@@ -25,6 +23,7 @@ from tftrain.core import internals
 from tftrain.export import file_memory
 from tftrain.export.file_tensors import set_example
 from tftrain.compress import quantization
+from tftrain.training.heap import older_objects_frozen
 
 def inference_model(model):
     """A plain float32 functional model with the same weights (no training wrappers):
@@ -120,21 +119,6 @@ def convert(converter) -> bytes:
     (`older_objects_frozen`)."""
     with older_objects_frozen():
         return converter.convert()
-
-
-@contextlib.contextmanager
-def older_objects_frozen():
-    """Inside, garbage collections pass over the objects made before. TensorFlow's
-    converter collects all garbage on every conversion from a SavedModel (`lite.py`, to
-    free the graph it loaded); in a run's process, holding the trained model, its traces
-    and tfmot's clones, that full collection took 0.5-1 s of CPU a conversion. What the
-    conversion loads is made inside and still collected; older garbage is left to the
-    next collection."""
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
 
 
 def tflite_logits(flatbuffer: bytes, x: np.ndarray, threads: int = 1) -> tuple[np.ndarray, float]:

@@ -26,7 +26,7 @@ from tftrain.training.tracking import Tracker
 from tftrain.training import callbacks as cb
 from tftrain.optim import rates
 from tftrain.training.rundir import atomic_write
-from tftrain.training import epoch_logs, input_wait, memory, progress, xla
+from tftrain.training import epoch_logs, heap, input_wait, memory, progress, xla
 from tftrain.core.keras import keras
 from tftrain.training.profiling import ProfileWindow
 from tftrain.optim.averaging import has_batch_norm, recalibrate_batch_norm
@@ -382,11 +382,13 @@ def fit(model, train, val, start, epochs, steps_per_epoch, callbacks, options: d
     if start >= epochs * steps_per_epoch:
         return
     internals.start_fit_at(model, ResumePoint(start))   # fit starts at (epoch, step) of `start`
+    held = heap.FrozenWhileFitting(epochs * steps_per_epoch - start)   # (collections' work)
     try:
         model.fit(train, epochs=epochs, steps_per_epoch=steps_per_epoch, validation_data=val,
-                  callbacks=callbacks, **options)
+                  callbacks=[*callbacks, held], **options)
     finally:
         internals.start_fit_at(model, None)
+        held.release()
 
 
 def scratch_dir(run_path: Path) -> Path:
