@@ -2,7 +2,16 @@
 
 Each round times one epoch of training steps of every side, in ABBA order; figures are
 medians over rounds of per-round ratios, so noise that hits both sides cancels.
+
+Python's garbage collector is kept out of the timed steps on every side alike: a full
+collection scans every object of its process, and in these long-lived benchmark processes
+(three models built and traced, each round's `fit` adding its objects) one took 0.5-2 s,
+about every 30 s, in either process (11 and 10 of them over a 330-s run of
+`overhead.py --models ResNet`): a pause landing in one side's 2-s epoch at random, worth
+25-100% of it. Each timed epoch starts after a collection, with automatic collection off
+until it ends.
 """
+import gc
 import statistics
 import tempfile
 import time
@@ -103,8 +112,13 @@ def epoch_rate(side, steps, global_batch, epoch):
         return side.epoch_rate(steps, epoch)
     model, ds, callbacks = side
     timer = StepTimer()
-    model.fit(ds, epochs=epoch + 1, initial_epoch=epoch, steps_per_epoch=steps,
-              callbacks=[*callbacks, timer], verbose=0)
+    gc.collect()               # (not in the timed steps: see the module's docstring)
+    gc.disable()
+    try:
+        model.fit(ds, epochs=epoch + 1, initial_epoch=epoch, steps_per_epoch=steps,
+                  callbacks=[*callbacks, timer], verbose=0)
+    finally:
+        gc.enable()
     (first, began), (last, ended) = timer.ends[0], timer.ends[-1]
     return (last - first) * global_batch / (ended - began)
 
