@@ -2,10 +2,10 @@
 
 A full collection scans every object the process tracks, and a run's process holds
 millions: TensorFlow's, tf_keras' and tfmot's modules, the model, its traced functions,
-tfmot's clones. In the quickstart's training (22 s, 2026-12-07, 2-core Intel Xeon) Python
-ran 7 full collections of 0.17-0.71 s, 2.7 s in all, each a pause of every step (and of
-every worker at the next all-reduce); TensorFlow's converter runs one more on every
-conversion. Objects that live through the work are frozen (`gc.freeze`) for its length,
+tfmot's clones. In the quickstart's process (2026-12-07, 2-core Intel Xeon) one took
+0.5-0.9 s once the model was built, about one every 25 s of training: a pause of every
+step (and of every worker at the next all-reduce), 2-4% of a long run's time; and
+TensorFlow's converter runs one on every conversion. Objects that live through the work are frozen (`gc.freeze`) for its length,
 so collections scan only what the work makes, and unfrozen after it.
 """
 from __future__ import annotations
