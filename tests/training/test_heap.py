@@ -43,6 +43,14 @@ def test_a_long_fit_freezes_what_lives_after_its_first_call_and_nothing_after(st
     assert gc.get_freeze_count() == 0
 
 
+def test_the_callback_leaves_a_fits_logs_on_the_device():
+    """Keras copies every call's logs to the host when a callback with batch hooks does
+    not take tensors; the freezing callback takes them (it reads none)."""
+    callbacks = keras.callbacks.CallbackList([heap.FrozenWhileFitting(heap.MIN_STEPS)],
+                                             model=tiny()[0])
+    assert callbacks._batch_hooks_support_tf_logs
+
+
 def test_a_fit_that_raises_leaves_nothing_frozen():
     class Fails(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):

@@ -5,8 +5,9 @@ millions: TensorFlow's, tf_keras' and tfmot's modules, the model, its traced fun
 tfmot's clones. In the quickstart's process (2026-12-07, 2-core Intel Xeon) one took
 0.5-0.9 s once the model was built, about one every 25 s of training: a pause of every
 step (and of every worker at the next all-reduce), 2-4% of a long run's time; and
-TensorFlow's converter runs one on every conversion. Objects that live through the work are frozen (`gc.freeze`) for its length,
-so collections scan only what the work makes, and unfrozen after it.
+TensorFlow's converter runs one on every conversion. Objects that live through the work
+are frozen (`gc.freeze`) for its length, so collections scan only what the work makes,
+and unfrozen after it.
 """
 from __future__ import annotations
 
@@ -29,6 +30,9 @@ class FrozenWhileFitting(keras.callbacks.Callback):
 
     def __init__(self, steps: int):
         super().__init__()
+        # it reads no logs: Keras need not copy every call's logs to the host for it (set
+        # after `Callback.__init__`, which sets it False on the instance)
+        self._supports_tf_logs = True
         self.steps, self.first, self.frozen = steps, True, False
 
     def on_train_batch_end(self, batch, logs=None):
