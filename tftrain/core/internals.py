@@ -335,3 +335,10 @@ def collective_extended():
     subclass overrides to replicate over a task's virtual CPUs."""
     from tensorflow.python.distribute import collective_all_reduce_strategy as cars
     return cars.CollectiveAllReduceExtended
+
+
+def take_tensor_logs(callback) -> None:
+    """Keras hands `callback` its logs as tensors (`_supports_tf_logs`), so it need not
+    copy every call's logs to the host for it. Set on the instance: `Callback.__init__`
+    sets it False there, which hides a class attribute of that name."""
+    callback._supports_tf_logs = True

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import gc
 
+from tftrain.core import internals
 from tftrain.core.keras import keras
 
 # a fit of fewer steps is left alone: the collection before the freeze would cost about
@@ -30,9 +31,7 @@ class FrozenWhileFitting(keras.callbacks.Callback):
 
     def __init__(self, steps: int):
         super().__init__()
-        # it reads no logs: Keras need not copy every call's logs to the host for it (set
-        # after `Callback.__init__`, which sets it False on the instance)
-        self._supports_tf_logs = True
+        internals.take_tensor_logs(self)            # it reads none
         self.steps, self.first, self.frozen = steps, True, False
 
     def on_train_batch_end(self, batch, logs=None):
