@@ -32,10 +32,10 @@ EXIT_TARGET_MISSED = exit_codes.TARGET_MISSED
 # the modules a run imports once its config has parsed (a typo, `--help` and `--dry-run`
 # load no TensorFlow): a process that forks runs (`tftrain.launch`'s workers, a sweep's
 # or search's trials) imports them once, before forking (`runtime.forking.preload`),
-# rather than each child on its first run (tfmot, under the exports: about 1 s of CPU)
-PRELOAD = ("tensorflow", "tftrain.core.keras", "tftrain.plan", "tftrain.report", "tftrain.stages",
-           "tftrain.export.exports", "tftrain.training.board", "tftrain.training.report_page",
-           "tftrain.training.tracking")
+# rather than each child on its first run (tfmot, under the exports: about 1 s of CPU);
+# TensorFlow and tf_keras `preload` imports first
+PRELOAD = ("tftrain.plan", "tftrain.report", "tftrain.stages", "tftrain.export.exports",
+           "tftrain.training.board", "tftrain.training.report_page", "tftrain.training.tracking")
 
 
 class _Parser(argparse.ArgumentParser):
