@@ -81,6 +81,33 @@ def test_fit_starts_where_the_training_state_says():
     assert int(model.optimizer.iterations.numpy()) == 3
 
 
+class _Seen(keras.callbacks.Callback):
+    """Records the type of each training call's loss as the callbacks receive it."""
+
+    def __init__(self, tensors: bool):
+        super().__init__()
+        self.types = []
+        if tensors:
+            internals.take_tensor_logs(self)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.types.append(type(logs["loss"]))
+
+
+@pytest.mark.parametrize("plain", [False, True])
+def test_a_fit_hands_its_callbacks_tensor_logs_unless_one_needs_them_copied(plain):
+    """Keras copies every call's logs to the host (a wait for the step) as soon as one
+    callback with a batch hook has not taken tensors; `logs_copied_by` names it."""
+    model, _ = _model()
+    model.compile("sgd", "mse")
+    seen, others = _Seen(tensors=True), [_Seen(tensors=False)] if plain else []
+    assert internals.logs_copied_by([seen, *others]) == (["_Seen"] if plain else [])
+    x, y = np.ones((8, 4), np.float32), np.zeros((8, 2), np.float32)
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[seen, *others])
+    assert len(seen.types) == 2
+    assert all(issubclass(t, tf.Tensor) != plain for t in seen.types), seen.types
+
+
 def test_steps_per_execution_is_the_variable_keras_runs_its_train_function_with():
     model, _ = _model()
     model.compile("sgd", "mse", steps_per_execution=4)

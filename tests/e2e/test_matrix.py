@@ -774,6 +774,8 @@ def test_every_combination_works_or_is_refused_before_training(index, row, tmp_p
     assert summary.get("workers", 1) == max(1, workers(row, index))
     for name, artifact in summary["artifacts"].items():
         assert artifact["verified"], (name, artifact.get("check"))
+    for name, stage in summary["stages"].items():   # no call's logs copied to the host
+        assert stage["host"]["logs_copied_by"] == [], (name, stage["host"])
     if row["strategy"] == "one_device":
         return
     all_ours = stage_losses(run)

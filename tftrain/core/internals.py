@@ -342,3 +342,12 @@ def take_tensor_logs(callback) -> None:
     copy every call's logs to the host for it. Set on the instance: `Callback.__init__`
     sets it False there, which hides a class attribute of that name."""
     callback._supports_tf_logs = True
+
+
+def logs_copied_by(callbacks) -> list[str]:
+    """The classes of `callbacks` for which Keras copies every training call's logs to
+    the host (a batch hook and no `take_tensor_logs`): one such callback makes every
+    call wait for its step to finish before the next is dispatched."""
+    return sorted({type(c).__name__ for c in callbacks
+                   if c._implements_train_batch_hooks()
+                   and not getattr(c, "_supports_tf_logs", False)})

@@ -281,7 +281,7 @@ class StageRunner:
                   "model_flops_per_sec": flops.rate(throughput.steady_rate()),
                   "mfu": flops.utilisation(throughput.steady_rate()),
                   "input_wait": waiting.fraction(), **waiting.figures(),
-                  "host": epoch_logs.host_figures(model, checkpointer, sizer),
+                  "host": epoch_logs.host_figures(model, checkpointer, sizer, callbacks),
                   "jit_compile": self.jit.get(stage.name),
                   "memory": peaks.read(self.plan.parallel.estimated_bytes()),
                   "seconds": time.perf_counter() - began}    # of this session of the stage

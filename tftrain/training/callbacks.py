@@ -186,7 +186,6 @@ class Checkpointer(keras.callbacks.Callback):
     one (plateau, early stopping) have updated their state, so the checkpoint holds it; a
     stop asked for during validation is honoured there too."""
 
-    _supports_tf_logs = True   # reads the loss only when a check is due
 
     def __init__(self, manager: tf.train.CheckpointManager, every: int, steps_per_epoch: int,
                  start_update: int = 0, agree=None, stop=None, position=None,
@@ -196,6 +195,7 @@ class Checkpointer(keras.callbacks.Callback):
         all save, stop or roll back together. `position`: the int64 variable saved as the
         stage's batch count."""
         super().__init__()
+        internals.take_tensor_logs(self)     # reads the loss when a check is due
         self.agree, self.stop, self.position = agree, stop, position
         self.manager, self.every, self.steps_per_epoch = manager, max(1, every), steps_per_epoch
         self.check_every = max(1, check_every)

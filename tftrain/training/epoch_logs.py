@@ -24,10 +24,10 @@ def steady_median(per_epoch: list[float], empty):
 class Throughput(keras.callbacks.Callback):
     """Adds `examples_per_sec` (training examples per second of the epoch) to the logs."""
 
-    _supports_tf_logs = True
 
     def __init__(self, global_batch: int):
         super().__init__()
+        internals.take_tensor_logs(self)
         self.global_batch = global_batch
         self.per_epoch: list[float] = []
 
@@ -62,7 +62,9 @@ class GlobalMetrics(keras.callbacks.Callback):
     epoch's end; it must come before every callback that reads those logs (Keras
     appends its history and progress bar after the given callbacks)."""
 
-    _supports_tf_logs = True
+    def __init__(self):
+        super().__init__()
+        internals.take_tensor_logs(self)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._values = None
@@ -94,7 +96,6 @@ class ExecutionSizer(keras.callbacks.Callback):
     Without clocks in the step (`run.deterministic`), half of each call is taken as host
     time, which errs toward more steps per call."""
 
-    _supports_tf_logs = True
     target = 0.02
 
     def __init__(self, steps_per_epoch: int, mean=None, measure: int = 8,
@@ -102,6 +103,7 @@ class ExecutionSizer(keras.callbacks.Callback):
         """`most`: an upper bound (the checkpoint interval, so saves stay on time).
         `updates`: the steps the stage ends at (None: as many as pay for a trace)."""
         super().__init__()
+        internals.take_tensor_logs(self)
         self.steps_per_epoch, self.mean = steps_per_epoch, mean
         self.most = min(steps_per_epoch, most or steps_per_epoch)
         self.measure, self.max_seconds, self.updates = measure, max_seconds, updates
@@ -241,15 +243,17 @@ def generalisation_gap(model, history: dict, metrics: dict, margin: float = 0.3)
     return f"{seen}: overfit (check labels; train less, regularise)"
 
 
-def host_figures(model, checkpointer, sizer) -> dict:
+def host_figures(model, checkpointer, sizer, callbacks) -> dict:
     """What the host did besides the steps: steps per call, training calls, checks made
-    (each one small all-reduce in a cluster), the collectives inside the compiled step (a
-    cluster's should be its gradient all-reduce alone) and, when `auto` sized the calls,
-    the host seconds per call and the step time it measured."""
+    (each one small all-reduce in a cluster), the callbacks for which Keras copied every
+    call's logs to the host (none of tftrain's own), the collectives inside the compiled
+    step (a cluster's should be its gradient all-reduce alone) and, when `auto` sized the
+    calls, the host seconds per call and the step time it measured."""
 
     traced = getattr(model, "train_tf_function", None)
     figures = {"steps_per_execution": int(model.steps_per_execution.numpy()),
                "calls": checkpointer.calls, "checks": checkpointer.checks,
+               "logs_copied_by": internals.logs_copied_by(callbacks),
                "step_collectives": graph_collectives(traced) if traced is not None else []}
     if sizer is not None and sizer.chosen is not None:
         figures.update(host_seconds_per_call=sizer.host_seconds,

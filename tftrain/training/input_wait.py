@@ -7,7 +7,7 @@ import os
 import time
 
 from tftrain.core.keras import keras
-from tftrain.core import console
+from tftrain.core import console, internals
 from tftrain.core.cpu import busy_seconds, others_cores
 from tftrain import data
 from tftrain.data import augment, probe
@@ -32,7 +32,6 @@ class InputWait(keras.callbacks.Callback):
     measured under op determinism (TensorFlow refuses clocks there) or at one step per
     call with fixed `train.steps_per_execution` (Keras' own train function)."""
 
-    _supports_tf_logs = True
     threshold = 0.5
     noticed = 0.05      # waits above this share of the time: `probe` names the slow stage
 
@@ -40,6 +39,7 @@ class InputWait(keras.callbacks.Callback):
         """`probe(step_rate) -> str`: a line naming the pipeline's slow stage
         (`tftrain.data.probe`), asked once when the steady waits exceed `noticed`."""
         super().__init__()
+        internals.take_tensor_logs(self)
         self.remedies = remedies or []
         self.probe = probe
         self.per_epoch: list[float] = []

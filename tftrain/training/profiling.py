@@ -32,6 +32,7 @@ class ProfileWindow(keras.callbacks.Callback):
 
     def __init__(self, start: int, stop: int, logdir: str, steps_per_epoch: int):
         super().__init__()
+        internals.take_tensor_logs(self)
         self.start, self.stop, self.logdir = start, stop, logdir
         self.steps_per_epoch, self.epoch, self.running, self.done = steps_per_epoch, 0, False, False
 

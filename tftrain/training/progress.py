@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from tftrain.core import console
+from tftrain.core import console, internals
 from tftrain.core.keras import keras
 from tftrain.optim.rates import current_lr
 from tftrain.training.rundir import atomic_write
@@ -23,11 +23,11 @@ class UpdateLog(keras.callbacks.Callback):
     (`train.steps_per_execution`), so two runs share the updates logged at each epoch's
     end and at every multiple of `every` that ends a call in both."""
 
-    _supports_tf_logs = True
 
     def __init__(self, every: int, steps_per_epoch: int, start: int = 0, path=None,
                  tensorboard=None):
         super().__init__()
+        internals.take_tensor_logs(self)
         self.every, self.steps_per_epoch = max(1, every), steps_per_epoch
         self.last, self.path, self.pending = start, path, []
         self.writer = None
@@ -121,10 +121,10 @@ class EpochLine(keras.callbacks.Callback):
     0.9 s` (within 120 columns), and inside an epoch that runs past `every` seconds a
     line every `every` seconds with the updates done and the time left."""
 
-    _supports_tf_logs = True
 
     def __init__(self, stage: str, epochs: int, steps_per_epoch: int, every: float = 10.0):
         super().__init__()
+        internals.take_tensor_logs(self)
         self.stage, self.epochs, self.steps, self.every = stage, epochs, steps_per_epoch, every
 
     def on_epoch_begin(self, epoch, logs=None):
