@@ -33,6 +33,7 @@ from tftrain.models.audio import AudioFeatures
 from tftrain.compress import qat_transformer as qt
 from tftrain.compress.qat_audio import SpectrumQuantizeConfig, matrix_form
 from tftrain.compress.qat_norms import ChannelAffine, ChannelAffineQuantizeConfig
+from tftrain.compress.qat_residual import ScaledSum, is_scaled_sum
 from tftrain.models.text import TermWeights, TokenMean
 from tftrain.models.transformer import PositionEmbedding
 
@@ -286,6 +287,10 @@ def config_for(layer, preserve_sparsity: bool) -> Optional[object]:
     if isinstance(layer, (HardSwish, keras.layers.Multiply, keras.layers.Rescaling,
                           keras.layers.Normalization, ConvNeXtLayerScale)):
         return configs.Default8BitOutputQuantizeConfig()
+    # Inception-ResNet's scaled residual sum: int8 MUL (its product's range the layer's
+    # own, `qat_residual`) and int8 ADD (this range)
+    if is_scaled_sum(layer):
+        return configs.Default8BitOutputQuantizeConfig()
     if matrix_form(layer):
         return SpectrumQuantizeConfig()
     # layer normalization computes in float (TFLite has no int8 kernel for it): its output
@@ -300,7 +305,7 @@ def quantizable_form(layer, standalone_norm: bool = False):
     """A fresh copy of `layer` in the form QAT quantizes (a Conv1D as `Conv1DAsConv2D`;
     multi-head attention, a Dense on a sequence and layer normalization as
     `qat_transformer`'s forms; a batch norm nothing folds into, `standalone_norm`, as
-    `qat_norms.ChannelAffine`)."""
+    `qat_norms.ChannelAffine`; Inception-ResNet's scaled sum as `qat_residual.ScaledSum`)."""
     if standalone_norm:
         return ChannelAffine.of(layer)
 
@@ -312,6 +317,8 @@ def quantizable_form(layer, standalone_norm: bool = False):
         return qt.SequenceDense.from_config(layer.get_config())
     if qt.last_axis_norm(layer):
         return qt.PlainLayerNorm.from_config(layer.get_config())
+    if is_scaled_sum(layer):
+        return ScaledSum.of(layer)
     if type(layer) in (HardSigmoid, HardSwish):
         form = QuantizableHardSigmoid if type(layer) is HardSigmoid else QuantizableHardSwish
         return form.from_config(layer.get_config())
