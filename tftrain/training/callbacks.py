@@ -186,7 +186,6 @@ class Checkpointer(keras.callbacks.Callback):
     one (plateau, early stopping) have updated their state, so the checkpoint holds it; a
     stop asked for during validation is honoured there too."""
 
-
     def __init__(self, manager: tf.train.CheckpointManager, every: int, steps_per_epoch: int,
                  start_update: int = 0, agree=None, stop=None, position=None,
                  check_every: int = 1):

@@ -24,7 +24,6 @@ def steady_median(per_epoch: list[float], empty):
 class Throughput(keras.callbacks.Callback):
     """Adds `examples_per_sec` (training examples per second of the epoch) to the logs."""
 
-
     def __init__(self, global_batch: int):
         super().__init__()
         internals.take_tensor_logs(self)

@@ -23,7 +23,6 @@ class UpdateLog(keras.callbacks.Callback):
     (`train.steps_per_execution`), so two runs share the updates logged at each epoch's
     end and at every multiple of `every` that ends a call in both."""
 
-
     def __init__(self, every: int, steps_per_epoch: int, start: int = 0, path=None,
                  tensorboard=None):
         super().__init__()
@@ -120,7 +119,6 @@ class EpochLine(keras.callbacks.Callback):
     0.9300  val_loss 0.1812  val_accuracy 0.9704  6.8k ex/s  14.2 GFLOP/s  lr 1.5e-3
     0.9 s` (within 120 columns), and inside an epoch that runs past `every` seconds a
     line every `every` seconds with the updates done and the time left."""
-
 
     def __init__(self, stage: str, epochs: int, steps_per_epoch: int, every: float = 10.0):
         super().__init__()
