@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from tftrain.core.keras import keras
+from tftrain.training.device_logs import DeviceLogsCallback
 from tftrain.core import internals
 
 
@@ -168,7 +169,7 @@ class CarriedMetrics(keras.callbacks.Callback):
         self.values = []
 
 
-class Checkpointer(keras.callbacks.Callback):
+class Checkpointer(DeviceLogsCallback):
     """Saves every `every` training batches, when a stop is asked for (then stops training)
     and at the end; never saves non-finite weights or optimizer state. It also makes the
     run's checks: whether the loss became non-finite and whether a stop was asked for.
@@ -194,7 +195,6 @@ class Checkpointer(keras.callbacks.Callback):
         all save, stop or roll back together. `position`: the int64 variable saved as the
         stage's batch count."""
         super().__init__()
-        internals.take_tensor_logs(self)     # reads the loss when a check is due
         self.agree, self.stop, self.position = agree, stop, position
         self.manager, self.every, self.steps_per_epoch = manager, max(1, every), steps_per_epoch
         self.check_every = max(1, check_every)

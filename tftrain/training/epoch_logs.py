@@ -8,6 +8,7 @@ import math
 import time
 
 from tftrain.core.keras import keras
+from tftrain.training.device_logs import DeviceLogsCallback
 from tftrain.optim.rates import current_lr
 from tftrain.core import internals
 from tftrain.optim.averaging import has_batch_norm
@@ -21,12 +22,11 @@ def steady_median(per_epoch: list[float], empty):
     return values[len(values) // 2] if values else empty
 
 
-class Throughput(keras.callbacks.Callback):
+class Throughput(DeviceLogsCallback):
     """Adds `examples_per_sec` (training examples per second of the epoch) to the logs."""
 
     def __init__(self, global_batch: int):
         super().__init__()
-        internals.take_tensor_logs(self)
         self.global_batch = global_batch
         self.per_epoch: list[float] = []
 
@@ -53,17 +53,13 @@ class Throughput(keras.callbacks.Callback):
         return steady_median(self.per_epoch, 0.0)
 
 
-class GlobalMetrics(keras.callbacks.Callback):
+class GlobalMetrics(DeviceLogsCallback):
     """Puts each training metric's value over all replicas into the epoch's logs (the
     train step logs one replica's running values, `TrainModel.local_metrics`, so that a
     step exchanges nothing but gradients). The values are read at the epoch's last
     training batch, before validation reuses the metric objects, and written at the
     epoch's end; it must come before every callback that reads those logs (Keras
     appends its history and progress bar after the given callbacks)."""
-
-    def __init__(self):
-        super().__init__()
-        internals.take_tensor_logs(self)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._values = None
@@ -84,7 +80,7 @@ class GlobalMetrics(keras.callbacks.Callback):
             logs.update(self._values)
 
 
-class ExecutionSizer(keras.callbacks.Callback):
+class ExecutionSizer(DeviceLogsCallback):
     """`train.steps_per_execution: auto`: after a few executions of one step, sets the
     steps run per `tf.function` call so that the host's work per call (Python callbacks,
     the checks, dispatch, the distributed iterator) stays under `target` of the time spent
@@ -102,7 +98,6 @@ class ExecutionSizer(keras.callbacks.Callback):
         """`most`: an upper bound (the checkpoint interval, so saves stay on time).
         `updates`: the steps the stage ends at (None: as many as pay for a trace)."""
         super().__init__()
-        internals.take_tensor_logs(self)
         self.steps_per_epoch, self.mean = steps_per_epoch, mean
         self.most = min(steps_per_epoch, most or steps_per_epoch)
         self.measure, self.max_seconds, self.updates = measure, max_seconds, updates

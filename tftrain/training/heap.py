@@ -14,15 +14,14 @@ from __future__ import annotations
 import contextlib
 import gc
 
-from tftrain.core import internals
-from tftrain.core.keras import keras
+from tftrain.training.device_logs import DeviceLogsCallback
 
 # a fit of fewer steps is left alone: the collection before the freeze would cost about
 # what the collections during it do
 MIN_STEPS = 100
 
 
-class FrozenWhileFitting(keras.callbacks.Callback):
+class FrozenWhileFitting(DeviceLogsCallback):
     """In a `fit` of at least `MIN_STEPS` steps: after its first call (the train function
     traced), one full collection, then every object alive frozen, so the collections while
     it trains pass over the model, its functions and the data and scan only what steps and
@@ -31,7 +30,6 @@ class FrozenWhileFitting(keras.callbacks.Callback):
 
     def __init__(self, steps: int):
         super().__init__()
-        internals.take_tensor_logs(self)            # it reads none
         self.steps, self.first, self.frozen = steps, True, False
 
     def on_train_batch_end(self, batch, logs=None):

@@ -6,15 +6,15 @@ from __future__ import annotations
 import os
 import time
 
-from tftrain.core.keras import keras
-from tftrain.core import console, internals
+from tftrain.training.device_logs import DeviceLogsCallback
+from tftrain.core import console
 from tftrain.core.cpu import busy_seconds, others_cores
 from tftrain import data
 from tftrain.data import augment, probe
 from tftrain.training.epoch_logs import steady_median
 
 
-class InputWait(keras.callbacks.Callback):
+class InputWait(DeviceLogsCallback):
     """Where an epoch's training time goes, measured, not inferred: the wait on the input
     iterator (the train function clocks each `next(iterator)` from the moment the
     previous step is done to the batch's arrival: `TrainModel.input_seconds`), the time
@@ -39,7 +39,6 @@ class InputWait(keras.callbacks.Callback):
         """`probe(step_rate) -> str`: a line naming the pipeline's slow stage
         (`tftrain.data.probe`), asked once when the steady waits exceed `noticed`."""
         super().__init__()
-        internals.take_tensor_logs(self)
         self.remedies = remedies or []
         self.probe = probe
         self.per_epoch: list[float] = []

@@ -9,7 +9,7 @@ asked updates. No callback work happens per step when no profile is asked.
 """
 from __future__ import annotations
 
-from tftrain.core.keras import keras
+from tftrain.training.device_logs import DeviceLogsCallback
 from tftrain.config import ConfigError
 from tftrain.core import internals
 import tensorflow as tf
@@ -26,13 +26,12 @@ def parse_window(text: str) -> tuple[int, int]:
     return start, stop
 
 
-class ProfileWindow(keras.callbacks.Callback):
+class ProfileWindow(DeviceLogsCallback):
     """Starts the profiler before the call that runs update `start` and stops it after
     the call that runs update `stop - 1`; updates count from the stage's start."""
 
     def __init__(self, start: int, stop: int, logdir: str, steps_per_epoch: int):
         super().__init__()
-        internals.take_tensor_logs(self)
         self.start, self.stop, self.logdir = start, stop, logdir
         self.steps_per_epoch, self.epoch, self.running, self.done = steps_per_epoch, 0, False, False
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import time
 
-from tftrain.core import console, internals
-from tftrain.core.keras import keras
+from tftrain.core import console
+from tftrain.training.device_logs import DeviceLogsCallback
 from tftrain.optim.rates import current_lr
 from tftrain.training.rundir import atomic_write
 import tensorflow as tf
 
 
-class UpdateLog(keras.callbacks.Callback):
+class UpdateLog(DeviceLogsCallback):
     """Every `every` updates (at the first call's end at or after each multiple), the
     training metrics over all replicas (running means since the epoch began, as Keras
     shows them) and `lr` (the rate of the next update), as a row of `path` (a CSV file:
@@ -26,7 +26,6 @@ class UpdateLog(keras.callbacks.Callback):
     def __init__(self, every: int, steps_per_epoch: int, start: int = 0, path=None,
                  tensorboard=None):
         super().__init__()
-        internals.take_tensor_logs(self)
         self.every, self.steps_per_epoch = max(1, every), steps_per_epoch
         self.last, self.path, self.pending = start, path, []
         self.writer = None
@@ -114,7 +113,7 @@ def _append_row(path, row: dict) -> None:
 
 
 
-class EpochLine(keras.callbacks.Callback):
+class EpochLine(DeviceLogsCallback):
     """`train.verbose: 2`: one line per epoch, e.g. `epoch  3/15  loss 0.2590  accuracy
     0.9300  val_loss 0.1812  val_accuracy 0.9704  6.8k ex/s  14.2 GFLOP/s  lr 1.5e-3
     0.9 s` (within 120 columns), and inside an epoch that runs past `every` seconds a
@@ -122,7 +121,6 @@ class EpochLine(keras.callbacks.Callback):
 
     def __init__(self, stage: str, epochs: int, steps_per_epoch: int, every: float = 10.0):
         super().__init__()
-        internals.take_tensor_logs(self)
         self.stage, self.epochs, self.steps, self.every = stage, epochs, steps_per_epoch, every
 
     def on_epoch_begin(self, epoch, logs=None):
