@@ -57,3 +57,37 @@ def test_a_cpu_planned_with_device_memory_counts_the_hosts_data_in_it():
 def test_a_cpu_planned_on_its_available_memory_holds_nothing_back():
     from tftrain.plan import resident
     assert not resident(*_digits())
+
+
+@pytest.mark.parametrize("strategy,builds", [("mirrored", 1), ("auto", 2)])
+def test_a_named_strategy_trains_the_model_the_plan_sized_built_once(strategy, builds, monkeypatch):
+    """With the strategy named, the plan sizes the model under it and the first stage
+    trains that model, built once from the run's seed (the same weights as a build of its
+    own); `auto` sizes a draft to choose the strategy, then builds the model under it."""
+    import numpy as np
+
+    import tftrain.models
+    from tftrain.config.loading import load_config
+    from tftrain.core.keras import keras
+    from tftrain.plan import make
+    from tftrain.runtime.precision import Precision
+    from tftrain.training.preemption import Preemption
+
+    real, calls = tftrain.models.build_model, []
+    monkeypatch.setattr(tftrain.models, "build_model",
+                        lambda *args, **kwargs: calls.append(args) or real(*args, **kwargs))
+    cfg = load_config("configs/quickstart.yaml", [f"distribute.strategy={strategy}",
+                                                  "export.preflight=false"])
+    with Preemption() as stop:
+        planned = make(cfg, smoke=True, stop=stop)
+    assert len(calls) == builds
+    net = planned.stages[0].net
+    assert planned.parallel.take_draft() is None            # taken by the first stage
+    assert all(planned.parallel.strategy.extended.variable_created_in_scope(v)
+               for v in net.weights)
+    keras.utils.set_random_seed(cfg.run.seed)
+    alone = Precision(policy=planned.precision.policy, config=cfg.precision).build(
+        lambda: real(cfg.model, planned.source.spec))
+    assert [w.shape for w in alone.weights] == [w.shape for w in net.weights]
+    for theirs, ours in zip(alone.weights, net.weights):
+        np.testing.assert_array_equal(np.asarray(theirs), np.asarray(ours))

@@ -280,8 +280,11 @@ def make(cfg: Config, *, smoke: bool, stop) -> RunPlan:
                           "validation examples; raise it (e.g. 0.15) or give a validation split")
     if planned_here:        # one machine: the planner chooses data or model parallelism
         draft = Precision(policy=policy, config=cfg.precision)
-        parallel = parallelism.choose(cfg, policy, lambda: draft.build(
-            lambda: build_model(cfg.model, source.spec)), resident=resident(cfg, source, held))
+
+        def drafted():      # as `stages.train.build_network` builds it, which may adopt it
+            keras.utils.set_random_seed(cfg.run.seed)
+            return draft.build(lambda: build_model(cfg.model, source.spec))
+        parallel = parallelism.choose(cfg, policy, drafted, resident=resident(cfg, source, held))
     else:
         parallel = parallelism.of_strategy(strat)
     memory = parallel.memory_plan

@@ -40,12 +40,21 @@ class Parallelism:
     # ones at once); otherwise each starts after the previous one's gradients, so one
     # micro-batch's activations are alive at a time
     overlap_micro_batches = False
+    _draft = None           # see `take_draft`
 
-    def __init__(self, *, strategy=None, memory_plan=None):
+    def __init__(self, *, strategy=None, memory_plan=None, draft=None):
 
         self.strategy = strategy or tf.distribute.get_strategy()
         self.info = describe(self.strategy)
         self.memory_plan = memory_plan
+        self._draft = draft
+
+    def take_draft(self):
+        """The model the plan sized, built under this strategy from the run's seed, once
+        (the first stage's network: `stages.train.build_network`); None where the plan
+        built it before the strategy existed (`distribute.strategy: auto`) or not at all."""
+        draft, self._draft = self._draft, None
+        return draft
 
     @property
     def agree(self):
@@ -117,9 +126,9 @@ class MultiWorker(Parallelism):
     """Data parallel over the workers of a cluster: flags (stop, non-finite loss) are
     agreed on by all workers with one small all-reduce, so they stop together."""
 
-    def __init__(self, *, strategy, memory_plan=None):
+    def __init__(self, *, strategy, memory_plan=None, draft=None):
 
-        super().__init__(strategy=strategy, memory_plan=memory_plan)
+        super().__init__(strategy=strategy, memory_plan=memory_plan, draft=draft)
         self._agree, self._mean = any_worker(strategy), worker_mean(strategy)
 
     @property
@@ -228,12 +237,13 @@ def placed(builder, base, layout: PlacementConfig, batch: int, memory_plan) -> P
     return Placed(placement=plan, memory_plan=memory_plan)
 
 
-def of_strategy(strategy, memory_plan=None) -> Parallelism:
-    """The data-parallel object for an existing strategy."""
+def of_strategy(strategy, memory_plan=None, draft=None) -> Parallelism:
+    """The data-parallel object for an existing strategy (`draft`: the model the plan
+    built under it, see `Parallelism.take_draft`)."""
 
     if describe(strategy).workers > 1:
-        return MultiWorker(strategy=strategy, memory_plan=memory_plan)
-    return Parallelism(strategy=strategy, memory_plan=memory_plan)
+        return MultiWorker(strategy=strategy, memory_plan=memory_plan, draft=draft)
+    return Parallelism(strategy=strategy, memory_plan=memory_plan, draft=draft)
 
 
 def recompute_kept(cfg: Config, base, costs) -> float | None:
@@ -254,7 +264,13 @@ def choose(cfg: Config, policy: str, builder,
     what each training device holds before any step (`tftrain.plan.resident`)."""
 
     devices = strategy.resolve_devices(cfg.distribute)
-    base = placement.build(builder)
+    # a data-parallel strategy the config names is built first and the model sized under
+    # it, the first stage's network (`take_draft`) rather than built a second time;
+    # `auto` sizes the model to choose the strategy
+    explicit = cfg.distribute.strategy != "auto" and cfg.model.placement is None
+    strat = strategy.build_strategy(cfg) if explicit else None
+    with strat.scope() if strat is not None else contextlib.nullcontext():
+        base = placement.build(builder)
     costs = placement.layer_costs(base)
     batch, acc = cfg.data.per_replica_batch_size, cfg.train.accumulation_steps
     if cfg.model.placement is not None:
@@ -278,4 +294,6 @@ def choose(cfg: Config, policy: str, builder,
         layout = PlacementConfig(devices=devices[:memory_plan.stages], balance="memory",
                                  microbatches="auto")
         return placed(builder, base, layout, batch, memory_plan)
-    return of_strategy(strategy.build_strategy(cfg), memory_plan)
+    if strat is None:
+        return of_strategy(strategy.build_strategy(cfg), memory_plan)
+    return of_strategy(strat, memory_plan, draft=base)

@@ -69,9 +69,13 @@ class Train(Stage):
 
 def build_network(cfg, ctx):
     """The configured model from its seeded initial weights, under the run's precision
-    and parallelism."""
+    and parallelism: the one the plan built to size it where it built it so
+    (`Parallelism.take_draft`)."""
     from tftrain.core.keras import keras
     from tftrain.models import build_model
 
+    draft = ctx.parallel.take_draft()
+    if draft is not None:
+        return draft
     keras.utils.set_random_seed(cfg.run.seed)
     return ctx.parallel.build(lambda: ctx.precision.build(lambda: build_model(cfg.model, ctx.source.spec)))
