@@ -254,7 +254,6 @@ def make(cfg: Config, *, smoke: bool, stop) -> RunPlan:
     from tftrain.training.memory import host_allocated
     from tftrain.data import augment
     from tftrain.core.keras import keras
-    from tftrain.models import build_model
     from tftrain.runtime.placement import layer_costs
     from tftrain.runtime.precision import Precision, choose_policy
     from tftrain.stages import plan_stages
@@ -279,12 +278,10 @@ def make(cfg: Config, *, smoke: bool, stop) -> RunPlan:
         raise ConfigError(f"data.validation_fraction: {cfg.data.validation_fraction} leaves no "
                           "validation examples; raise it (e.g. 0.15) or give a validation split")
     if planned_here:        # one machine: the planner chooses data or model parallelism
-        draft = Precision(policy=policy, config=cfg.precision)
-
-        def drafted():      # as `stages.train.build_network` builds it, which may adopt it
-            keras.utils.set_random_seed(cfg.run.seed)
-            return draft.build(lambda: build_model(cfg.model, source.spec))
-        parallel = parallelism.choose(cfg, policy, drafted, resident=resident(cfg, source, held))
+        from tftrain.stages.train import seeded_model
+        draft = Precision(policy=policy, config=cfg.precision)   # the first stage may adopt it
+        parallel = parallelism.choose(cfg, policy, lambda: seeded_model(cfg, draft, source.spec),
+                                      resident=resident(cfg, source, held))
     else:
         parallel = parallelism.of_strategy(strat)
     memory = parallel.memory_plan

@@ -294,6 +294,5 @@ def choose(cfg: Config, policy: str, builder,
         layout = PlacementConfig(devices=devices[:memory_plan.stages], balance="memory",
                                  microbatches="auto")
         return placed(builder, base, layout, batch, memory_plan)
-    if strat is None:
-        return of_strategy(strategy.build_strategy(cfg), memory_plan)
-    return of_strategy(strat, memory_plan, draft=base)
+    return of_strategy(strat or strategy.build_strategy(cfg), memory_plan,
+                       draft=base if strat is not None else None)

@@ -71,11 +71,17 @@ def build_network(cfg, ctx):
     """The configured model from its seeded initial weights, under the run's precision
     and parallelism: the one the plan built to size it where it built it so
     (`Parallelism.take_draft`)."""
-    from tftrain.core.keras import keras
-    from tftrain.models import build_model
-
     draft = ctx.parallel.take_draft()
     if draft is not None:
         return draft
+    return ctx.parallel.build(lambda: seeded_model(cfg, ctx.precision, ctx.source.spec))
+
+
+def seeded_model(cfg, precision, spec):
+    """The configured model from the run's seed, under `precision`: the plan's draft and
+    the first stage's network are built alike."""
+    from tftrain.core.keras import keras
+    from tftrain.models import build_model
+
     keras.utils.set_random_seed(cfg.run.seed)
-    return ctx.parallel.build(lambda: ctx.precision.build(lambda: build_model(cfg.model, ctx.source.spec)))
+    return precision.build(lambda: build_model(cfg.model, spec))
